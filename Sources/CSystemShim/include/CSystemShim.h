@@ -1,0 +1,30 @@
+#ifndef PRESENCED_CSYSTEMSHIM_H
+#define PRESENCED_CSYSTEMSHIM_H
+/* Swift's Glibc module does not expose epoll, eventfd or timerfd: this header makes them visible,
+   plus a few socket helpers whose macros Swift cannot import. */
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <sys/socket.h>
+#include <sys/resource.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+
+/* epoll_event is packed on x86_64, which Swift imports awkwardly: these accessors hide that. */
+static inline uint32_t cshim_epoll_event_events(const struct epoll_event *e) { return e->events; }
+static inline uint64_t cshim_epoll_event_u64(const struct epoll_event *e) { return e->data.u64; }
+static inline struct epoll_event cshim_epoll_event_make(uint32_t events, uint64_t u64) {
+    struct epoll_event e; e.events = events; e.data.u64 = u64; return e;
+}
+static inline size_t cshim_epoll_event_size(void) { return sizeof(struct epoll_event); }
+
+/* Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the new soft limit. */
+static inline long cshim_raise_nofile_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
+    return (long)rl.rlim_cur;
+}
+#endif
