@@ -27,4 +27,6 @@ static inline long cshim_raise_nofile_limit(void) {
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
     return (long)rl.rlim_cur;
 }
+/* accept4 with SOCK_NONBLOCK | SOCK_CLOEXEC (needs _GNU_SOURCE, so it lives in shim.c). */
+int cshim_accept_nonblocking(int listener);
 #endif

@@ -1,0 +1,382 @@
+import CSystemShim
+import Foundation
+import Synchronization
+
+/// Something registered with an `EventLoop` for readiness of one file descriptor.
+/// Called on the loop's thread only.
+public protocol FileDescriptorHandler: AnyObject {
+    /// `events` is the epoll mask (`EPOLLIN`, `EPOLLOUT`, `EPOLLERR`, `EPOLLHUP`, ...).
+    func handleEvents(_ events: UInt32)
+}
+
+/// Something that wants a call once the loop has handled the current batch of readiness events,
+/// so that everything queued during that batch goes out in one write.
+public protocol FlushHandler: AnyObject {
+    func flush()
+}
+
+/// Identifies a timer of one loop, to cancel it.
+public struct TimerID: Hashable, Sendable {
+    fileprivate let raw: UInt64
+}
+
+/// One epoll thread: readiness callbacks, timers, tasks submitted from other threads and
+/// end-of-batch flushes, all run on that one thread, one at a time.
+///
+/// `@unchecked Sendable`: the only state touched from other threads is `inbox` (a `Mutex`) and the
+/// immutable file descriptors; every other member is read and written on the loop thread alone,
+/// which `assertInLoop()` checks in debug builds.
+public final class EventLoop: @unchecked Sendable {
+    public let name: String
+    private let epollFD: Int32
+    private let wakeFD: Int32
+    private let timerFD: Int32
+    private let inbox = Mutex<Inbox>(Inbox())
+    private struct Inbox {
+        var tasks: [@Sendable () -> Void] = []
+        var wakePending = false
+        var stopping = false
+    }
+
+    // Loop-thread state.
+    private var handlers: [Int32: FileDescriptorHandler] = [:]
+    private var timers = TimerHeap()
+    private var armedDeadline: UInt64 = .max
+    private var flushQueue: [FlushHandler] = []
+    private var thread: pthread_t? = nil
+    private let finished = Mutex<Bool>(false)
+
+    private static let wakeToken: UInt64 = UInt64.max
+    private static let timerToken: UInt64 = UInt64.max - 1
+
+    public init(name: String) {
+        self.name = name
+        epollFD = epoll_create1(Int32(EPOLL_CLOEXEC))
+        wakeFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+        timerFD = timerfd_create(CLOCK_MONOTONIC, Int32(TFD_NONBLOCK | TFD_CLOEXEC))
+        precondition(epollFD >= 0 && wakeFD >= 0 && timerFD >= 0, "epoll/eventfd/timerfd creation failed: errno \(errno)")
+        var ev = cshim_epoll_event_make(UInt32(EPOLLIN.rawValue), EventLoop.wakeToken)
+        epoll_ctl(epollFD, EPOLL_CTL_ADD, wakeFD, &ev)
+        ev = cshim_epoll_event_make(UInt32(EPOLLIN.rawValue), EventLoop.timerToken)
+        epoll_ctl(epollFD, EPOLL_CTL_ADD, timerFD, &ev)
+    }
+
+    deinit {
+        close(epollFD)
+        close(wakeFD)
+        close(timerFD)
+    }
+
+    /// Starts a loop on a thread of its own.
+    public static func start(name: String) -> EventLoop {
+        let loop = EventLoop(name: name)
+        let t = Thread { loop.run() }
+        t.name = name
+        t.start()
+        return loop
+    }
+
+    // MARK: Any thread
+
+    /// Runs `task` on the loop thread, soon. Safe from any thread.
+    public func execute(_ task: @escaping @Sendable () -> Void) {
+        let wake = inbox.withLock { inbox -> Bool in
+            inbox.tasks.append(task)
+            if inbox.wakePending { return false }
+            inbox.wakePending = true
+            return true
+        }
+        if wake { signalWake() }
+    }
+
+    /// Asks the loop to return from `run()` after its current batch.
+    public func stop() {
+        inbox.withLock { $0.stopping = true }
+        signalWake()
+    }
+
+    /// True when called on this loop's thread.
+    public var inEventLoop: Bool {
+        guard let thread else { return false }
+        return pthread_equal(thread, pthread_self()) != 0
+    }
+
+    /// Traps in debug builds when called off the loop thread.
+    @inline(__always)
+    public func assertInLoop(file: StaticString = #fileID, line: UInt = #line) {
+        assert(inEventLoop, "called off event loop \(name)", file: file, line: line)
+    }
+
+    /// Blocks until `run()` has returned (after `stop()`), or the timeout passes. Returns whether it did.
+    @discardableResult
+    public func waitUntilStopped(timeoutNanoseconds: UInt64 = 5_000_000_000) -> Bool {
+        let deadline = MonotonicClock.now() + timeoutNanoseconds
+        while MonotonicClock.now() < deadline {
+            if finished.withLock({ $0 }) { return true }
+            usleep(1000)
+        }
+        return false
+    }
+
+    private func signalWake() {
+        var one: UInt64 = 1
+        _ = withUnsafeBytes(of: &one) { write(wakeFD, $0.baseAddress, 8) }
+    }
+
+    // MARK: Loop thread
+
+    /// Watches `fd` for `events`; `handler` is held strongly until `unregister`.
+    public func register(fd: Int32, events: UInt32, handler: FileDescriptorHandler) {
+        assertInLoop()
+        handlers[fd] = handler
+        var ev = cshim_epoll_event_make(events, UInt64(UInt32(bitPattern: fd)))
+        epoll_ctl(epollFD, EPOLL_CTL_ADD, fd, &ev)
+    }
+
+    /// Changes the events watched on `fd`.
+    public func modify(fd: Int32, events: UInt32) {
+        assertInLoop()
+        var ev = cshim_epoll_event_make(events, UInt64(UInt32(bitPattern: fd)))
+        epoll_ctl(epollFD, EPOLL_CTL_MOD, fd, &ev)
+    }
+
+    /// Stops watching `fd` (call before closing it).
+    public func unregister(fd: Int32) {
+        assertInLoop()
+        handlers[fd] = nil
+        epoll_ctl(epollFD, EPOLL_CTL_DEL, fd, nil)
+    }
+
+    /// Calls `handler.flush()` once the current batch of events has been handled.
+    public func scheduleFlush(_ handler: FlushHandler) {
+        assertInLoop()
+        flushQueue.append(handler)
+    }
+
+    /// Calls `callback` on the loop thread at `deadline` (monotonic nanoseconds).
+    @discardableResult
+    public func scheduleTimer(at deadline: UInt64, _ callback: @escaping () -> Void) -> TimerID {
+        assertInLoop()
+        let id = timers.insert(deadline: deadline, callback: callback)
+        if deadline < armedDeadline { arm(deadline) }
+        return TimerID(raw: id)
+    }
+
+    /// Calls `callback` after `nanoseconds`.
+    @discardableResult
+    public func scheduleTimer(after nanoseconds: UInt64, _ callback: @escaping () -> Void) -> TimerID {
+        scheduleTimer(at: MonotonicClock.now() &+ nanoseconds, callback)
+    }
+
+    /// Cancels a timer that has not fired; harmless when it has.
+    public func cancelTimer(_ id: TimerID) {
+        assertInLoop()
+        timers.cancel(id.raw)
+    }
+
+    private func arm(_ deadline: UInt64) {
+        armedDeadline = deadline
+        var spec = itimerspec()
+        if deadline != .max {
+            let d = max(deadline, 1)
+            spec.it_value.tv_sec = Int(d / 1_000_000_000)
+            spec.it_value.tv_nsec = Int(d % 1_000_000_000)
+        }
+        timerfd_settime(timerFD, Int32(TFD_TIMER_ABSTIME), &spec, nil)
+    }
+
+    /// Runs the loop on the calling thread until `stop()`.
+    public func run() {
+        thread = pthread_self()
+        defer { finished.withLock { $0 = true } }
+        let capacity = 256
+        let events = UnsafeMutableRawPointer.allocate(byteCount: cshim_epoll_event_size() * capacity, alignment: 8)
+        defer { events.deallocate() }
+        let stride = cshim_epoll_event_size()
+        while true {
+            let n = epoll_wait(epollFD, events.assumingMemoryBound(to: epoll_event.self), Int32(capacity), -1)
+            if n < 0 {
+                if errno == EINTR { continue }
+                fatalError("epoll_wait failed: errno \(errno)")
+            }
+            var stop = false
+            for i in 0..<Int(n) {
+                let ev = (events + i * stride).assumingMemoryBound(to: epoll_event.self)
+                let token = cshim_epoll_event_u64(ev)
+                let mask = cshim_epoll_event_events(ev)
+                switch token {
+                case EventLoop.wakeToken:
+                    var value: UInt64 = 0
+                    _ = withUnsafeMutableBytes(of: &value) { read(wakeFD, $0.baseAddress, 8) }
+                    stop = runInbox() || stop
+                case EventLoop.timerToken:
+                    var value: UInt64 = 0
+                    _ = withUnsafeMutableBytes(of: &value) { read(timerFD, $0.baseAddress, 8) }
+                    fireTimers()
+                default:
+                    handlers[Int32(truncatingIfNeeded: token)]?.handleEvents(mask)
+                }
+            }
+            runFlushes()
+            if stop { break }
+        }
+        // Let tasks submitted during shutdown run, so nobody waits forever on a continuation.
+        _ = runInbox()
+        runFlushes()
+    }
+
+    private func runInbox() -> Bool {
+        let (tasks, stopping) = inbox.withLock { inbox -> ([@Sendable () -> Void], Bool) in
+            let t = inbox.tasks
+            inbox.tasks.removeAll(keepingCapacity: true)
+            inbox.wakePending = false
+            return (t, inbox.stopping)
+        }
+        for t in tasks { t() }
+        return stopping
+    }
+
+    private func fireTimers() {
+        let now = MonotonicClock.now()
+        while let (_, callback) = timers.popDue(now: now) {
+            callback()
+        }
+        arm(timers.nextDeadline ?? .max)
+    }
+
+    private func runFlushes() {
+        // A flush may schedule more flushes (rarely): run until quiet.
+        while !flushQueue.isEmpty {
+            let batch = flushQueue
+            flushQueue.removeAll(keepingCapacity: true)
+            for h in batch { h.flush() }
+        }
+    }
+}
+
+/// Monotonic nanoseconds since an arbitrary point (CLOCK_MONOTONIC).
+public enum MonotonicClock {
+    @inline(__always)
+    public static func now() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    }
+}
+
+/// Milliseconds since the Unix epoch (wall clock), for event timestamps.
+public enum WallClock {
+    public static func nowMilliseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+}
+
+/// A min-heap of timers; cancelled entries are dropped lazily when they reach the top.
+struct TimerHeap {
+    private var heap: [(deadline: UInt64, id: UInt64)] = []
+    private var callbacks: [UInt64: () -> Void] = [:]
+    private var nextID: UInt64 = 1
+
+    var count: Int { callbacks.count }
+
+    mutating func insert(deadline: UInt64, callback: @escaping () -> Void) -> UInt64 {
+        let id = nextID
+        nextID += 1
+        callbacks[id] = callback
+        heap.append((deadline, id))
+        siftUp(heap.count - 1)
+        return id
+    }
+
+    mutating func cancel(_ id: UInt64) {
+        callbacks[id] = nil
+        // keep the heap small when many timers are cancelled long before they are due
+        if heap.count > 64 && heap.count > 4 * callbacks.count { rebuild() }
+    }
+
+    var nextDeadline: UInt64? {
+        mutating get {
+            dropCancelledTop()
+            return heap.first?.deadline
+        }
+    }
+
+    mutating func popDue(now: UInt64) -> (UInt64, () -> Void)? {
+        dropCancelledTop()
+        guard let top = heap.first, top.deadline <= now else { return nil }
+        removeTop()
+        let cb = callbacks.removeValue(forKey: top.id)!
+        return (top.id, cb)
+    }
+
+    private mutating func dropCancelledTop() {
+        while let top = heap.first, callbacks[top.id] == nil { removeTop() }
+    }
+
+    private mutating func rebuild() {
+        heap = heap.filter { callbacks[$0.id] != nil }
+        heap.sort { $0.deadline < $1.deadline }
+    }
+
+    private mutating func removeTop() {
+        let last = heap.removeLast()
+        if !heap.isEmpty {
+            heap[0] = last
+            siftDown(0)
+        }
+    }
+
+    private mutating func siftUp(_ i: Int) {
+        var i = i
+        while i > 0 {
+            let parent = (i - 1) / 2
+            if heap[parent].deadline <= heap[i].deadline { break }
+            heap.swapAt(parent, i)
+            i = parent
+        }
+    }
+
+    private mutating func siftDown(_ i: Int) {
+        var i = i
+        let n = heap.count
+        while true {
+            let l = 2 * i + 1, r = l + 1
+            var m = i
+            if l < n && heap[l].deadline < heap[m].deadline { m = l }
+            if r < n && heap[r].deadline < heap[m].deadline { m = r }
+            if m == i { return }
+            heap.swapAt(m, i)
+            i = m
+        }
+    }
+}
+
+/// A fixed set of loops; connections are spread over them.
+public final class EventLoopGroup: Sendable {
+    public let loops: [EventLoop]
+    private let counter = Atomic<Int>(0)
+
+    /// Starts `count` loops (default: one per core).
+    public init(count: Int = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))), name: String = "loop") {
+        loops = (0..<count).map { EventLoop.start(name: "\(name)-\($0)") }
+        // wait until each loop thread has recorded itself, so inEventLoop answers correctly
+        for loop in loops {
+            let ready = Mutex<Bool>(false)
+            loop.execute { ready.withLock { $0 = true } }
+            while !ready.withLock({ $0 }) { usleep(100) }
+        }
+    }
+
+    /// The next loop, round robin.
+    public func next() -> EventLoop {
+        loops[counter.add(1, ordering: .relaxed).oldValue % loops.count]
+    }
+
+    /// Stops every loop and waits for them.
+    public func shutdown() {
+        for l in loops { l.stop() }
+        for l in loops { l.waitUntilStopped() }
+    }
+}

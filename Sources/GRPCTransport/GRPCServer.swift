@@ -1,0 +1,166 @@
+import CSystemShim
+import Dispatch
+import EventLoop
+import Glibc
+import Synchronization
+
+/// Settings of a gRPC server.
+public struct ServerConfiguration: Sendable {
+    public var address: HostPort
+    public var http2 = HTTP2Settings()
+    /// Largest request message accepted (larger: RESOURCE_EXHAUSTED).
+    public var maxReceiveMessageSize = 4 * 1024 * 1024
+    /// Connections served at once; more are closed as soon as they are accepted.
+    public var maxConnections = 200_000
+    /// Backpressure bounds of a server stream's queue (see `ServerStreamWriter`).
+    public var streamHighWaterMark = ServerStreamWriter.defaultHighWaterMark
+    public var streamLowWaterMark = ServerStreamWriter.defaultLowWaterMark
+
+    public init(address: HostPort) {
+        self.address = address
+    }
+}
+
+/// A gRPC server over HTTP/2 cleartext (prior knowledge), on every loop of a group: each loop
+/// has its own listening socket on the shared port (SO_REUSEPORT), so connections spread over cores.
+public final class GRPCServer: Sendable {
+    public let configuration: ServerConfiguration
+    private let group: EventLoopGroup
+    private let registry: ServiceRegistry
+    private let cores = Mutex<[LoopBound<ServerCore>]>([])
+    private let connectionCount = Atomic<Int>(0)
+    private let boundPort = Atomic<Int>(0)
+
+    public init(configuration: ServerConfiguration, services: ServiceRegistry, group: EventLoopGroup) {
+        self.configuration = configuration
+        self.registry = services
+        self.group = group
+    }
+
+    /// The port the server listens on (useful after binding port 0).
+    public var port: UInt16 { UInt16(boundPort.load(ordering: .relaxed)) }
+
+    /// Connections open now.
+    public var connections: Int { connectionCount.load(ordering: .relaxed) }
+
+    /// Binds and starts accepting.
+    public func start() throws {
+        var address = configuration.address
+        var fds: [Int32] = []
+        do {
+            for _ in group.loops {
+                let fd = try Sockets.listen(on: address, reusePort: true)
+                if address.port == 0 { address.port = Sockets.localPort(of: fd) }
+                fds.append(fd)
+            }
+        } catch {
+            fds.forEach { close($0) }
+            throw error
+        }
+        boundPort.store(Int(address.port), ordering: .relaxed)
+        for (loop, fd) in zip(group.loops, fds) {
+            let ready = DispatchSemaphore(value: 0)
+            let config = configuration
+            let methods = registry.methods
+            loop.execute { [self] in
+                let core = ServerCore(loop: loop, listener: fd, configuration: config, methods: methods, server: self)
+                cores.withLock { $0.append(LoopBound(core, loop: loop)) }
+                ready.signal()
+            }
+            ready.wait()
+        }
+    }
+
+    func connectionOpened() -> Bool {
+        connectionCount.add(1, ordering: .relaxed).newValue <= configuration.maxConnections
+    }
+
+    func connectionClosed() {
+        connectionCount.subtract(1, ordering: .relaxed)
+    }
+
+    /// Graceful shutdown: stop accepting, send GOAWAY, let calls in flight finish for up to
+    /// `gracePeriod` nanoseconds, then end what is left with UNAVAILABLE and close.
+    public func shutdown(gracePeriod: UInt64 = 5_000_000_000) async {
+        let cores = self.cores.withLock { $0 }
+        for c in cores { c.execute { $0.beginShutdown() } }
+        let deadline = MonotonicClock.now() + gracePeriod
+        while connections > 0 && MonotonicClock.now() < deadline {
+            try? await Task.sleep(nanoseconds: 10_000_000)
+        }
+        if connections > 0 {
+            for c in cores { c.execute { $0.endRemaining() } }
+            let hardDeadline = MonotonicClock.now() + 1_000_000_000
+            while connections > 0 && MonotonicClock.now() < hardDeadline {
+                try? await Task.sleep(nanoseconds: 10_000_000)
+            }
+        }
+    }
+}
+
+/// The server's state on one loop: its listener and its connections. Loop-confined.
+final class ServerCore: FileDescriptorHandler {
+    let loop: EventLoop
+    let listener: Int32
+    let configuration: ServerConfiguration
+    let methods: [String: ServerMethod]
+    private let server: GRPCServer
+    private var connections: [ObjectIdentifier: ServerConnection] = [:]
+    private var listening = true
+
+    init(loop: EventLoop, listener: Int32, configuration: ServerConfiguration, methods: [String: ServerMethod], server: GRPCServer) {
+        self.loop = loop
+        self.listener = listener
+        self.configuration = configuration
+        self.methods = methods
+        self.server = server
+        loop.register(fd: listener, events: UInt32(EPOLLIN.rawValue), handler: self)
+    }
+
+    func handleEvents(_ events: UInt32) {
+        while listening {
+            let fd: Int32?
+            do {
+                fd = try Sockets.accept(listener)
+            } catch {
+                // Out of file descriptors: pause accepting briefly rather than spin.
+                loop.unregister(fd: listener)
+                loop.scheduleTimer(after: 100_000_000) { [weak self] in
+                    guard let self, self.listening else { return }
+                    self.loop.register(fd: self.listener, events: UInt32(EPOLLIN.rawValue), handler: self)
+                }
+                return
+            }
+            guard let fd else { return }
+            guard server.connectionOpened() else {
+                server.connectionClosed()
+                close(fd)
+                continue
+            }
+            let c = ServerConnection(fd: fd, loop: loop, core: self)
+            connections[ObjectIdentifier(c)] = c
+            c.start(server: true)
+        }
+    }
+
+    func connectionClosed(_ c: ServerConnection) {
+        if connections.removeValue(forKey: ObjectIdentifier(c)) != nil {
+            server.connectionClosed()
+        }
+    }
+
+    func streamClosed(on c: ServerConnection) {}
+
+    func beginShutdown() {
+        if listening {
+            listening = false
+            loop.unregister(fd: listener)
+            close(listener)
+        }
+        for c in connections.values { c.beginDraining() }
+    }
+
+    func endRemaining() {
+        for c in connections.values { c.endRemainingStreams() }
+    }
+}

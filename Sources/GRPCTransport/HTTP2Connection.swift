@@ -1,0 +1,379 @@
+import CNGHTTP2
+import CSystemShim
+import EventLoop
+import Glibc
+
+/// Wraps a loop-confined object so it can be named in a `@Sendable` closure sent to its loop.
+///
+/// `@unchecked Sendable`: the wrapped object is only ever touched through `value`, which asserts
+/// that the caller is on `loop`'s thread; other threads can only carry the box back to the loop.
+public struct LoopBound<Value: AnyObject>: @unchecked Sendable {
+    public let loop: EventLoop
+    private let wrapped: Value
+
+    public init(_ value: Value, loop: EventLoop) {
+        loop.assertInLoop()
+        self.loop = loop
+        self.wrapped = value
+    }
+
+    public var value: Value {
+        loop.assertInLoop()
+        return wrapped
+    }
+
+    /// Runs `body` with the value on its loop.
+    public func execute(_ body: @escaping @Sendable (Value) -> Void) {
+        let box = self
+        loop.execute { body(box.value) }
+    }
+}
+
+/// Settings of the HTTP/2 layer shared by server and client connections.
+public struct HTTP2Settings: Sendable {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS advertised to the peer.
+    public var maxConcurrentStreams: UInt32 = 1024
+    /// SETTINGS_INITIAL_WINDOW_SIZE (per stream receive window).
+    public var initialWindowSize: UInt32 = 1 << 20
+    /// Receive window of the whole connection.
+    public var connectionWindowSize: Int32 = 16 << 20
+    /// SETTINGS_MAX_FRAME_SIZE.
+    public var maxFrameSize: UInt32 = 16384
+    /// SETTINGS_HEADER_TABLE_SIZE (HPACK dynamic table the peer may use towards us).
+    public var headerTableSize: UInt32 = 4096
+    /// Idle time before a keepalive PING, and how long to wait for its answer.
+    public var keepaliveInterval: UInt64 = 30_000_000_000
+    public var keepaliveTimeout: UInt64 = 10_000_000_000
+
+    public init() {}
+}
+
+/// One HTTP/2 connection on one socket: nghttp2 does the protocol, this class the I/O.
+/// Server and client connections subclass it and receive nghttp2's callbacks.
+/// Loop-confined: every method runs on `loop`'s thread.
+open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
+    public let loop: EventLoop
+    let fd: Int32
+    var session: OpaquePointer?
+    private var outbound: [UInt8] = []
+    private var outboundOffset = 0
+    private var flushScheduled = false
+    private var writableWanted = false
+    public private(set) var isClosed = false
+    private var keepalive: KeepaliveStateMachine
+    private var keepaliveTimer: TimerID?
+    let settings: HTTP2Settings
+
+    init(fd: Int32, loop: EventLoop, settings: HTTP2Settings) {
+        self.fd = fd
+        self.loop = loop
+        self.settings = settings
+        self.keepalive = KeepaliveStateMachine(interval: settings.keepaliveInterval, timeout: settings.keepaliveTimeout, now: MonotonicClock.now())
+    }
+
+    /// Creates the nghttp2 session (server or client side), sends our SETTINGS and starts reading.
+    func start(server: Bool, watchWritable: Bool = false) {
+        var callbacks: OpaquePointer?
+        nghttp2_session_callbacks_new(&callbacks)
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        NGHTTP2Callbacks.install(callbacks)
+        var option: OpaquePointer?
+        nghttp2_option_new(&option)
+        defer { nghttp2_option_del(option) }
+        // Window updates are ours to send (nghttp2_session_consume), so a slow reader pushes back.
+        nghttp2_option_set_no_auto_window_update(option, 1)
+        nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        if server {
+            nghttp2_session_server_new2(&session, callbacks, me, option)
+        } else {
+            nghttp2_session_client_new2(&session, callbacks, me, option)
+        }
+        var iv = [
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: settings.maxConcurrentStreams),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: settings.initialWindowSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_FRAME_SIZE.rawValue), value: settings.maxFrameSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_HEADER_TABLE_SIZE.rawValue), value: settings.headerTableSize),
+        ]
+        nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &iv, iv.count)
+        nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, settings.connectionWindowSize)
+        let events = UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue) | (watchWritable ? UInt32(EPOLLOUT.rawValue) : 0)
+        writableWanted = watchWritable
+        loop.register(fd: fd, events: events, handler: self)
+        scheduleKeepalive()
+        markDirty()
+    }
+
+    // MARK: I/O
+
+    public func handleEvents(_ events: UInt32) {
+        if events & UInt32(EPOLLIN.rawValue) != 0 || events & UInt32(EPOLLRDHUP.rawValue) != 0 {
+            readAvailable()
+        }
+        if isClosed { return }
+        if events & (UInt32(EPOLLERR.rawValue) | UInt32(EPOLLHUP.rawValue)) != 0 {
+            close(reason: "socket error or hang-up")
+            return
+        }
+        if events & UInt32(EPOLLOUT.rawValue) != 0 {
+            writableBecameReady()
+        }
+    }
+
+    /// Called when the socket is writable (a client uses it to learn that connect finished).
+    func writableBecameReady() {
+        flush()
+    }
+
+    private func readAvailable() {
+        let buffer = ReadBuffer.shared(for: loop)
+        var total = 0
+        while !isClosed {
+            let n = read(fd, buffer.base, buffer.count)
+            if n > 0 {
+                total += n
+                let rc = nghttp2_session_mem_recv(session, buffer.base, n)
+                if rc < 0 {
+                    close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(rc))))", flushFirst: true)
+                    return
+                }
+                if n < buffer.count { break }
+            } else if n == 0 {
+                close(reason: "peer closed the connection")
+                return
+            } else {
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { break }
+                close(reason: "read failed: errno \(errno)")
+                return
+            }
+        }
+        if total > 0 { keepalive.bytesRead(now: MonotonicClock.now()) }
+        markDirty()
+    }
+
+    /// Asks for a flush at the end of the loop's current batch.
+    public func markDirty() {
+        if flushScheduled || isClosed { return }
+        flushScheduled = true
+        loop.scheduleFlush(self)
+    }
+
+    /// Writes what nghttp2 has queued, coalescing frames into large writes.
+    public func flush() {
+        flushScheduled = false
+        guard !isClosed, let session else { return }
+        if !writePending() { return }
+        while true {
+            var chunk: UnsafePointer<UInt8>?
+            let n = nghttp2_session_mem_send(session, &chunk)
+            if n < 0 {
+                close(reason: "HTTP/2 send error: \(String(cString: nghttp2_strerror(Int32(n))))")
+                return
+            }
+            if n == 0 { break }
+            outbound.append(contentsOf: UnsafeBufferPointer(start: chunk, count: n))
+            if outbound.count >= 64 * 1024 {
+                if !writePending() { return }
+            }
+        }
+        if !writePending() { return }
+        if nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 {
+            close(reason: "HTTP/2 session finished")
+        }
+    }
+
+    /// Writes buffered bytes; false when the socket is full (EPOLLOUT is then watched) or closed.
+    private func writePending() -> Bool {
+        while outboundOffset < outbound.count {
+            let n = outbound.withUnsafeBytes { raw in
+                send(fd, raw.baseAddress! + outboundOffset, outbound.count - outboundOffset, Int32(MSG_NOSIGNAL))
+            }
+            if n > 0 {
+                outboundOffset += n
+            } else if n < 0 && errno == EINTR {
+                continue
+            } else if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if !writableWanted {
+                    writableWanted = true
+                    loop.modify(fd: fd, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue) | UInt32(EPOLLOUT.rawValue))
+                }
+                return false
+            } else {
+                close(reason: "write failed: errno \(errno)")
+                return false
+            }
+        }
+        // All written: drop the buffer (keep it only if small, so idle connections stay light).
+        if outbound.capacity > 16 * 1024 {
+            outbound = []
+        } else {
+            outbound.removeAll(keepingCapacity: true)
+        }
+        outboundOffset = 0
+        if writableWanted {
+            writableWanted = false
+            loop.modify(fd: fd, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue))
+        }
+        return true
+    }
+
+    /// Closes the socket and frees the session; subclasses learn of it in `connectionClosed`.
+    public func close(reason: String, flushFirst: Bool = false) {
+        if isClosed { return }
+        if flushFirst, session != nil {
+            // best effort: a GOAWAY nghttp2 queued for a protocol error
+            var chunk: UnsafePointer<UInt8>?
+            while true {
+                let n = nghttp2_session_mem_send(session, &chunk)
+                if n <= 0 { break }
+                _ = send(fd, chunk, n, Int32(MSG_NOSIGNAL))
+            }
+        }
+        isClosed = true
+        if let t = keepaliveTimer { loop.cancelTimer(t) }
+        loop.unregister(fd: fd)
+        Glibc.close(fd)
+        connectionClosed(reason: reason)
+        if let s = session {
+            session = nil
+            nghttp2_session_del(s)
+        }
+    }
+
+    // MARK: Keepalive
+
+    private func scheduleKeepalive() {
+        keepaliveTimer = loop.scheduleTimer(at: keepalive.nextDeadline) { [weak self] in
+            self?.keepaliveFired()
+        }
+    }
+
+    private func keepaliveFired() {
+        guard !isClosed else { return }
+        switch keepalive.timerFired(now: MonotonicClock.now()) {
+        case .none:
+            break
+        case .sendPing:
+            nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+            markDirty()
+        case .closeConnection:
+            close(reason: "peer did not answer a keepalive PING in time")
+            return
+        }
+        scheduleKeepalive()
+    }
+
+    // MARK: Subclass hooks (nghttp2 callbacks)
+
+    func connectionClosed(reason: String) {}
+    func onBeginHeaders(streamID: Int32) -> Int32 { 0 }
+    func onHeader(streamID: Int32, category: UInt32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Int32 { 0 }
+    func onDataChunk(streamID: Int32, data: UnsafeBufferPointer<UInt8>) -> Int32 { 0 }
+    func onFrameReceived(type: UInt8, flags: UInt8, streamID: Int32, headersCategory: UInt32) -> Int32 { 0 }
+    func onStreamClose(streamID: Int32, errorCode: UInt32) -> Int32 { 0 }
+    func readData(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int { 0 }
+}
+
+/// One 64 KiB read buffer per loop, shared by all its connections (reads are consumed at once).
+final class ReadBuffer {
+    let base: UnsafeMutablePointer<UInt8>
+    let count = 64 * 1024
+    private init() { base = .allocate(capacity: count) }
+
+    private nonisolated(unsafe) static var buffers: [ObjectIdentifier: ReadBuffer] = [:]
+    private static let lock = Mutex()
+
+    /// Only called on `loop`'s thread; the dictionary is touched under a lock since loops share it.
+    static func shared(for loop: EventLoop) -> ReadBuffer {
+        lock.lock()
+        defer { lock.unlock() }
+        if let b = buffers[ObjectIdentifier(loop)] { return b }
+        let b = ReadBuffer()
+        buffers[ObjectIdentifier(loop)] = b
+        return b
+    }
+
+    /// A plain pthread mutex: tiny and allocation-free.
+    final class Mutex: @unchecked Sendable {
+        private var m = pthread_mutex_t()
+        init() { pthread_mutex_init(&m, nil) }
+        func lock() { pthread_mutex_lock(&m) }
+        func unlock() { pthread_mutex_unlock(&m) }
+    }
+}
+
+@inline(__always)
+private func connectionFromUserData(_ userData: UnsafeMutableRawPointer?) -> HTTP2Connection {
+    Unmanaged<HTTP2Connection>.fromOpaque(userData!).takeUnretainedValue()
+}
+
+/// The C callbacks handed to nghttp2; each finds its connection through `user_data`.
+enum NGHTTP2Callbacks {
+    static func install(_ callbacks: OpaquePointer?) {
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks) { _, frame, userData in
+            connectionFromUserData(userData).onBeginHeaders(streamID: frame!.pointee.hd.stream_id)
+        }
+        nghttp2_session_callbacks_set_on_header_callback(callbacks) { _, frame, name, namelen, value, valuelen, _, userData in
+            connectionFromUserData(userData).onHeader(
+                streamID: frame!.pointee.hd.stream_id, category: frame!.pointee.headers.cat.rawValue,
+                name: UnsafeBufferPointer(start: name, count: namelen),
+                value: UnsafeBufferPointer(start: value, count: valuelen))
+        }
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, streamID, data, len, userData in
+            connectionFromUserData(userData).onDataChunk(streamID: streamID, data: UnsafeBufferPointer(start: data, count: len))
+        }
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, userData in
+            let hd = frame!.pointee.hd
+            let cat = hd.type == UInt8(NGHTTP2_HEADERS.rawValue) ? frame!.pointee.headers.cat.rawValue : 0
+            return connectionFromUserData(userData).onFrameReceived(type: hd.type, flags: hd.flags, streamID: hd.stream_id, headersCategory: cat)
+        }
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
+            connectionFromUserData(userData).onStreamClose(streamID: streamID, errorCode: errorCode)
+        }
+    }
+
+    /// The data provider read callback shared by all streams.
+    static let readCallback: nghttp2_data_source_read_callback = { _, streamID, buf, length, flags, _, userData in
+        connectionFromUserData(userData).readData(streamID: streamID, into: buf!, length: length, flags: flags!)
+    }
+}
+
+/// Header name/value pairs for nghttp2, kept in one allocation for the duration of a submit call.
+struct HeaderBlock {
+    private var storage: [UInt8] = []
+    private var spans: [(Int, Int, Int, Int)] = []
+
+    mutating func add(_ name: StaticString, _ value: String) {
+        let nameStart = storage.count
+        storage.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        let valueStart = storage.count
+        storage.append(contentsOf: value.utf8)
+        spans.append((nameStart, name.utf8CodeUnitCount, valueStart, storage.count - valueStart))
+    }
+
+    mutating func add(_ name: StaticString, bytes: [UInt8]) {
+        let nameStart = storage.count
+        storage.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        let valueStart = storage.count
+        storage.append(contentsOf: bytes)
+        spans.append((nameStart, name.utf8CodeUnitCount, valueStart, bytes.count))
+    }
+
+    /// Calls `body` with an nghttp2_nv array pointing into this block.
+    func withNV<R>(_ body: (UnsafePointer<nghttp2_nv>, Int) -> R) -> R {
+        var storage = storage
+        return storage.withUnsafeMutableBufferPointer { bytes in
+            let base = bytes.baseAddress ?? UnsafeMutablePointer<UInt8>(bitPattern: 1)!
+            let nv = spans.map { s in
+                nghttp2_nv(name: base + s.0, value: base + s.2, namelen: s.1, valuelen: s.3, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+            }
+            return nv.withUnsafeBufferPointer { body($0.baseAddress!, $0.count) }
+        }
+    }
+}
+
+@inline(__always)
+func bytesEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: StaticString) -> Bool {
+    a.count == b.utf8CodeUnitCount && (a.count == 0 || memcmp(a.baseAddress!, b.utf8Start, a.count) == 0)
+}

@@ -1,0 +1,391 @@
+import CNGHTTP2
+import EventLoop
+import Glibc
+
+/// One request stream of a server connection. Loop-confined.
+final class ServerStream {
+    let id: Int32
+    var path = ""
+    var isPost = false
+    var isGRPC = false
+    var unsupportedEncoding: String? = nil
+    var timeout: UInt64? = nil
+    var badTimeout = false
+    var metadata: [(String, String)] = []
+    var deframer: MessageDeframer
+    var messages: [[UInt8]] = []
+    var requestComplete = false
+    var dispatched = false
+
+    // response side
+    var outbound: [[UInt8]] = []
+    var outboundHead = 0
+    var outboundOffset = 0
+    var responseSubmitted = false
+    var status: GRPCStatus? = nil
+    var task: Task<Void, Never>? = nil
+    var writer: ServerStreamWriter? = nil
+    var deadlineTimer: TimerID? = nil
+
+    init(id: Int32, maxMessageSize: Int) {
+        self.id = id
+        self.deframer = MessageDeframer(maxMessageSize: maxMessageSize)
+    }
+
+    var hasOutbound: Bool { outboundHead < outbound.count }
+}
+
+/// The server side of one client connection: turns request streams into handler calls and their
+/// results into responses. Loop-confined.
+final class ServerConnection: HTTP2Connection {
+    private let core: ServerCore
+    private var streams: [Int32: ServerStream] = [:]
+    private var draining = false
+    var activeStreamCount: Int { streams.count }
+
+    init(fd: Int32, loop: EventLoop, core: ServerCore) {
+        self.core = core
+        super.init(fd: fd, loop: loop, settings: core.configuration.http2)
+    }
+
+    override func connectionClosed(reason: String) {
+        for (_, s) in streams { abandon(s, GRPCStatus(.unavailable, "connection closed: \(reason)")) }
+        streams.removeAll()
+        core.connectionClosed(self)
+    }
+
+    // MARK: nghttp2 callbacks
+
+    override func onBeginHeaders(streamID: Int32) -> Int32 {
+        if streams[streamID] == nil {
+            streams[streamID] = ServerStream(id: streamID, maxMessageSize: core.configuration.maxReceiveMessageSize)
+        }
+        return 0
+    }
+
+    override func onHeader(streamID: Int32, category: UInt32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Int32 {
+        guard let s = streams[streamID], category == NGHTTP2_HCAT_REQUEST.rawValue else { return 0 }
+        if name.first == UInt8(ascii: ":") {
+            if bytesEqual(name, ":path") {
+                s.path = String(decoding: value, as: UTF8.self)
+            } else if bytesEqual(name, ":method") {
+                s.isPost = bytesEqual(value, "POST")
+            }
+            return 0
+        }
+        if bytesEqual(name, "content-type") {
+            let grpc: StaticString = "application/grpc"
+            s.isGRPC = value.count >= grpc.utf8CodeUnitCount
+                && memcmp(value.baseAddress!, grpc.utf8Start, grpc.utf8CodeUnitCount) == 0
+                && (value.count == grpc.utf8CodeUnitCount || value[grpc.utf8CodeUnitCount] == UInt8(ascii: "+") || value[grpc.utf8CodeUnitCount] == UInt8(ascii: ";"))
+        } else if bytesEqual(name, "grpc-timeout") {
+            if let t = GRPCTimeout.parse(value) { s.timeout = t } else { s.badTimeout = true }
+        } else if bytesEqual(name, "grpc-encoding") {
+            if !bytesEqual(value, "identity") { s.unsupportedEncoding = String(decoding: value, as: UTF8.self) }
+        } else if bytesEqual(name, "te") || bytesEqual(name, "user-agent") || bytesEqual(name, "grpc-accept-encoding") {
+            // framing headers: nothing to keep
+        } else if s.metadata.count < 32 {
+            s.metadata.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
+        }
+        return 0
+    }
+
+    override func onDataChunk(streamID: Int32, data: UnsafeBufferPointer<UInt8>) -> Int32 {
+        // Request bodies are bounded by the message size limit: give the window back at once.
+        nghttp2_session_consume(session, streamID, data.count)
+        guard let s = streams[streamID], s.status == nil else { return 0 }
+        let failure = s.deframer.append(data) { s.messages.append($0) }
+        if let failure {
+            switch failure {
+            case .tooLarge(let length, let limit):
+                finish(s, GRPCStatus(.resourceExhausted, "MESSAGE_TOO_LARGE: request message of \(length) bytes exceeds the limit of \(limit) bytes"))
+            case .compressed:
+                finish(s, GRPCStatus(.unimplemented, "COMPRESSION_UNSUPPORTED: compressed messages are not supported; send identity encoding"))
+            case .badFlag(let f):
+                finish(s, GRPCStatus(.internal, "BAD_FRAME: message flag \(f) is neither 0 nor 1"))
+            }
+        }
+        return 0
+    }
+
+    override func onFrameReceived(type: UInt8, flags: UInt8, streamID: Int32, headersCategory: UInt32) -> Int32 {
+        let endStream = flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
+        if type == UInt8(NGHTTP2_HEADERS.rawValue), headersCategory == NGHTTP2_HCAT_REQUEST.rawValue, let s = streams[streamID] {
+            requestHeadersDone(s)
+            if endStream, s.status == nil { s.requestComplete = true; dispatch(s) }
+        } else if type == UInt8(NGHTTP2_DATA.rawValue), endStream, let s = streams[streamID], s.status == nil {
+            s.requestComplete = true
+            dispatch(s)
+        } else if type == UInt8(NGHTTP2_HEADERS.rawValue), endStream, let s = streams[streamID], s.status == nil {
+            // trailers from the client end the request too
+            s.requestComplete = true
+            dispatch(s)
+        }
+        return 0
+    }
+
+    override func onStreamClose(streamID: Int32, errorCode: UInt32) -> Int32 {
+        guard let s = streams.removeValue(forKey: streamID) else { return 0 }
+        if s.status == nil || s.task != nil {
+            abandon(s, GRPCStatus(.cancelled, "the client cancelled the call"))
+        } else if let t = s.deadlineTimer {
+            loop.cancelTimer(t)
+        }
+        core.streamClosed(on: self)
+        return 0
+    }
+
+    /// The stream ended before its handler: cancel what runs for it.
+    private func abandon(_ s: ServerStream, _ status: GRPCStatus) {
+        if s.status == nil { s.status = status }
+        s.task?.cancel()
+        s.task = nil
+        s.writer?.close(status)
+        if let t = s.deadlineTimer { loop.cancelTimer(t) }
+        s.deadlineTimer = nil
+    }
+
+    override func readData(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
+        guard let s = streams[streamID] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+        var written = 0
+        while written < length, s.outboundHead < s.outbound.count {
+            let chunk = s.outbound[s.outboundHead]
+            let take = min(length - written, chunk.count - s.outboundOffset)
+            chunk.withUnsafeBufferPointer { src in
+                (buffer + written).update(from: src.baseAddress! + s.outboundOffset, count: take)
+            }
+            written += take
+            s.outboundOffset += take
+            if s.outboundOffset == chunk.count {
+                s.outbound[s.outboundHead] = []
+                s.outboundHead += 1
+                s.outboundOffset = 0
+            }
+        }
+        if s.outboundHead == s.outbound.count {
+            s.outbound.removeAll(keepingCapacity: s.outbound.count <= 64)
+            s.outboundHead = 0
+        }
+        if written > 0 { s.writer?.drained(written) }
+        if !s.hasOutbound {
+            if let status = s.status {
+                flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue | NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
+                submitTrailers(s, status)
+            } else if written == 0 {
+                return Int(NGHTTP2_ERR_DEFERRED.rawValue)
+            }
+        }
+        return written
+    }
+
+    // MARK: Requests
+
+    private func requestHeadersDone(_ s: ServerStream) {
+        if !s.isPost {
+            submitHTTPError(s, status: "405")
+            return
+        }
+        if !s.isGRPC {
+            submitHTTPError(s, status: "415")
+            return
+        }
+        if let enc = s.unsupportedEncoding {
+            finish(s, GRPCStatus(.unimplemented, "COMPRESSION_UNSUPPORTED: grpc-encoding \(enc) is not supported; use identity"))
+            return
+        }
+        if s.badTimeout {
+            finish(s, GRPCStatus(.invalidArgument, "BAD_TIMEOUT: grpc-timeout header is malformed"))
+            return
+        }
+        if draining {
+            finish(s, GRPCStatus(.unavailable, "SHUTTING_DOWN: the server is shutting down; retry on another node"))
+            return
+        }
+        if let timeout = s.timeout {
+            let id = s.id
+            s.deadlineTimer = loop.scheduleTimer(after: timeout) { [weak self] in self?.deadlineExpired(streamID: id) }
+        }
+    }
+
+    private func deadlineExpired(streamID: Int32) {
+        guard let s = streams[streamID] else { return }
+        s.deadlineTimer = nil
+        guard s.status == nil else { return }
+        let status = GRPCStatus(.deadlineExceeded, "DEADLINE_EXCEEDED: the call's deadline passed")
+        s.task?.cancel()
+        s.task = nil
+        s.writer?.close(status)
+        finish(s, status)
+    }
+
+    private func dispatch(_ s: ServerStream) {
+        guard !s.dispatched, s.status == nil else { return }
+        s.dispatched = true
+        guard let method = core.methods[s.path] else {
+            finish(s, GRPCStatus(.unimplemented, "UNIMPLEMENTED: method \(s.path) is not served here"))
+            return
+        }
+        guard s.deframer.isIdle, s.messages.count == 1 else {
+            let what = s.messages.isEmpty ? "no request message" : "\(s.messages.count) request messages"
+            finish(s, GRPCStatus(.internal, "BAD_REQUEST_STREAM: a unary or server-streaming call takes exactly one request message, got \(what)"))
+            return
+        }
+        let request = s.messages[0]
+        s.messages = []
+        let context = ServerContext(path: s.path, deadline: s.timeout.map { MonotonicClock.now() &+ $0 }, metadata: s.metadata)
+        let me = LoopBound(self, loop: loop)
+        let id = s.id
+        switch method {
+        case .unaryInline(let handler):
+            do {
+                respond(s, try handler(request, context))
+                finish(s, .ok)
+            } catch {
+                finish(s, Self.status(for: error))
+            }
+        case .unary(let handler):
+            s.task = Task {
+                let result: Result<[UInt8], Error>
+                do { result = .success(try await handler(request, context)) } catch { result = .failure(error) }
+                me.execute { $0.unaryCompleted(streamID: id, result) }
+            }
+        case .serverStreaming(let handler):
+            let writer = ServerStreamWriter(highWaterMark: core.configuration.streamHighWaterMark,
+                                            lowWaterMark: core.configuration.streamLowWaterMark) { bytes in
+                me.execute { $0.enqueue(streamID: id, bytes) }
+            }
+            s.writer = writer
+            s.task = Task {
+                let status: GRPCStatus
+                do {
+                    try await handler(request, context, writer)
+                    status = .ok
+                } catch {
+                    status = GRPCStatus(error)
+                }
+                me.execute { $0.streamingCompleted(streamID: id, status) }
+            }
+        }
+    }
+
+    static func status(for error: Error) -> GRPCStatus { GRPCStatus(error) }
+
+    private func unaryCompleted(streamID: Int32, _ result: Result<[UInt8], Error>) {
+        guard let s = streams[streamID], s.status == nil else { return }
+        s.task = nil
+        switch result {
+        case .success(let bytes):
+            respond(s, bytes)
+            finish(s, .ok)
+        case .failure(let error):
+            finish(s, Self.status(for: error))
+        }
+    }
+
+    private func enqueue(streamID: Int32, _ bytes: [UInt8]) {
+        guard let s = streams[streamID], s.status == nil else { return }
+        respond(s, bytes)
+    }
+
+    private func streamingCompleted(streamID: Int32, _ status: GRPCStatus) {
+        guard let s = streams[streamID], s.status == nil else { return }
+        s.task = nil
+        s.writer?.close(GRPCStatus(.cancelled, "the call has ended"))
+        finish(s, status)
+    }
+
+    // MARK: Responses
+
+    private static let dataProvider: nghttp2_data_provider = {
+        var p = nghttp2_data_provider()
+        p.read_callback = NGHTTP2Callbacks.readCallback
+        return p
+    }()
+
+    /// Queues framed message bytes on the stream's response.
+    private func respond(_ s: ServerStream, _ framed: [UInt8]) {
+        s.outbound.append(framed)
+        if !s.responseSubmitted {
+            s.responseSubmitted = true
+            var headers = HeaderBlock()
+            headers.add(":status", "200")
+            headers.add("content-type", "application/grpc")
+            var provider = Self.dataProvider
+            _ = headers.withNV { nv, n in nghttp2_submit_response(session, s.id, nv, n, &provider) }
+        } else {
+            nghttp2_session_resume_data(session, s.id)
+        }
+        markDirty()
+    }
+
+    /// Ends the stream with `status` once its queued messages are out.
+    private func finish(_ s: ServerStream, _ status: GRPCStatus) {
+        guard s.status == nil else { return }
+        s.status = status
+        if let t = s.deadlineTimer {
+            loop.cancelTimer(t)
+            s.deadlineTimer = nil
+        }
+        if !s.responseSubmitted {
+            // Trailers-Only: one HEADERS frame with the status and END_STREAM.
+            s.responseSubmitted = true
+            var headers = HeaderBlock()
+            headers.add(":status", "200")
+            headers.add("content-type", "application/grpc")
+            headers.add("grpc-status", String(status.code.rawValue))
+            if !status.message.isEmpty { headers.add("grpc-message", bytes: PercentEncoding.encode(status.message)) }
+            _ = headers.withNV { nv, n in nghttp2_submit_response(session, s.id, nv, n, nil) }
+        } else {
+            nghttp2_session_resume_data(session, s.id)
+        }
+        markDirty()
+    }
+
+    private func submitTrailers(_ s: ServerStream, _ status: GRPCStatus) {
+        var headers = HeaderBlock()
+        headers.add("grpc-status", String(status.code.rawValue))
+        if !status.message.isEmpty { headers.add("grpc-message", bytes: PercentEncoding.encode(status.message)) }
+        _ = headers.withNV { nv, n in nghttp2_submit_trailer(session, s.id, nv, n) }
+    }
+
+    private func submitHTTPError(_ s: ServerStream, status: String) {
+        s.status = GRPCStatus(.internal, "HTTP \(status)")
+        s.responseSubmitted = true
+        var headers = HeaderBlock()
+        headers.add(":status", status)
+        _ = headers.withNV { nv, n in nghttp2_submit_response(session, s.id, nv, n, nil) }
+        markDirty()
+    }
+
+    // MARK: Shutdown
+
+    /// Tells the client to stop opening streams: a GOAWAY after the streams already started.
+    func beginDraining() {
+        guard !isClosed, !draining else { return }
+        draining = true
+        nghttp2_submit_shutdown_notice(session)
+        markDirty()
+        loop.scheduleTimer(after: 50_000_000) { [weak self] in
+            guard let self, !self.isClosed else { return }
+            nghttp2_submit_goaway(self.session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nghttp2_session_get_last_proc_stream_id(self.session), UInt32(NGHTTP2_NO_ERROR.rawValue), nil, 0)
+            self.markDirty()
+            if self.streams.isEmpty { self.closeAfterFlush() }
+        }
+    }
+
+    /// Ends streams still open at the end of the grace period.
+    func endRemainingStreams() {
+        for (_, s) in streams where s.status == nil {
+            s.task?.cancel()
+            s.task = nil
+            s.writer?.close(GRPCStatus(.unavailable, "server shutting down"))
+            finish(s, GRPCStatus(.unavailable, "SHUTTING_DOWN: the server is shutting down; reconnect to another node"))
+        }
+        loop.scheduleTimer(after: 100_000_000) { [weak self] in self?.close(reason: "server shut down") }
+    }
+
+    private func closeAfterFlush() {
+        flush()
+        close(reason: "drained")
+    }
+}

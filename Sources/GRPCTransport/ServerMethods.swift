@@ -1,0 +1,174 @@
+import EventLoop
+import PresenceWire
+import Synchronization
+
+/// What a handler knows about the call it serves.
+public struct ServerContext: Sendable {
+    /// The method's `:path`.
+    public let path: String
+    /// The call's deadline (monotonic nanoseconds), when the client sent `grpc-timeout`.
+    public let deadline: UInt64?
+    /// Request headers that are not part of HTTP/2 or gRPC framing (`authorization`, custom ones).
+    public let metadata: [(String, String)]
+
+    public init(path: String, deadline: UInt64?, metadata: [(String, String)]) {
+        self.path = path
+        self.deadline = deadline
+        self.metadata = metadata
+    }
+}
+
+/// How one method is served. Handlers take the request's protobuf bytes and give back framed
+/// responses (5-byte gRPC header included), so a response is encoded straight into its frame.
+public enum ServerMethod: Sendable {
+    /// Runs on the connection's loop thread: for cheap answers that never wait (health checks).
+    case unaryInline(@Sendable ([UInt8], ServerContext) throws -> [UInt8])
+    /// Runs as a task: may await actors, other nodes...
+    case unary(@Sendable ([UInt8], ServerContext) async throws -> [UInt8])
+    /// Runs as a task that sends any number of messages through the writer.
+    case serverStreaming(@Sendable ([UInt8], ServerContext, ServerStreamWriter) async throws -> Void)
+}
+
+/// The methods a server serves, by `:path`. Unknown paths answer `UNIMPLEMENTED`.
+public struct ServiceRegistry: Sendable {
+    public private(set) var methods: [String: ServerMethod] = [:]
+
+    public init() {}
+
+    public mutating func register(path: String, _ method: ServerMethod) {
+        methods[path] = method
+    }
+
+    static func decode<M: ProtoMessage>(_ type: M.Type, _ bytes: [UInt8]) throws -> M {
+        do {
+            return try M(serializedBytes: bytes)
+        } catch let e as WireError {
+            throw GRPCStatus(.invalidArgument, "MALFORMED_REQUEST: \(e)")
+        }
+    }
+
+    /// A unary method served on the loop thread (must not block).
+    public mutating func unaryInline<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Resp) {
+        register(path: m.path, .unaryInline { bytes, ctx in
+            MessageFraming.framed(try handler(try Self.decode(Req.self, bytes), ctx))
+        })
+    }
+
+    /// A unary method served by an async handler.
+    public mutating func unary<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> Resp) {
+        register(path: m.path, .unary { bytes, ctx in
+            MessageFraming.framed(try await handler(try Self.decode(Req.self, bytes), ctx))
+        })
+    }
+
+    /// A server-streaming method.
+    public mutating func serverStreaming<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext, ResponseWriter<Resp>) async throws -> Void) {
+        register(path: m.path, .serverStreaming { bytes, ctx, writer in
+            try await handler(try Self.decode(Req.self, bytes), ctx, ResponseWriter(raw: writer))
+        })
+    }
+}
+
+/// Framing of one message for the wire.
+public enum MessageFraming {
+    /// The message's bytes behind a 5-byte gRPC message header, in one allocation.
+    public static func framed<M: ProtoMessage>(_ message: M) -> [UInt8] {
+        var bytes = message.serializedBytes(prefix: 5)
+        MessageDeframer.writeHeader(into: &bytes, length: bytes.count - 5)
+        return bytes
+    }
+}
+
+/// Typed face of a `ServerStreamWriter`.
+public struct ResponseWriter<Response: ProtoMessage>: Sendable {
+    public let raw: ServerStreamWriter
+
+    /// Sends one message; suspends while the client is too slow to take more (backpressure).
+    public func send(_ message: Response) async throws {
+        try await raw.send(framed: MessageFraming.framed(message))
+    }
+}
+
+/// Sends the messages of a server-streaming call. Bounded: when more than `highWaterMark` bytes
+/// wait for the client, `send` suspends until they drain below `lowWaterMark`, so a slow reader
+/// cannot make the server hold an unbounded backlog.
+public final class ServerStreamWriter: Sendable {
+    public static let defaultHighWaterMark = 256 * 1024
+    public static let defaultLowWaterMark = 64 * 1024
+
+    private struct State {
+        var queuedBytes = 0
+        var peakQueuedBytes = 0
+        var suspensions = 0
+        var waiter: CheckedContinuation<Void, Error>? = nil
+        var closed: GRPCStatus? = nil
+    }
+
+    private let state = Mutex(State())
+    private let sink: @Sendable ([UInt8]) -> Void
+    public let highWaterMark: Int
+    public let lowWaterMark: Int
+
+    /// `sink` hands framed bytes to the connection (on its loop).
+    init(highWaterMark: Int = defaultHighWaterMark, lowWaterMark: Int = defaultLowWaterMark, sink: @escaping @Sendable ([UInt8]) -> Void) {
+        self.highWaterMark = highWaterMark
+        self.lowWaterMark = lowWaterMark
+        self.sink = sink
+    }
+
+    /// Sends one framed message (5-byte header included).
+    public func send(framed bytes: [UInt8]) async throws {
+        let mustWait = try state.withLock { s -> Bool in
+            if let closed = s.closed { throw closed }
+            s.queuedBytes += bytes.count
+            s.peakQueuedBytes = max(s.peakQueuedBytes, s.queuedBytes)
+            return s.queuedBytes > highWaterMark
+        }
+        sink(bytes)
+        if mustWait {
+            try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, Error>) in
+                let outcome = state.withLock { s -> Result<Void, Error>? in
+                    if let closed = s.closed { return .failure(closed) }
+                    if s.queuedBytes <= lowWaterMark { return .success(()) }
+                    s.suspensions += 1
+                    s.waiter = c
+                    return nil
+                }
+                if let outcome { c.resume(with: outcome) }
+            }
+        }
+    }
+
+    /// Bytes handed to the connection that the client has not taken yet.
+    public var queuedBytes: Int { state.withLock { $0.queuedBytes } }
+    /// The most bytes ever queued at once (for tests and metrics).
+    public var peakQueuedBytes: Int { state.withLock { $0.peakQueuedBytes } }
+    /// How many times `send` had to wait for the client.
+    public var suspensions: Int { state.withLock { $0.suspensions } }
+    /// Non-nil once the call is over (the client went away, the deadline passed...).
+    public var closedStatus: GRPCStatus? { state.withLock { $0.closed } }
+
+    /// The connection wrote `count` bytes of this stream.
+    func drained(_ count: Int) {
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
+            s.queuedBytes -= count
+            if s.queuedBytes <= lowWaterMark, let w = s.waiter {
+                s.waiter = nil
+                return w
+            }
+            return nil
+        }
+        waiter?.resume()
+    }
+
+    /// The call is over: pending and later sends fail with `status`.
+    func close(_ status: GRPCStatus) {
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
+            if s.closed == nil { s.closed = status }
+            let w = s.waiter
+            s.waiter = nil
+            return w
+        }
+        waiter?.resume(throwing: status)
+    }
+}

@@ -1,0 +1,49 @@
+import EventLoop
+import Foundation
+import Synchronization
+
+/// Writes one line per event to standard error, as text or JSON, at or above a level.
+public final class Logger: Sendable {
+    public let level: NodeConfiguration.LogLevel
+    public let format: NodeConfiguration.LogFormat
+    private let lock = Mutex(())
+
+    public init(level: NodeConfiguration.LogLevel, format: NodeConfiguration.LogFormat) {
+        self.level = level
+        self.format = format
+    }
+
+    private static func rank(_ l: NodeConfiguration.LogLevel) -> Int {
+        switch l {
+        case .debug: 0
+        case .info: 1
+        case .warning: 2
+        case .error: 3
+        }
+    }
+
+    public func log(_ l: NodeConfiguration.LogLevel, _ message: String, _ fields: KeyValuePairs<String, String> = [:]) {
+        guard Logger.rank(l) >= Logger.rank(level) else { return }
+        let ms = WallClock.nowMilliseconds()
+        let time = ISO8601DateFormatter.string(from: Date(timeIntervalSince1970: Double(ms) / 1000), timeZone: .gmt,
+                                               formatOptions: [.withInternetDateTime, .withFractionalSeconds])
+        var line: String
+        switch format {
+        case .text:
+            line = "\(time) \(l.rawValue.uppercased()) \(message)"
+            for (k, v) in fields { line += " \(k)=\(v.contains(" ") ? "\"\(v)\"" : v)" }
+        case .json:
+            var obj: [String: String] = ["time": time, "level": l.rawValue, "msg": message]
+            for (k, v) in fields { obj[k] = v }
+            let data = (try? JSONSerialization.data(withJSONObject: obj, options: [.sortedKeys])) ?? Data()
+            line = String(decoding: data, as: UTF8.self)
+        }
+        line += "\n"
+        lock.withLock { _ in FileHandle.standardError.write(Data(line.utf8)) }
+    }
+
+    public func debug(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.debug, m, f) }
+    public func info(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.info, m, f) }
+    public func warning(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.warning, m, f) }
+    public func error(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.error, m, f) }
+}

@@ -1,0 +1,53 @@
+import EventLoop
+import Foundation
+import GRPCTransport
+import PresenceWire
+
+/// One presenced node: its event loops, its client-facing gRPC server and its services.
+public final class Node: Sendable {
+    public let configuration: NodeConfiguration
+    public let logger: Logger
+    public let group: EventLoopGroup
+    public let health = HealthService()
+    private let server: GRPCServer
+
+    public init(configuration: NodeConfiguration, logger: Logger? = nil) {
+        self.configuration = configuration
+        self.logger = logger ?? Logger(level: configuration.logLevel, format: configuration.logFormat)
+        self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
+        var registry = ServiceRegistry()
+        health.register(in: &registry)
+        for path in PresenceMethods.allPaths {
+            registry.register(path: path, .unaryInline { _, ctx in
+                throw GRPCStatus(.unimplemented, "UNIMPLEMENTED: \(ctx.path) is not served by this build yet")
+            })
+        }
+        server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
+    }
+
+    /// The client port actually bound (useful with port 0).
+    public var clientPort: UInt16 { server.port }
+
+    /// Binds and starts serving.
+    public func start() throws {
+        Sockets.raiseOpenFileLimit()
+        try server.start()
+        logger.info("presenced started", [
+            "node_id": configuration.nodeID,
+            "listen": HostPort(host: configuration.listen.host, port: server.port).description,
+            "peer_listen": configuration.peerListen.description,
+        ])
+        if configuration.authSecretFile == nil {
+            logger.warning("OPEN MODE: no --auth-secret-file, so user ids are trusted as clients give them; do not run this way in production")
+        }
+    }
+
+    /// Graceful stop: NOT_SERVING, GOAWAY, in-flight calls finish (up to `gracePeriod` ns).
+    public func shutdown(gracePeriod: UInt64 = 5_000_000_000) async {
+        health.setNotServing()
+        logger.info("shutting down", ["node_id": configuration.nodeID])
+        await server.shutdown(gracePeriod: gracePeriod)
+        group.shutdown()
+        logger.info("stopped", ["node_id": configuration.nodeID])
+    }
+}

@@ -1,0 +1,197 @@
+import EventLoop
+import Glibc
+
+/// Everything a node is started with. Each flag `--x-y` may also come from `PRESENCED_X_Y`;
+/// a flag on the command line wins over the environment.
+public struct NodeConfiguration: Sendable, Equatable {
+    public enum LogLevel: String, Sendable, CaseIterable { case debug, info, warning, error }
+    public enum LogFormat: String, Sendable, CaseIterable { case text, json }
+
+    public var nodeID: String
+    public var listen = HostPort(host: "127.0.0.1", port: 7400)
+    public var peerListen = HostPort(host: "127.0.0.1", port: 7401)
+    public var seeds: [HostPort] = []
+    /// Seconds a disconnected session may resume before its user times out.
+    public var presenceTimeout: Double = 10
+    /// Occupancy above which a channel switches to interval events.
+    public var maxInstantEvents = 50
+    /// Seconds between interval events.
+    public var presenceInterval: Double = 1
+    public var replicationFactor = 2
+    public var authSecretFile: String? = nil
+    public var clusterSecretFile: String? = nil
+    public var logLevel = LogLevel.info
+    public var logFormat = LogFormat.text
+    /// Event loop threads (default: one per core).
+    public var threads = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+
+    public init(nodeID: String) {
+        self.nodeID = nodeID
+    }
+
+    /// A flag: its name, the value it takes, and what it does.
+    struct Flag: Sendable {
+        let name: String
+        let valueName: String
+        let help: String
+        let apply: @Sendable (inout NodeConfiguration, String) throws(ConfigurationError) -> Void
+        var envName: String { "PRESENCED_" + name.uppercased().replacingOccurrences(of: "-", with: "_") }
+    }
+
+    static let flags: [Flag] = [
+        Flag(name: "node-id", valueName: "ID", help: "this node's id in the cluster (default: host name)") { c, v throws(ConfigurationError) in
+            guard IdentifierRules.isValid(v) else { throw .invalid("node-id", v, "1-64 bytes of [A-Za-z0-9_.:@-]") }
+            c.nodeID = v
+        },
+        Flag(name: "listen", valueName: "HOST:PORT", help: "address for clients' gRPC (default 127.0.0.1:7400)") { c, v throws(ConfigurationError) in
+            c.listen = try hostPort("listen", v)
+        },
+        Flag(name: "peer-listen", valueName: "HOST:PORT", help: "address for other nodes (default 127.0.0.1:7401)") { c, v throws(ConfigurationError) in
+            c.peerListen = try hostPort("peer-listen", v)
+        },
+        Flag(name: "seeds", valueName: "HOST:PORT,...", help: "peer addresses of nodes to join through (default: none, a cluster of one)") { c, v throws(ConfigurationError) in
+            c.seeds = try v.split(separator: ",").map { s throws(ConfigurationError) in try hostPort("seeds", String(s)) }
+        },
+        Flag(name: "presence-timeout", valueName: "SECONDS", help: "how long a disconnected session may resume before its user times out (default 10)") { c, v throws(ConfigurationError) in
+            c.presenceTimeout = try seconds("presence-timeout", v, min: 0.01, max: 86_400)
+        },
+        Flag(name: "max-instant-events", valueName: "N", help: "occupancy above which a channel sends interval events (default 50)") { c, v throws(ConfigurationError) in
+            c.maxInstantEvents = try integer("max-instant-events", v, min: 1, max: 1_000_000)
+        },
+        Flag(name: "presence-interval", valueName: "SECONDS", help: "period of interval events (default 1)") { c, v throws(ConfigurationError) in
+            c.presenceInterval = try seconds("presence-interval", v, min: 0.01, max: 3_600)
+        },
+        Flag(name: "replication-factor", valueName: "N", help: "copies of each channel's state in the cluster (default 2)") { c, v throws(ConfigurationError) in
+            c.replicationFactor = try integer("replication-factor", v, min: 1, max: 16)
+        },
+        Flag(name: "auth-secret-file", valueName: "PATH", help: "file holding the app secret for HMAC tokens (default: open mode, user ids trusted)") { c, v throws(ConfigurationError) in
+            c.authSecretFile = try readableFile("auth-secret-file", v)
+        },
+        Flag(name: "cluster-secret-file", valueName: "PATH", help: "file holding the secret that authenticates peer traffic") { c, v throws(ConfigurationError) in
+            c.clusterSecretFile = try readableFile("cluster-secret-file", v)
+        },
+        Flag(name: "log-level", valueName: "LEVEL", help: "debug, info, warning or error (default info)") { c, v throws(ConfigurationError) in
+            guard let l = LogLevel(rawValue: v) else { throw .invalid("log-level", v, "one of debug, info, warning, error") }
+            c.logLevel = l
+        },
+        Flag(name: "log-format", valueName: "FORMAT", help: "text or json (default text)") { c, v throws(ConfigurationError) in
+            guard let f = LogFormat(rawValue: v) else { throw .invalid("log-format", v, "text or json") }
+            c.logFormat = f
+        },
+        Flag(name: "threads", valueName: "N", help: "event loop threads (default: one per core)") { c, v throws(ConfigurationError) in
+            c.threads = try integer("threads", v, min: 1, max: 256)
+        },
+    ]
+
+    /// What `--help` prints.
+    public static var usage: String {
+        var out = """
+        presenced: one node of a presence cluster (gRPC presence.v1.Presence and grpc.health.v1.Health).
+
+        Usage: presenced [FLAGS]
+
+        Flags (each may also be set with the environment variable shown; the command line wins):
+
+        """
+        for f in flags {
+            let left = "  --\(f.name) \(f.valueName)"
+            out += left.padding(toLength: max(34, left.count + 1), withPad: " ", startingAt: 0) + f.help + "\n"
+            out += String(repeating: " ", count: 34) + "env \(f.envName)\n"
+        }
+        out += "  --help                          this text\n"
+        return out
+    }
+
+    /// The outcome of reading the command line.
+    public enum ParseResult: Equatable {
+        case run(NodeConfiguration)
+        case help
+    }
+
+    /// Reads flags from `arguments` (without the program name) over `environment`.
+    public static func parse(arguments: [String], environment: [String: String], hostName: String) throws(ConfigurationError) -> ParseResult {
+        var config = NodeConfiguration(nodeID: IdentifierRules.isValid(hostName) ? hostName : "node")
+        for f in flags {
+            if let v = environment[f.envName] { try f.apply(&config, v) }
+        }
+        var i = 0
+        while i < arguments.count {
+            let arg = arguments[i]
+            if arg == "--help" || arg == "-h" { return .help }
+            guard arg.hasPrefix("--") else { throw .unexpectedArgument(arg) }
+            var name = String(arg.dropFirst(2))
+            var value: String? = nil
+            if let eq = name.firstIndex(of: "=") {
+                value = String(name[name.index(after: eq)...])
+                name = String(name[..<eq])
+            }
+            guard let flag = flags.first(where: { $0.name == name }) else { throw .unknownFlag(arg) }
+            if value == nil {
+                i += 1
+                guard i < arguments.count else { throw .missingValue(name) }
+                value = arguments[i]
+            }
+            try flag.apply(&config, value!)
+            i += 1
+        }
+        return .run(config)
+    }
+
+    private static func hostPort(_ flag: String, _ v: String) throws(ConfigurationError) -> HostPort {
+        guard let hp = HostPort(parsing: v) else { throw .invalid(flag, v, "HOST:PORT with a port of 0-65535") }
+        return hp
+    }
+
+    private static func seconds(_ flag: String, _ v: String, min: Double, max: Double) throws(ConfigurationError) -> Double {
+        guard let d = Double(v), d.isFinite, d >= min, d <= max else { throw .invalid(flag, v, "seconds from \(min) to \(max)") }
+        return d
+    }
+
+    private static func integer(_ flag: String, _ v: String, min: Int, max: Int) throws(ConfigurationError) -> Int {
+        guard let n = Int(v), n >= min, n <= max else { throw .invalid(flag, v, "a whole number from \(min) to \(max)") }
+        return n
+    }
+
+    private static func readableFile(_ flag: String, _ v: String) throws(ConfigurationError) -> String {
+        guard access(v, R_OK) == 0 else { throw .invalid(flag, v, "a readable file") }
+        return v
+    }
+}
+
+/// A command line or environment that cannot be used; the message names the flag.
+public enum ConfigurationError: Error, Equatable, CustomStringConvertible {
+    case unknownFlag(String)
+    case missingValue(String)
+    case unexpectedArgument(String)
+    case invalid(String, String, String)
+
+    public var description: String {
+        switch self {
+        case .unknownFlag(let f): "unknown flag \(f) (see --help)"
+        case .missingValue(let f): "flag --\(f) needs a value"
+        case .unexpectedArgument(let a): "unexpected argument \(a) (flags start with --)"
+        case .invalid(let f, let v, let want): "invalid value '\(v)' for --\(f): want \(want)"
+        }
+    }
+}
+
+/// The identifier rules of API.md: 1-64 bytes of `[A-Za-z0-9_.:@-]`.
+public enum IdentifierRules {
+    public static let maxLength = 64
+
+    public static func isValid(_ s: String) -> Bool {
+        let utf8 = s.utf8
+        guard !utf8.isEmpty, utf8.count <= maxLength else { return false }
+        for b in utf8 {
+            switch b {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "_"), UInt8(ascii: "."),
+                 UInt8(ascii: ":"), UInt8(ascii: "@"), UInt8(ascii: "-"):
+                continue
+            default:
+                return false
+            }
+        }
+        return true
+    }
+}
