@@ -1,0 +1,168 @@
+import EventLoop
+import PresenceWire
+import Synchronization
+
+/// Settings of a gRPC client.
+public struct ClientConfiguration: Sendable {
+    public var target: HostPort
+    /// Connections in the pool; calls are spread over them and multiplexed on each.
+    public var connections = 1
+    public var http2 = HTTP2Settings()
+    /// Largest response message accepted.
+    public var maxReceiveMessageSize = 4 * 1024 * 1024
+
+    public init(target: HostPort) {
+        self.target = target
+    }
+}
+
+/// A gRPC client for one server address: a small pool of HTTP/2 connections, each on a loop of
+/// the group, opened on first use and reopened after they close.
+public final class GRPCClient: Sendable {
+    public let configuration: ClientConfiguration
+    private let slots: [ConnectionSlot]
+    private let counter = Atomic<Int>(0)
+
+    public init(configuration: ClientConfiguration, group: EventLoopGroup) {
+        self.configuration = configuration
+        slots = (0..<max(1, configuration.connections)).map { i in
+            ConnectionSlot(loop: group.loops[i % group.loops.count], configuration: configuration)
+        }
+    }
+
+    public convenience init(target: HostPort, group: EventLoopGroup) {
+        self.init(configuration: ClientConfiguration(target: target), group: group)
+    }
+
+    private func nextSlot() -> ConnectionSlot {
+        slots[counter.add(1, ordering: .relaxed).oldValue % slots.count]
+    }
+
+    /// Calls a unary method. Throws `GRPCStatus` for any status but OK.
+    public func unary<Req, Resp>(_ method: MethodDescriptor<Req, Resp>, _ request: Req, timeout: Duration? = nil) async throws -> Resp {
+        let bytes = try await unary(path: method.path, framedRequest: MessageFraming.framed(request), timeout: timeout.map(Self.nanoseconds))
+        do {
+            return try Resp(serializedBytes: bytes)
+        } catch {
+            throw GRPCStatus(.internal, "MALFORMED_RESPONSE: \(error)")
+        }
+    }
+
+    /// Calls a unary method with raw framed request bytes; returns the response's protobuf bytes.
+    public func unary(path: String, framedRequest: [UInt8], timeout: UInt64?) async throws -> [UInt8] {
+        let slot = nextSlot()
+        let handle = CallHandle()
+        let maxSize = configuration.maxReceiveMessageSize
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (c: CheckedContinuation<[UInt8], Error>) in
+                slot.loop.execute {
+                    slot.start(ClientCall(path: path, body: framedRequest, timeout: timeout, handle: handle, sink: .unary(c), maxMessageSize: maxSize))
+                }
+            }
+        } onCancel: {
+            handle.cancel()
+            slot.loop.execute { slot.cancel(handle) }
+        }
+    }
+
+    /// Calls a server-streaming method; iterate the result for the responses.
+    public func serverStreaming<Req, Resp>(_ method: MethodDescriptor<Req, Resp>, _ request: Req, timeout: Duration? = nil) -> ServerStreamingCall<Resp> {
+        let slot = nextSlot()
+        let handle = CallHandle()
+        let body = MessageFraming.framed(request)
+        let path = method.path
+        let maxSize = configuration.maxReceiveMessageSize
+        let t = timeout.map(Self.nanoseconds)
+        let state = ResponseStreamState(
+            consume: { bytes in slot.loop.execute { slot.consumed(handle, bytes) } },
+            cancelCall: {
+                handle.cancel()
+                slot.loop.execute { slot.cancel(handle) }
+            })
+        slot.loop.execute {
+            slot.start(ClientCall(path: path, body: body, timeout: t, handle: handle, sink: .stream(state), maxMessageSize: maxSize))
+        }
+        return ServerStreamingCall(state: state)
+    }
+
+    /// Closes every connection; calls in flight fail with UNAVAILABLE.
+    public func close() {
+        for s in slots { s.loop.execute { s.close() } }
+    }
+
+    static func nanoseconds(_ d: Duration) -> UInt64 {
+        let (s, atto) = d.components
+        if s < 0 { return 0 }
+        return UInt64(s) * 1_000_000_000 + UInt64(atto / 1_000_000_000)
+    }
+}
+
+/// One connection of the pool, replaced when it closes or is told to go away.
+///
+/// `@unchecked Sendable`: it is created on any thread but all its state is read and written only
+/// on `loop`'s thread (every method asserts it); other threads only call `loop.execute`.
+final class ConnectionSlot: @unchecked Sendable {
+    let loop: EventLoop
+    private let configuration: ClientConfiguration
+    private var connection: ClientConnection?
+    private var callsByHandle: [ObjectIdentifier: (ClientConnection, ClientCall)] = [:]
+
+    init(loop: EventLoop, configuration: ClientConfiguration) {
+        self.loop = loop
+        self.configuration = configuration
+    }
+
+    private func usableConnection() throws -> ClientConnection {
+        loop.assertInLoop()
+        if let c = connection, c.isUsable { return c }
+        let fd = try Sockets.connect(to: configuration.target)
+        let c = ClientConnection(fd: fd, loop: loop, settings: configuration.http2,
+                                 authority: configuration.target.description, maxMessageSize: configuration.maxReceiveMessageSize)
+        c.onClosed = { [weak self, weak c] in
+            guard let self, let c else { return }
+            if self.connection === c { self.connection = nil }
+            self.callsByHandle = self.callsByHandle.filter { $0.value.0 !== c }
+        }
+        connection = c
+        return c
+    }
+
+    func start(_ call: ClientCall) {
+        loop.assertInLoop()
+        let c: ClientConnection
+        do {
+            c = try usableConnection()
+        } catch {
+            call.complete(GRPCStatus(.unavailable, "CONNECT_FAILED: \(error)"))
+            return
+        }
+        if case .stream = call.sink { callsByHandle[ObjectIdentifier(call.handle)] = (c, call) }
+        c.start(call)
+    }
+
+    func cancel(_ handle: CallHandle) {
+        loop.assertInLoop()
+        if let (c, call) = callsByHandle.removeValue(forKey: ObjectIdentifier(handle)) {
+            c.fail(call, GRPCStatus(.cancelled, "CANCELLED: the call was cancelled"))
+            return
+        }
+        // unary calls: find by handle on the current connection
+        connection?.cancel(handle)
+    }
+
+    func consumed(_ handle: CallHandle, _ bytes: Int) {
+        loop.assertInLoop()
+        guard let (c, call) = callsByHandle[ObjectIdentifier(handle)] else { return }
+        if call.sink == nil {
+            callsByHandle[ObjectIdentifier(handle)] = nil
+            return
+        }
+        c.consumed(streamID: call.streamID, bytes: bytes)
+    }
+
+    func close() {
+        loop.assertInLoop()
+        connection?.close(reason: "client closed")
+        connection = nil
+    }
+}

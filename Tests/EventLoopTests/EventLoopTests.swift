@@ -1,0 +1,80 @@
+@testable import EventLoop
+import Synchronization
+import Testing
+
+@Suite struct TimerHeapTests {
+    @Test func popsInDeadlineOrderAndSkipsCancelled() {
+        var h = TimerHeap()
+        var fired: [Int] = []
+        let ids = [50, 10, 40, 20, 30].map { d in h.insert(deadline: UInt64(d)) { fired.append(d) } }
+        h.cancel(ids[2]) // 40
+        #expect(h.nextDeadline == 10)
+        while let (_, cb) = h.popDue(now: 35) { cb() }
+        #expect(fired == [10, 20, 30])
+        #expect(h.nextDeadline == 50)
+        #expect(h.popDue(now: 49) == nil)
+        h.cancel(ids[0])
+        #expect(h.nextDeadline == nil)
+    }
+
+    @Test func manyCancellationsDoNotGrowWithoutBound() {
+        var h = TimerHeap()
+        for i in 0..<10_000 {
+            let id = h.insert(deadline: UInt64(1_000_000 + i)) {}
+            h.cancel(id)
+        }
+        #expect(h.count == 0)
+        #expect(h.nextDeadline == nil)
+    }
+}
+
+@Suite struct EventLoopTests {
+    @Test func executeRunsOnTheLoopInOrder() async throws {
+        let group = EventLoopGroup(count: 1)
+        let loop = group.loops[0]
+        let seen = Mutex<[Int]>([])
+        let onLoop = Atomic<Int>(0)
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            for i in 0..<1000 {
+                loop.execute {
+                    if loop.inEventLoop { onLoop.add(1, ordering: .relaxed) }
+                    seen.withLock { $0.append(i) }
+                    if i == 999 { c.resume() }
+                }
+            }
+        }
+        #expect(seen.withLock { $0 } == Array(0..<1000))
+        #expect(onLoop.load(ordering: .relaxed) == 1000)
+        #expect(!loop.inEventLoop)
+        group.shutdown()
+    }
+
+    @Test func timersFireInOrderAndCancelledOnesDoNot() async throws {
+        let group = EventLoopGroup(count: 1)
+        let loop = group.loops[0]
+        let fired = Mutex<[Int]>([])
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            loop.execute {
+                let now = MonotonicClock.now()
+                loop.scheduleTimer(at: now + 30_000_000) { fired.withLock { $0.append(3) }; c.resume() }
+                loop.scheduleTimer(at: now + 10_000_000) { fired.withLock { $0.append(1) } }
+                let cancelled = loop.scheduleTimer(at: now + 15_000_000) { fired.withLock { $0.append(99) } }
+                loop.scheduleTimer(at: now + 20_000_000) { fired.withLock { $0.append(2) } }
+                loop.cancelTimer(cancelled)
+            }
+        }
+        #expect(fired.withLock { $0 } == [1, 2, 3])
+        group.shutdown()
+    }
+
+    @Test func hostPortParsing() {
+        #expect(HostPort(parsing: "127.0.0.1:7400") == HostPort(host: "127.0.0.1", port: 7400))
+        #expect(HostPort(parsing: "[::1]:80") == HostPort(host: "::1", port: 80))
+        #expect(HostPort(parsing: "localhost:0")?.port == 0)
+        #expect(HostPort(parsing: "localhost") == nil)
+        #expect(HostPort(parsing: "h:70000") == nil)
+        #expect(HostPort(parsing: ":80") == nil)
+        #expect(HostPort(parsing: "::1:80") == nil)
+        #expect(HostPort(host: "::1", port: 5).description == "[::1]:5")
+    }
+}

@@ -1,0 +1,72 @@
+import EventLoop
+import Foundation
+@testable import GRPCTransport
+import PresenceWire
+import Testing
+
+@Suite struct KeepaliveStateMachineTests {
+    let s: UInt64 = 1_000_000_000
+
+    @Test func pingsAfterIdleIntervalAndClosesWithoutAnswer() {
+        var k = KeepaliveStateMachine(interval: 10 * s, timeout: 2 * s, now: 0)
+        #expect(k.nextDeadline == 10 * s)
+        #expect(k.timerFired(now: 9 * s) == .none)
+        #expect(k.timerFired(now: 10 * s) == .sendPing)
+        #expect(k.nextDeadline == 12 * s)
+        #expect(k.timerFired(now: 11 * s) == .none)
+        #expect(k.timerFired(now: 12 * s) == .closeConnection)
+    }
+
+    @Test func anyBytesReadCountAsLife() {
+        var k = KeepaliveStateMachine(interval: 10 * s, timeout: 2 * s, now: 0)
+        k.bytesRead(now: 5 * s)
+        #expect(k.timerFired(now: 10 * s) == .none)
+        #expect(k.nextDeadline == 15 * s)
+        #expect(k.timerFired(now: 15 * s) == .sendPing)
+        k.bytesRead(now: 16 * s) // the ACK
+        #expect(k.timerFired(now: 17 * s) == .none)
+        #expect(k.nextDeadline == 26 * s)
+    }
+}
+
+@Suite(.serialized) struct DeadPeerTests {
+    /// A raw TCP peer that sends the HTTP/2 preface and SETTINGS, then never reads or answers.
+    @Test func serverDropsAPeerThatStopsAnsweringPings() async throws {
+        let h = try Harness {
+            $0.http2.keepaliveInterval = 100_000_000
+            $0.http2.keepaliveTimeout = 200_000_000
+        }
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = h.server.port.bigEndian
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        #expect(rc == 0)
+        let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + [0, 0, 0, 4, 0, 0, 0, 0, 0] // empty SETTINGS
+        _ = preface.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        try await eventually("server accepted") { h.server.connections == 1 }
+        let t0 = MonotonicClock.now()
+        try await eventually("server closed the silent connection", within: 3) { h.server.connections == 0 }
+        let elapsed = MonotonicClock.now() - t0
+        #expect(elapsed >= 250_000_000) // interval + timeout, not sooner
+        close(fd)
+        await h.stop()
+    }
+
+    /// A "server" that accepts and then says nothing: the client's keepalive gives up on it.
+    @Test func clientFailsCallsOnADeadServer() async throws {
+        let group = EventLoopGroup(count: 1)
+        let listener = try Sockets.listen(on: HostPort(host: "127.0.0.1", port: 0), reusePort: false)
+        var config = ClientConfiguration(target: HostPort(host: "127.0.0.1", port: Sockets.localPort(of: listener)))
+        config.http2.keepaliveInterval = 100_000_000
+        config.http2.keepaliveTimeout = 200_000_000
+        let client = GRPCClient(configuration: config, group: group)
+        let t0 = MonotonicClock.now()
+        let s = await expectStatus(.unavailable) { _ = try await client.unary(TestMethods.echo, StateItem()) }
+        #expect(s?.message.contains("keepalive") == true)
+        #expect(MonotonicClock.now() - t0 < 3_000_000_000)
+        close(listener)
+        group.shutdown()
+    }
+}

@@ -1,0 +1,182 @@
+import EventLoop
+import Foundation
+@testable import GRPCTransport
+import PresenceWire
+import Synchronization
+import Testing
+
+@Suite(.serialized) struct ServerClientTests {
+    @Test func unaryRoundTripBothHandlerKinds() async throws {
+        let h = try Harness()
+        let item = StateItem(key: "mic", value: "on ✓")
+        #expect(try await h.client.unary(TestMethods.echo, item) == item)
+        #expect(try await h.client.unary(TestMethods.inlineEcho, item) == item)
+        await h.stop()
+    }
+
+    @Test func handlerErrorsBecomeStatusWithPercentEncodedMessage() async throws {
+        let h = try Harness()
+        let s = await expectStatus(.invalidArgument) { _ = try await h.client.unary(TestMethods.inlineEcho, StateItem(key: "fail")) }
+        #expect(s?.message == "BAD_KEY: ünïcode % message")
+        await h.stop()
+    }
+
+    @Test func unknownMethodIsUnimplemented() async throws {
+        let h = try Harness()
+        let m = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Nope", kind: .unary)
+        await expectStatus(.unimplemented) { _ = try await h.client.unary(m, StateItem()) }
+        await h.stop()
+    }
+
+    @Test func malformedRequestIsInvalidArgument() async throws {
+        let h = try Harness()
+        await expectStatus(.invalidArgument) {
+            _ = try await h.client.unary(path: TestMethods.echo.path, framedRequest: MessageDeframer.frame([0xff, 0xff]), timeout: nil)
+        }
+        await h.stop()
+    }
+
+    @Test func manyCallsMultiplexOnOneConnection() async throws {
+        let h = try Harness()
+        try await withThrowingTaskGroup(of: Void.self) { g in
+            for i in 0..<500 {
+                g.addTask {
+                    let r = try await h.client.unary(TestMethods.echo, StateItem(key: "k\(i)", value: String(i)))
+                    #expect(r.value == String(i))
+                }
+            }
+            try await g.waitForAll()
+        }
+        #expect(h.server.connections == 1)
+        await h.stop()
+    }
+
+    @Test func serverStreamOf10000WithSlowReaderStaysBounded() async throws {
+        let h = try Harness()
+        let call = h.client.serverStreaming(TestMethods.stream, StateItem(key: "10000", value: "1000"))
+        var expected = 0
+        for try await item in call {
+            #expect(item.key == String(expected))
+            expected += 1
+            if expected % 50 == 0 { try await Task.sleep(nanoseconds: 1_000_000) } // a slow reader
+        }
+        #expect(expected == 10_000)
+        let writer = try #require(h.seen.writers.withLock { $0.first })
+        // The server never held more than its high-water mark plus one message...
+        #expect(writer.peakQueuedBytes <= writer.highWaterMark + 1_100)
+        // ...because it had to wait for the reader (10 MB went through a 1 MiB window).
+        #expect(writer.suspensions > 0)
+        await h.stop()
+    }
+
+    @Test func deadlineExceededEndsTheCallAndCancelsTheHandler() async throws {
+        let h = try Harness()
+        await expectStatus(.deadlineExceeded) { _ = try await h.client.unary(TestMethods.hangUnary, StateItem(), timeout: .milliseconds(100)) }
+        try await eventually("handler cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
+        await h.stop()
+    }
+
+    @Test func serverEnforcesGrpcTimeoutHeader() async throws {
+        let h = try Harness()
+        // the server's own timer fires even if the client does not enforce the deadline itself
+        let t0 = MonotonicClock.now()
+        await expectStatus(.deadlineExceeded) { _ = try await h.client.unary(TestMethods.hangUnary, StateItem(), timeout: .milliseconds(50)) }
+        #expect(MonotonicClock.now() - t0 < 2_000_000_000)
+        await h.stop()
+    }
+
+    @Test func clientCancellationResetsTheStreamAndCancelsTheHandler() async throws {
+        let h = try Harness()
+        let call = h.client.serverStreaming(TestMethods.hang, StateItem(key: "first"))
+        var it = call.makeAsyncIterator()
+        #expect(try await it.next()?.key == "first")
+        call.cancel()
+        try await eventually("server handler cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
+        await expectStatus(.cancelled) { _ = try await it.next() }
+        await h.stop()
+    }
+
+    @Test func taskCancellationCancelsAUnaryCall() async throws {
+        let h = try Harness()
+        let task = Task { try await h.client.unary(TestMethods.hangUnary, StateItem()) }
+        try await eventually("call reached the server") { h.server.connections == 1 }
+        try await Task.sleep(nanoseconds: 20_000_000)
+        task.cancel()
+        await expectStatus(.cancelled) { _ = try await task.value }
+        try await eventually("server handler cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
+        await h.stop()
+    }
+
+    @Test func oversizedRequestIsResourceExhaustedAndConnectionSurvives() async throws {
+        let h = try Harness { $0.maxReceiveMessageSize = 1024 * 1024 }
+        let big = StateItem(key: "big", value: String(repeating: "a", count: 1024 * 1024 + 1))
+        let s = await expectStatus(.resourceExhausted) { _ = try await h.client.unary(TestMethods.echo, big) }
+        #expect(s?.message.hasPrefix("MESSAGE_TOO_LARGE") == true)
+        #expect(try await h.client.unary(TestMethods.echo, StateItem(key: "small")).key == "small")
+        await h.stop()
+    }
+
+    @Test func defaultLimitIs4MiB() async throws {
+        let h = try Harness()
+        let fits = StateItem(key: "k", value: String(repeating: "a", count: 4 * 1024 * 1024 - 64))
+        #expect(try await h.client.unary(TestMethods.echo, fits).value.count == fits.value.count)
+        let over = StateItem(key: "k", value: String(repeating: "a", count: 4 * 1024 * 1024))
+        await expectStatus(.resourceExhausted) { _ = try await h.client.unary(TestMethods.echo, over) }
+        await h.stop()
+    }
+
+    @Test func compressedMessageIsUnimplemented() async throws {
+        let h = try Harness()
+        var framed = MessageDeframer.frame(StateItem(key: "k").serializedBytes())
+        framed[0] = 1
+        await expectStatus(.unimplemented) { _ = try await h.client.unary(path: TestMethods.echo.path, framedRequest: framed, timeout: nil) }
+        await h.stop()
+    }
+
+    @Test func thousandConcurrentStreams() async throws {
+        let h = try Harness()
+        let n = 1000
+        try await withThrowingTaskGroup(of: String.self) { g in
+            for i in 0..<n {
+                g.addTask { try await h.client.unary(TestMethods.barrier, StateItem(key: String(i), value: String(n)), timeout: .seconds(30)).value }
+            }
+            for try await seen in g { #expect(seen == String(n)) }
+        }
+        #expect(h.seen.maxInBarrier.load(ordering: .relaxed) == n)
+        await h.stop()
+    }
+
+    @Test func maxConcurrentStreamsIsRespected() async throws {
+        // the server allows 8 streams per connection: 40 calls still all succeed (queued by the client), never more than 8 at once
+        let h = try Harness { $0.http2.maxConcurrentStreams = 8 }
+        try await withThrowingTaskGroup(of: Void.self) { g in
+            for i in 0..<40 {
+                g.addTask { _ = try await h.client.unary(TestMethods.slow, StateItem(key: String(i), value: "20")) }
+            }
+            try await g.waitForAll()
+        }
+        await h.stop()
+    }
+
+    @Test func gracefulShutdownFinishesCallsInFlight() async throws {
+        let h = try Harness()
+        let inFlight = Task { try await h.client.unary(TestMethods.slow, StateItem(key: "late", value: "300")) }
+        try await eventually("connection open") { h.server.connections == 1 }
+        try await Task.sleep(nanoseconds: 50_000_000)
+        await h.server.shutdown(gracePeriod: 5_000_000_000)
+        #expect(try await inFlight.value.key == "late")
+        #expect(h.server.connections == 0)
+        await expectStatus(.unavailable) { _ = try await h.client.unary(TestMethods.echo, StateItem()) }
+        h.group.shutdown()
+    }
+
+    @Test func connectionRefusedIsUnavailable() async throws {
+        let group = EventLoopGroup(count: 1)
+        let fd = try Sockets.listen(on: HostPort(host: "127.0.0.1", port: 0), reusePort: false)
+        let port = Sockets.localPort(of: fd)
+        close(fd)
+        let client = GRPCClient(target: HostPort(host: "127.0.0.1", port: port), group: group)
+        await expectStatus(.unavailable) { _ = try await client.unary(TestMethods.echo, StateItem()) }
+        group.shutdown()
+    }
+}
