@@ -28,20 +28,21 @@ public final class GRPCServer: Sendable {
     private let group: EventLoopGroup
     private let registry: ServiceRegistry
     private let cores = Mutex<[LoopBound<ServerCore>]>([])
-    private let connectionCount = Atomic<Int>(0)
+    private let counter: ConnectionCounter
     private let boundPort = Atomic<Int>(0)
 
     public init(configuration: ServerConfiguration, services: ServiceRegistry, group: EventLoopGroup) {
         self.configuration = configuration
         self.registry = services
         self.group = group
+        self.counter = ConnectionCounter(limit: configuration.maxConnections)
     }
 
     /// The port the server listens on (useful after binding port 0).
     public var port: UInt16 { UInt16(boundPort.load(ordering: .relaxed)) }
 
     /// Connections open now.
-    public var connections: Int { connectionCount.load(ordering: .relaxed) }
+    public var connections: Int { counter.count }
 
     /// Binds and starts accepting.
     public func start() throws {
@@ -62,21 +63,14 @@ public final class GRPCServer: Sendable {
             let ready = DispatchSemaphore(value: 0)
             let config = configuration
             let methods = registry.methods
+            let counter = self.counter
             loop.execute { [self] in
-                let core = ServerCore(loop: loop, listener: fd, configuration: config, methods: methods, server: self)
+                let core = ServerCore(loop: loop, listener: fd, configuration: config, methods: methods, counter: counter)
                 cores.withLock { $0.append(LoopBound(core, loop: loop)) }
                 ready.signal()
             }
             ready.wait()
         }
-    }
-
-    func connectionOpened() -> Bool {
-        connectionCount.add(1, ordering: .relaxed).newValue <= configuration.maxConnections
-    }
-
-    func connectionClosed() {
-        connectionCount.subtract(1, ordering: .relaxed)
     }
 
     /// Graceful shutdown: stop accepting, send GOAWAY, let calls in flight finish for up to
@@ -98,22 +92,33 @@ public final class GRPCServer: Sendable {
     }
 }
 
+/// Connections open across all loops, against the limit.
+final class ConnectionCounter: Sendable {
+    private let value = Atomic<Int>(0)
+    let limit: Int
+    init(limit: Int) { self.limit = limit }
+    var count: Int { value.load(ordering: .relaxed) }
+    /// Counts a new connection; false when it is over the limit (it is still counted: call `closed`).
+    func opened() -> Bool { value.add(1, ordering: .relaxed).newValue <= limit }
+    func closed() { value.subtract(1, ordering: .relaxed) }
+}
+
 /// The server's state on one loop: its listener and its connections. Loop-confined.
 final class ServerCore: FileDescriptorHandler {
     let loop: EventLoop
     let listener: Int32
     let configuration: ServerConfiguration
     let methods: [String: ServerMethod]
-    private let server: GRPCServer
+    private let counter: ConnectionCounter
     private var connections: [ObjectIdentifier: ServerConnection] = [:]
     private var listening = true
 
-    init(loop: EventLoop, listener: Int32, configuration: ServerConfiguration, methods: [String: ServerMethod], server: GRPCServer) {
+    init(loop: EventLoop, listener: Int32, configuration: ServerConfiguration, methods: [String: ServerMethod], counter: ConnectionCounter) {
         self.loop = loop
         self.listener = listener
         self.configuration = configuration
         self.methods = methods
-        self.server = server
+        self.counter = counter
         loop.register(fd: listener, events: UInt32(EPOLLIN.rawValue), handler: self)
     }
 
@@ -132,8 +137,8 @@ final class ServerCore: FileDescriptorHandler {
                 return
             }
             guard let fd else { return }
-            guard server.connectionOpened() else {
-                server.connectionClosed()
+            guard counter.opened() else {
+                counter.closed()
                 close(fd)
                 continue
             }
@@ -145,7 +150,7 @@ final class ServerCore: FileDescriptorHandler {
 
     func connectionClosed(_ c: ServerConnection) {
         if connections.removeValue(forKey: ObjectIdentifier(c)) != nil {
-            server.connectionClosed()
+            counter.closed()
         }
     }
 

@@ -170,6 +170,17 @@ import Testing
         h.group.shutdown()
     }
 
+    @Test func connectionsOverTheLimitAreClosed() async throws {
+        let h = try Harness { $0.maxConnections = 2 }
+        let others = (0..<2).map { _ in GRPCClient(target: HostPort(host: "127.0.0.1", port: h.server.port), group: h.group) }
+        _ = try await h.client.unary(TestMethods.echo, StateItem())
+        _ = try await others[0].unary(TestMethods.echo, StateItem())
+        await expectStatus(.unavailable) { _ = try await others[1].unary(TestMethods.echo, StateItem()) }
+        #expect(h.server.connections == 2)
+        others.forEach { $0.close() }
+        await h.stop()
+    }
+
     @Test func connectionRefusedIsUnavailable() async throws {
         let group = EventLoopGroup(count: 1)
         let fd = try Sockets.listen(on: HostPort(host: "127.0.0.1", port: 0), reusePort: false)

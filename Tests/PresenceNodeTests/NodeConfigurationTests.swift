@@ -1,0 +1,85 @@
+@testable import PresenceNode
+import EventLoop
+import Testing
+
+@Suite struct NodeConfigurationTests {
+    func parse(_ args: [String], env: [String: String] = [:]) throws -> NodeConfiguration {
+        guard case .run(let c) = try NodeConfiguration.parse(arguments: args, environment: env, hostName: "host-1") else {
+            throw ConfigurationError.unexpectedArgument("help")
+        }
+        return c
+    }
+
+    @Test func defaults() throws {
+        let c = try parse([])
+        #expect(c.nodeID == "host-1")
+        #expect(c.listen == HostPort(host: "127.0.0.1", port: 7400))
+        #expect(c.peerListen == HostPort(host: "127.0.0.1", port: 7401))
+        #expect(c.seeds.isEmpty)
+        #expect(c.presenceTimeout == 10)
+        #expect(c.maxInstantEvents == 50)
+        #expect(c.presenceInterval == 1)
+        #expect(c.replicationFactor == 2)
+        #expect(c.authSecretFile == nil)
+        #expect(c.logLevel == .info && c.logFormat == .text)
+    }
+
+    @Test func everyFlag() throws {
+        let c = try parse(["--node-id", "n7", "--listen", "0.0.0.0:9000", "--peer-listen=[::1]:9001",
+                           "--seeds", "10.0.0.1:7401,h2:7401", "--presence-timeout", "2.5",
+                           "--max-instant-events", "3", "--presence-interval", "0.25", "--replication-factor", "3",
+                           "--auth-secret-file", "/dev/null", "--cluster-secret-file", "/dev/null",
+                           "--log-level", "debug", "--log-format", "json"])
+        #expect(c.nodeID == "n7")
+        #expect(c.listen == HostPort(host: "0.0.0.0", port: 9000))
+        #expect(c.peerListen == HostPort(host: "::1", port: 9001))
+        #expect(c.seeds == [HostPort(host: "10.0.0.1", port: 7401), HostPort(host: "h2", port: 7401)])
+        #expect(c.presenceTimeout == 2.5)
+        #expect(c.maxInstantEvents == 3)
+        #expect(c.presenceInterval == 0.25)
+        #expect(c.replicationFactor == 3)
+        #expect(c.authSecretFile == "/dev/null" && c.clusterSecretFile == "/dev/null")
+        #expect(c.logLevel == .debug && c.logFormat == .json)
+    }
+
+    @Test func environmentAndCommandLinePrecedence() throws {
+        let env = ["PRESENCED_LISTEN": "127.0.0.1:1", "PRESENCED_NODE_ID": "from-env", "PRESENCED_PRESENCE_TIMEOUT": "3"]
+        let c = try parse(["--listen", "127.0.0.1:2"], env: env)
+        #expect(c.listen.port == 2)
+        #expect(c.nodeID == "from-env")
+        #expect(c.presenceTimeout == 3)
+    }
+
+    @Test func badValuesNameTheFlag() {
+        let cases: [([String], String)] = [
+            (["--listen", "x"], "--listen"), (["--presence-timeout", "0"], "--presence-timeout"),
+            (["--presence-timeout", "nan"], "--presence-timeout"), (["--max-instant-events", "0"], "--max-instant-events"),
+            (["--replication-factor", "x"], "--replication-factor"), (["--node-id", "has space"], "--node-id"),
+            (["--seeds", "a:1,b"], "--seeds"), (["--log-level", "loud"], "--log-level"), (["--nope"], "--nope"),
+            (["--listen"], "--listen"), (["stray"], "stray"),
+        ]
+        for (args, name) in cases {
+            do {
+                _ = try parse(args)
+                Issue.record("\(args) was accepted")
+            } catch {
+                #expect("\(error)".contains(name), "\(args): \(error)")
+            }
+        }
+    }
+
+    @Test func help() throws {
+        #expect(try NodeConfiguration.parse(arguments: ["--help"], environment: [:], hostName: "h") == .help)
+        #expect(NodeConfiguration.usage.contains("PRESENCED_MAX_INSTANT_EVENTS"))
+    }
+
+    @Test func identifierRules() {
+        #expect(IdentifierRules.isValid("user_1.a:b@c-d"))
+        #expect(!IdentifierRules.isValid(""))
+        #expect(!IdentifierRules.isValid(String(repeating: "a", count: 65)))
+        #expect(IdentifierRules.isValid(String(repeating: "a", count: 64)))
+        #expect(!IdentifierRules.isValid("a/b"))
+        #expect(!IdentifierRules.isValid("a b"))
+        #expect(!IdentifierRules.isValid("é"))
+    }
+}

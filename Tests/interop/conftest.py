@@ -1,0 +1,82 @@
+"""Fixtures for the interop suite: stock Python grpcio against a real presenced process."""
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GEN = tempfile.mkdtemp(prefix="presenced-pygen-")
+
+
+def _generate_stubs():
+    from grpc_tools import protoc
+    import grpc_tools
+
+    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    for proto in ("presence.proto", "health.proto"):
+        rc = protoc.main(["protoc", f"-I{os.path.join(ROOT, 'Protos')}", f"-I{well_known}",
+                          f"--python_out={GEN}", f"--grpc_python_out={GEN}", proto])
+        assert rc == 0, f"protoc failed for {proto}"
+    sys.path.insert(0, GEN)
+
+
+_generate_stubs()
+
+
+def presenced_binary():
+    path = os.environ.get("PRESENCED_BIN") or os.path.join(ROOT, ".build", "debug", "presenced")
+    assert os.path.exists(path), f"build presenced first ({path} is missing)"
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """A presenced process on loopback ports, stopped at the end of the test."""
+
+    def __init__(self, *args, env=None):
+        self.port = free_port()
+        self.peer_port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="presenced-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [presenced_binary(), "--node-id", "interop-1", "--listen", f"127.0.0.1:{self.port}",
+             "--peer-listen", f"127.0.0.1:{self.peer_port}", *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=20)
+        except grpc.FutureTimeoutError:
+            self.stop()
+            raise AssertionError("presenced did not start: " + self.output())
+
+    def output(self):
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self, sig=15, timeout=10):
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def node():
+    n = Node()
+    yield n
+    n.stop()
