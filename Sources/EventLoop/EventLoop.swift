@@ -7,6 +7,13 @@ import Synchronization
 public protocol FileDescriptorHandler: AnyObject {
     /// `events` is the epoll mask (`EPOLLIN`, `EPOLLOUT`, `EPOLLERR`, `EPOLLHUP`, ...).
     func handleEvents(_ events: UInt32)
+    /// The loop is stopping with this handler still registered: release the descriptor and
+    /// whatever else it holds (the loop drops its reference right after).
+    func loopStopping()
+}
+
+extension FileDescriptorHandler {
+    public func loopStopping() {}
 }
 
 /// Something that wants a call once the loop has handled the current batch of readiness events,
@@ -36,6 +43,9 @@ public final class EventLoop: @unchecked Sendable {
         var tasks: [@Sendable () -> Void] = []
         var wakePending = false
         var stopping = false
+        /// Set when `run()` has returned: later tasks are dropped (nothing would ever run them,
+        /// and holding them would keep what they capture alive forever).
+        var closed = false
     }
 
     // Loop-thread state.
@@ -78,9 +88,10 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: Any thread
 
-    /// Runs `task` on the loop thread, soon. Safe from any thread.
+    /// Runs `task` on the loop thread, soon. Safe from any thread. Dropped once the loop has stopped.
     public func execute(_ task: @escaping @Sendable () -> Void) {
         let wake = inbox.withLock { inbox -> Bool in
+            if inbox.closed { return false }
             inbox.tasks.append(task)
             if inbox.wakePending { return false }
             inbox.wakePending = true
@@ -223,6 +234,18 @@ public final class EventLoop: @unchecked Sendable {
         // Let tasks submitted during shutdown run, so nobody waits forever on a continuation.
         _ = runInbox()
         runFlushes()
+        // Handlers and the loop refer to each other: break those cycles so both can be freed.
+        let remaining = Array(handlers.values)
+        for h in remaining { h.loopStopping() }
+        handlers.removeAll()
+        timers = TimerHeap()
+        flushQueue.removeAll()
+        let last = inbox.withLock { inbox -> [@Sendable () -> Void] in
+            inbox.closed = true
+            defer { inbox.tasks = [] }
+            return inbox.tasks
+        }
+        for t in last { t() }
     }
 
     private func runInbox() -> Bool {

@@ -148,6 +148,13 @@ final class ServerCore: FileDescriptorHandler {
         }
     }
 
+    func loopStopping() {
+        if listening {
+            listening = false
+            close(listener)
+        }
+    }
+
     func connectionClosed(_ c: ServerConnection) {
         if connections.removeValue(forKey: ObjectIdentifier(c)) != nil {
             counter.closed()

@@ -63,11 +63,13 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     private var keepalive: KeepaliveStateMachine
     private var keepaliveTimer: TimerID?
     let settings: HTTP2Settings
+    private let readBuffer: ReadBuffer
 
     init(fd: Int32, loop: EventLoop, settings: HTTP2Settings) {
         self.fd = fd
         self.loop = loop
         self.settings = settings
+        self.readBuffer = ReadBuffer.shared(for: loop)
         self.keepalive = KeepaliveStateMachine(interval: settings.keepaliveInterval, timeout: settings.keepaliveTimeout, now: MonotonicClock.now())
     }
 
@@ -120,13 +122,17 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         }
     }
 
+    public func loopStopping() {
+        close(reason: "event loop stopped")
+    }
+
     /// Called when the socket is writable (a client uses it to learn that connect finished).
     func writableBecameReady() {
         flush()
     }
 
     private func readAvailable() {
-        let buffer = ReadBuffer.shared(for: loop)
+        let buffer = readBuffer
         var total = 0
         while !isClosed {
             let n = read(fd, buffer.base, buffer.count)
@@ -284,7 +290,7 @@ final class ReadBuffer {
     private nonisolated(unsafe) static var buffers: [ObjectIdentifier: ReadBuffer] = [:]
     private static let lock = Mutex()
 
-    /// Only called on `loop`'s thread; the dictionary is touched under a lock since loops share it.
+    /// The dictionary is touched under a lock since loops share it; connections look it up once.
     static func shared(for loop: EventLoop) -> ReadBuffer {
         lock.lock()
         defer { lock.unlock() }
@@ -337,6 +343,31 @@ enum NGHTTP2Callbacks {
     static let readCallback: nghttp2_data_source_read_callback = { _, streamID, buf, length, flags, _, userData in
         connectionFromUserData(userData).readData(streamID: streamID, into: buf!, length: length, flags: flags!)
     }
+}
+
+/// A header list built once and kept for the life of the process (nghttp2 need not copy it).
+///
+/// `@unchecked Sendable`: the memory is written once in `init` and only read afterwards.
+final class StaticHeaders: @unchecked Sendable {
+    let nv: UnsafeMutablePointer<nghttp2_nv>
+    let count: Int
+
+    init(_ pairs: [(String, String)]) {
+        count = pairs.count
+        nv = .allocate(capacity: pairs.count)
+        for (i, (name, value)) in pairs.enumerated() {
+            let n = Array(name.utf8), v = Array(value.utf8)
+            let np = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, n.count))
+            let vp = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, v.count))
+            np.initialize(from: n, count: n.count)
+            vp.initialize(from: v, count: v.count)
+            let flags = UInt8(NGHTTP2_NV_FLAG_NO_COPY_NAME.rawValue | NGHTTP2_NV_FLAG_NO_COPY_VALUE.rawValue)
+            nv[i] = nghttp2_nv(name: np, value: vp, namelen: n.count, valuelen: v.count, flags: flags)
+        }
+    }
+
+    static let grpcResponse = StaticHeaders([(":status", "200"), ("content-type", "application/grpc")])
+    static let okTrailers = StaticHeaders([("grpc-status", "0")])
 }
 
 /// Header name/value pairs for nghttp2, kept in one allocation for the duration of a submit call.

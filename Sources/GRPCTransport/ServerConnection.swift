@@ -307,11 +307,9 @@ final class ServerConnection: HTTP2Connection {
         s.outbound.append(framed)
         if !s.responseSubmitted {
             s.responseSubmitted = true
-            var headers = HeaderBlock()
-            headers.add(":status", "200")
-            headers.add("content-type", "application/grpc")
             var provider = Self.dataProvider
-            _ = headers.withNV { nv, n in nghttp2_submit_response(session, s.id, nv, n, &provider) }
+            let h = StaticHeaders.grpcResponse
+            nghttp2_submit_response(session, s.id, h.nv, h.count, &provider)
         } else {
             nghttp2_session_resume_data(session, s.id)
         }
@@ -342,6 +340,10 @@ final class ServerConnection: HTTP2Connection {
     }
 
     private func submitTrailers(_ s: ServerStream, _ status: GRPCStatus) {
+        if status.code == .ok && status.message.isEmpty {
+            nghttp2_submit_trailer(session, s.id, StaticHeaders.okTrailers.nv, StaticHeaders.okTrailers.count)
+            return
+        }
         var headers = HeaderBlock()
         headers.add("grpc-status", String(status.code.rawValue))
         if !status.message.isEmpty { headers.add("grpc-message", bytes: PercentEncoding.encode(status.message)) }

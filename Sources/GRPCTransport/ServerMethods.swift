@@ -102,10 +102,12 @@ public final class ServerStreamWriter: Sendable {
         var suspensions = 0
         var waiter: CheckedContinuation<Void, Error>? = nil
         var closed: GRPCStatus? = nil
+        /// Hands bytes to the connection; dropped when the call ends, so a writer kept around
+        /// afterwards does not keep the connection alive.
+        var sink: (@Sendable ([UInt8]) -> Void)?
     }
 
-    private let state = Mutex(State())
-    private let sink: @Sendable ([UInt8]) -> Void
+    private let state: Mutex<State>
     public let highWaterMark: Int
     public let lowWaterMark: Int
 
@@ -113,18 +115,18 @@ public final class ServerStreamWriter: Sendable {
     init(highWaterMark: Int = defaultHighWaterMark, lowWaterMark: Int = defaultLowWaterMark, sink: @escaping @Sendable ([UInt8]) -> Void) {
         self.highWaterMark = highWaterMark
         self.lowWaterMark = lowWaterMark
-        self.sink = sink
+        self.state = Mutex(State(sink: sink))
     }
 
     /// Sends one framed message (5-byte header included).
     public func send(framed bytes: [UInt8]) async throws {
-        let mustWait = try state.withLock { s -> Bool in
+        let (mustWait, sink) = try state.withLock { s -> (Bool, (@Sendable ([UInt8]) -> Void)?) in
             if let closed = s.closed { throw closed }
             s.queuedBytes += bytes.count
             s.peakQueuedBytes = max(s.peakQueuedBytes, s.queuedBytes)
-            return s.queuedBytes > highWaterMark
+            return (s.queuedBytes > highWaterMark, s.sink)
         }
-        sink(bytes)
+        sink?(bytes)
         if mustWait {
             try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, Error>) in
                 let outcome = state.withLock { s -> Result<Void, Error>? in
@@ -165,6 +167,7 @@ public final class ServerStreamWriter: Sendable {
     func close(_ status: GRPCStatus) {
         let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
             if s.closed == nil { s.closed = status }
+            s.sink = nil
             let w = s.waiter
             s.waiter = nil
             return w

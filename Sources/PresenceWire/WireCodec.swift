@@ -95,8 +95,15 @@ enum WireCodec {
     }
 
     static func encode<M: CMessageBridge>(_ message: M, prefix: Int) -> [UInt8] {
-        var arena = CArena()
-        defer { arena.release() }
+        // The first kilobyte of C structs lives on the stack; larger messages spill to the heap.
+        withUnsafeTemporaryAllocation(byteCount: 1024, alignment: 16) { first in
+            var arena = CArena(first: first)
+            defer { arena.release() }
+            return encode(message, prefix: prefix, arena: &arena)
+        }
+    }
+
+    private static func encode<M: CMessageBridge>(_ message: M, prefix: Int, arena: inout CArena) -> [UInt8] {
         let c = arena.allocate(M.CStruct.self)
         message.fill(c, arena: &arena)
         let size = M.cPackedSize(c)
@@ -136,6 +143,12 @@ struct CArena {
     private var cursor: UnsafeMutableRawPointer? = nil
     private var remaining = 0
     private static let chunkSize = 4096
+
+    /// An arena that starts in `first` (caller-owned, e.g. on the stack) and spills to the heap.
+    init(first: UnsafeMutableRawBufferPointer) {
+        cursor = first.baseAddress
+        remaining = first.count
+    }
 
     mutating func raw(_ size: Int, alignment: Int) -> UnsafeMutableRawPointer {
         let aligned = (size + 15) & ~15
