@@ -134,8 +134,9 @@ final class ClientConnection: HTTP2Connection {
             return
         }
         if let timeout = call.timeout {
-            call.deadlineTimer = loop.scheduleTimer(after: timeout) { [weak self, weak call] in
-                guard let self, let call else { return }
+            // Strong captures: the timer is cancelled whenever the call ends first. (A weak
+            // reference would move the connection's refcount to a side table: slower retains.)
+            call.deadlineTimer = loop.scheduleTimer(after: timeout) { [self] in
                 call.deadlineTimer = nil
                 self.fail(call, GRPCStatus(.deadlineExceeded, "DEADLINE_EXCEEDED: no answer within the deadline"))
             }

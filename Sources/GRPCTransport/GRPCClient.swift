@@ -118,8 +118,8 @@ final class ConnectionSlot: @unchecked Sendable {
         let fd = try Sockets.connect(to: configuration.target)
         let c = ClientConnection(fd: fd, loop: loop, settings: configuration.http2,
                                  authority: configuration.target.description, maxMessageSize: configuration.maxReceiveMessageSize)
-        c.onClosed = { [weak self, weak c] in
-            guard let self, let c else { return }
+        c.onClosed = { [weak self, unowned c] in
+            guard let self else { return }
             if self.connection === c { self.connection = nil }
             self.callsByHandle = self.callsByHandle.filter { $0.value.0 !== c }
         }

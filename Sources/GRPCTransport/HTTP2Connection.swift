@@ -250,8 +250,10 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     // MARK: Keepalive
 
     private func scheduleKeepalive() {
-        keepaliveTimer = loop.scheduleTimer(at: keepalive.nextDeadline) { [weak self] in
-            self?.keepaliveFired()
+        // A strong capture (cancelled in `close`): a weak one would put this object's refcount
+        // in a side table and make every retain on the hot path slower.
+        keepaliveTimer = loop.scheduleTimer(at: keepalive.nextDeadline) { [self] in
+            keepaliveFired()
         }
     }
 
@@ -309,39 +311,42 @@ final class ReadBuffer {
     }
 }
 
+/// Calls `body` with the connection behind nghttp2's `user_data`, without retaining it: nghttp2
+/// only calls back from inside `mem_recv`/`mem_send`, which the connection itself is running.
 @inline(__always)
-private func connectionFromUserData(_ userData: UnsafeMutableRawPointer?) -> HTTP2Connection {
-    Unmanaged<HTTP2Connection>.fromOpaque(userData!).takeUnretainedValue()
+private func withConnection<R>(_ userData: UnsafeMutableRawPointer?, _ body: (HTTP2Connection) -> R) -> R {
+    Unmanaged<HTTP2Connection>.fromOpaque(userData!)._withUnsafeGuaranteedRef(body)
 }
 
 /// The C callbacks handed to nghttp2; each finds its connection through `user_data`.
 enum NGHTTP2Callbacks {
     static func install(_ callbacks: OpaquePointer?) {
         nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks) { _, frame, userData in
-            connectionFromUserData(userData).onBeginHeaders(streamID: frame!.pointee.hd.stream_id)
+            withConnection(userData) { $0.onBeginHeaders(streamID: frame!.pointee.hd.stream_id) }
         }
         nghttp2_session_callbacks_set_on_header_callback(callbacks) { _, frame, name, namelen, value, valuelen, _, userData in
-            connectionFromUserData(userData).onHeader(
-                streamID: frame!.pointee.hd.stream_id, category: frame!.pointee.headers.cat.rawValue,
-                name: UnsafeBufferPointer(start: name, count: namelen),
-                value: UnsafeBufferPointer(start: value, count: valuelen))
+            withConnection(userData) {
+                $0.onHeader(streamID: frame!.pointee.hd.stream_id, category: frame!.pointee.headers.cat.rawValue,
+                            name: UnsafeBufferPointer(start: name, count: namelen),
+                            value: UnsafeBufferPointer(start: value, count: valuelen))
+            }
         }
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, streamID, data, len, userData in
-            connectionFromUserData(userData).onDataChunk(streamID: streamID, data: UnsafeBufferPointer(start: data, count: len))
+            withConnection(userData) { $0.onDataChunk(streamID: streamID, data: UnsafeBufferPointer(start: data, count: len)) }
         }
         nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks) { _, frame, userData in
             let hd = frame!.pointee.hd
             let cat = hd.type == UInt8(NGHTTP2_HEADERS.rawValue) ? frame!.pointee.headers.cat.rawValue : 0
-            return connectionFromUserData(userData).onFrameReceived(type: hd.type, flags: hd.flags, streamID: hd.stream_id, headersCategory: cat)
+            return withConnection(userData) { $0.onFrameReceived(type: hd.type, flags: hd.flags, streamID: hd.stream_id, headersCategory: cat) }
         }
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks) { _, streamID, errorCode, userData in
-            connectionFromUserData(userData).onStreamClose(streamID: streamID, errorCode: errorCode)
+            withConnection(userData) { $0.onStreamClose(streamID: streamID, errorCode: errorCode) }
         }
     }
 
     /// The data provider read callback shared by all streams.
     static let readCallback: nghttp2_data_source_read_callback = { _, streamID, buf, length, flags, _, userData in
-        connectionFromUserData(userData).readData(streamID: streamID, into: buf!, length: length, flags: flags!)
+        withConnection(userData) { $0.readData(streamID: streamID, into: buf!, length: length, flags: flags!) }
     }
 }
 

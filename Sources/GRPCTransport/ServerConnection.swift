@@ -58,13 +58,23 @@ final class ServerConnection: HTTP2Connection {
 
     override func onBeginHeaders(streamID: Int32) -> Int32 {
         if streams[streamID] == nil {
-            streams[streamID] = ServerStream(id: streamID, maxMessageSize: core.configuration.maxReceiveMessageSize)
+            let stream = ServerStream(id: streamID, maxMessageSize: core.configuration.maxReceiveMessageSize)
+            streams[streamID] = stream
+            // nghttp2 keeps a pointer to the stream (owned by `streams`) for fast lookups.
+            nghttp2_session_set_stream_user_data(session, streamID, Unmanaged.passUnretained(stream).toOpaque())
         }
         return 0
     }
 
+    /// The open stream with this id, found through nghttp2's stream user data (no hashing).
+    @inline(__always)
+    private func stream(_ id: Int32) -> ServerStream? {
+        guard let session, let p = nghttp2_session_get_stream_user_data(session, id) else { return nil }
+        return Unmanaged<ServerStream>.fromOpaque(p).takeUnretainedValue()  // owned by `streams`
+    }
+
     override func onHeader(streamID: Int32, category: UInt32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Int32 {
-        guard let s = streams[streamID], category == NGHTTP2_HCAT_REQUEST.rawValue else { return 0 }
+        guard let s = stream(streamID), category == NGHTTP2_HCAT_REQUEST.rawValue else { return 0 }
         if name.first == UInt8(ascii: ":") {
             if bytesEqual(name, ":path") {
                 s.path = String(decoding: value, as: UTF8.self)
@@ -93,7 +103,7 @@ final class ServerConnection: HTTP2Connection {
     override func onDataChunk(streamID: Int32, data: UnsafeBufferPointer<UInt8>) -> Int32 {
         // Request bodies are bounded by the message size limit: give the window back at once.
         nghttp2_session_consume(session, streamID, data.count)
-        guard let s = streams[streamID], s.status == nil else { return 0 }
+        guard let s = stream(streamID), s.status == nil else { return 0 }
         let failure = s.deframer.append(data) { s.messages.append($0) }
         if let failure {
             switch failure {
@@ -110,13 +120,13 @@ final class ServerConnection: HTTP2Connection {
 
     override func onFrameReceived(type: UInt8, flags: UInt8, streamID: Int32, headersCategory: UInt32) -> Int32 {
         let endStream = flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
-        if type == UInt8(NGHTTP2_HEADERS.rawValue), headersCategory == NGHTTP2_HCAT_REQUEST.rawValue, let s = streams[streamID] {
+        if type == UInt8(NGHTTP2_HEADERS.rawValue), headersCategory == NGHTTP2_HCAT_REQUEST.rawValue, let s = stream(streamID) {
             requestHeadersDone(s)
             if endStream, s.status == nil { s.requestComplete = true; dispatch(s) }
-        } else if type == UInt8(NGHTTP2_DATA.rawValue), endStream, let s = streams[streamID], s.status == nil {
+        } else if type == UInt8(NGHTTP2_DATA.rawValue), endStream, let s = stream(streamID), s.status == nil {
             s.requestComplete = true
             dispatch(s)
-        } else if type == UInt8(NGHTTP2_HEADERS.rawValue), endStream, let s = streams[streamID], s.status == nil {
+        } else if type == UInt8(NGHTTP2_HEADERS.rawValue), endStream, let s = stream(streamID), s.status == nil {
             // trailers from the client end the request too
             s.requestComplete = true
             dispatch(s)
@@ -146,7 +156,7 @@ final class ServerConnection: HTTP2Connection {
     }
 
     override func readData(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard let s = streams[streamID] else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
+        guard let s = stream(streamID) else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
         var written = 0
         while written < length, s.outboundHead < s.outbound.count {
             let chunk = s.outbound[s.outboundHead]
@@ -203,12 +213,12 @@ final class ServerConnection: HTTP2Connection {
         }
         if let timeout = s.timeout {
             let id = s.id
-            s.deadlineTimer = loop.scheduleTimer(after: timeout) { [weak self] in self?.deadlineExpired(streamID: id) }
+            s.deadlineTimer = loop.scheduleTimer(after: timeout) { [self] in deadlineExpired(streamID: id) }
         }
     }
 
     private func deadlineExpired(streamID: Int32) {
-        guard let s = streams[streamID] else { return }
+        guard let s = stream(streamID) else { return }
         s.deadlineTimer = nil
         guard s.status == nil else { return }
         let status = GRPCStatus(.deadlineExceeded, "DEADLINE_EXCEEDED: the call's deadline passed")
@@ -271,7 +281,7 @@ final class ServerConnection: HTTP2Connection {
     static func status(for error: Error) -> GRPCStatus { GRPCStatus(error) }
 
     private func unaryCompleted(streamID: Int32, _ result: Result<[UInt8], Error>) {
-        guard let s = streams[streamID], s.status == nil else { return }
+        guard let s = stream(streamID), s.status == nil else { return }
         s.task = nil
         switch result {
         case .success(let bytes):
@@ -283,12 +293,12 @@ final class ServerConnection: HTTP2Connection {
     }
 
     private func enqueue(streamID: Int32, _ bytes: [UInt8]) {
-        guard let s = streams[streamID], s.status == nil else { return }
+        guard let s = stream(streamID), s.status == nil else { return }
         respond(s, bytes)
     }
 
     private func streamingCompleted(streamID: Int32, _ status: GRPCStatus) {
-        guard let s = streams[streamID], s.status == nil else { return }
+        guard let s = stream(streamID), s.status == nil else { return }
         s.task = nil
         s.writer?.close(GRPCStatus(.cancelled, "the call has ended"))
         finish(s, status)
@@ -367,8 +377,8 @@ final class ServerConnection: HTTP2Connection {
         draining = true
         nghttp2_submit_shutdown_notice(session)
         markDirty()
-        loop.scheduleTimer(after: 50_000_000) { [weak self] in
-            guard let self, !self.isClosed else { return }
+        loop.scheduleTimer(after: 50_000_000) { [self] in
+            guard !self.isClosed else { return }
             nghttp2_submit_goaway(self.session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nghttp2_session_get_last_proc_stream_id(self.session), UInt32(NGHTTP2_NO_ERROR.rawValue), nil, 0)
             self.markDirty()
             if self.streams.isEmpty { self.closeAfterFlush() }
@@ -383,7 +393,7 @@ final class ServerConnection: HTTP2Connection {
             s.writer?.close(GRPCStatus(.unavailable, "server shutting down"))
             finish(s, GRPCStatus(.unavailable, "SHUTTING_DOWN: the server is shutting down; reconnect to another node"))
         }
-        loop.scheduleTimer(after: 100_000_000) { [weak self] in self?.close(reason: "server shut down") }
+        loop.scheduleTimer(after: 100_000_000) { [self] in close(reason: "server shut down") }
     }
 
     private func closeAfterFlush() {
