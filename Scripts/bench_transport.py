@@ -75,22 +75,43 @@ def percentile(values, p):
     return values[min(len(values) - 1, int(len(values) * p))]
 
 
-def latency(port, rate):
+LATENCY_CLIENTS = 64
+
+
+def latency(url, rate, grpc=True):
+    """p50/p99 (ms) with `rate` req/s offered for 3 s by 64 clients, one request in flight each."""
     log = tempfile.NamedTemporaryFile(delete=False).name
-    per_client = max(1, int(rate / 16))
-    n = per_client * 16 * 3
-    body = tempfile.NamedTemporaryFile(delete=False)
-    body.write(b"\x00\x00\x00\x00\x00")
-    body.close()
-    cmd = ["h2load", "-n", str(n), "-c", "16", "-m", "32", "-t", "1", "--rps", str(per_client),
-           f"--log-file={log}", "-d", body.name, "-H", "content-type: application/grpc", "-H", "te: trailers",
-           f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check"]
+    per_client = max(1, int(rate / LATENCY_CLIENTS))
+    cmd = ["h2load", "-D", "3", "-c", str(LATENCY_CLIENTS), "-m", "1", "-t", "1", "--rps", str(per_client), f"--log-file={log}"]
+    body = None
+    if grpc:
+        body = tempfile.NamedTemporaryFile(delete=False)
+        body.write(b"\x00\x00\x00\x00\x00")
+        body.close()
+        cmd += ["-d", body.name, "-H", "content-type: application/grpc", "-H", "te: trailers"]
+    cmd.append(url)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
     rate_done = float(re.search(r"finished in .*?, ([\d.]+) req/s", out).group(1))
     durations = [int(line.split("\t")[2]) / 1000.0 for line in open(log) if line.count("\t") >= 2]
     os.unlink(log)
-    os.unlink(body.name)
-    return rate_done, percentile(durations, 0.5), percentile(durations, 0.99), " ".join(cmd[:12])
+    if body:
+        os.unlink(body.name)
+    return rate_done, percentile(durations, 0.5), percentile(durations, 0.99)
+
+
+def start_nghttpd():
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, "small"), "w") as f:
+        f.write("x" * 66)
+    port = free_port()
+    p = subprocess.Popen(["nghttpd", "--no-tls", "-d", d, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return p, port
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("nghttpd did not start")
 
 
 def rss_kib(pid):
@@ -152,9 +173,12 @@ def main():
         two.append(h2load(port))
         p.terminate(); p.wait()
     peer_m, one_m, two_m = statistics.median(peer), statistics.median(one), statistics.median(two)
-    p, port = start_node()
     half = two_m / 2
-    done, p50, p99, _ = latency(port, half)
+    p, port = start_node()
+    done, p50, p99 = latency(f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check", half)
+    p.terminate(); p.wait()
+    p, port = start_nghttpd()
+    ng_done, ng_p50, ng_p99 = latency(f"http://127.0.0.1:{port}/small", half, grpc=False)
     p.terminate(); p.wait()
     before, after, per_conn = idle_connections()
     print(f"runs={a.runs} nghttpd={[round(x) for x in peer]} presenced_threads1={[round(x) for x in one]} presenced_default={[round(x) for x in two]}")
@@ -163,7 +187,7 @@ def main():
     print("|---|---|---|---|")
     print(f"| Health/Check req/s, `--threads 1` (median of {a.runs}) | {one_m:,.0f} | {peer_m:,.0f} | {one_m / peer_m:.2f} |")
     print(f"| Health/Check req/s, default threads (2) (median of {a.runs}) | {two_m:,.0f} | {peer_m:,.0f} | {two_m / peer_m:.2f} |")
-    print(f"| latency at half load ({done:,.0f} req/s offered by 16 clients) | p50 {p50:.2f} ms, p99 {p99:.2f} ms | | |")
+    print(f"| latency at half of presenced's rate ({half:,.0f} req/s offered: 64 clients, 1 in flight each; served {done:,.0f} / {ng_done:,.0f}) | p50 {p50:.2f} ms, p99 {p99:.2f} ms | p50 {ng_p50:.2f} ms, p99 {ng_p99:.2f} ms | p99 {p99 / ng_p99:.2f} |")
     print(f"| RSS with 10,000 idle h2c connections | {before / 1024:.1f} MiB → {after / 1024:.1f} MiB = {per_conn / 1024:.2f} KiB/connection | | |")
 
 
