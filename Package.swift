@@ -5,7 +5,8 @@
 //   PresenceWire   Swift value types for the protobuf messages
 //   EventLoop      epoll loops, timers, cross-thread wake-ups
 //   GRPCTransport  HTTP/2 (nghttp2) + gRPC server and client
-//   PresenceNode   a node: configuration, services, lifecycle
+//   PresenceCore   the presence rules as plain state machines (channel, sessions, user home)
+//   PresenceNode   a node: configuration, shard actors, services, lifecycle
 //   presenced, presencectl   the executables
 import PackageDescription
 
@@ -22,18 +23,21 @@ let package = Package(
         .systemLibrary(name: "CNGHTTP2", pkgConfig: "libnghttp2", providers: [.apt(["libnghttp2-dev"])]),
         .systemLibrary(name: "CProtobufC", pkgConfig: "libprotobuf-c", providers: [.apt(["libprotobuf-c-dev"])]),
         .target(name: "CSystemShim"),
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .target(name: "CPresenceProto", dependencies: ["CProtobufC"]),
 
         .target(name: "PresenceWire", dependencies: ["CPresenceProto", "CProtobufC"]),
         .target(name: "EventLoop", dependencies: ["CSystemShim"]),
         .target(name: "GRPCTransport", dependencies: ["EventLoop", "CNGHTTP2", "PresenceWire", "CSystemShim"]),
-        .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
+        .target(name: "PresenceCore", dependencies: ["PresenceWire"]),
+        .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "PresenceCore", "EventLoop", "CCrypto"]),
         .executableTarget(name: "presenced", dependencies: ["PresenceNode"]),
         .executableTarget(name: "presencectl", dependencies: ["GRPCTransport", "PresenceWire"]),
 
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),
         .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
+        .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),
         .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "GRPCTransport", "PresenceWire"]),
     ]
 )

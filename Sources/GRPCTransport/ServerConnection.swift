@@ -261,8 +261,8 @@ final class ServerConnection: HTTP2Connection {
             }
         case .serverStreaming(let handler):
             let writer = ServerStreamWriter(highWaterMark: core.configuration.streamHighWaterMark,
-                                            lowWaterMark: core.configuration.streamLowWaterMark) { bytes in
-                me.execute { $0.enqueue(streamID: id, bytes) }
+                                            lowWaterMark: core.configuration.streamLowWaterMark) {
+                me.execute { $0.drainWriter(streamID: id) }
             }
             s.writer = writer
             s.task = Task {
@@ -292,9 +292,13 @@ final class ServerConnection: HTTP2Connection {
         }
     }
 
-    private func enqueue(streamID: Int32, _ bytes: [UInt8]) {
-        guard let s = stream(streamID), s.status == nil else { return }
-        respond(s, bytes)
+    /// Moves what a stream's writer queued onto the stream, in one go.
+    private func drainWriter(streamID: Int32) {
+        guard let s = stream(streamID), s.status == nil, let writer = s.writer else { return }
+        let batch = writer.takePending()
+        guard !batch.isEmpty else { return }
+        s.outbound.append(contentsOf: batch.dropLast())
+        respond(s, batch[batch.count - 1])
     }
 
     private func streamingCompleted(streamID: Int32, _ status: GRPCStatus) {

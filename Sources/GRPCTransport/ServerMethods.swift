@@ -91,53 +91,86 @@ public struct ResponseWriter<Response: ProtoMessage>: Sendable {
 
 /// Sends the messages of a server-streaming call. Bounded: when more than `highWaterMark` bytes
 /// wait for the client, `send` suspends until they drain below `lowWaterMark`, so a slow reader
-/// cannot make the server hold an unbounded backlog.
+/// cannot make the server hold an unbounded backlog; `trySend` never waits and refuses instead.
+/// Messages sent from other threads reach the connection's loop in batches: one hop per burst.
 public final class ServerStreamWriter: Sendable {
     public static let defaultHighWaterMark = 256 * 1024
     public static let defaultLowWaterMark = 64 * 1024
+    /// What `trySend` accepts at most in the queue.
+    public static let defaultHardLimit = 4 * 1024 * 1024
 
     private struct State {
+        var pending: [[UInt8]] = []
+        var hopScheduled = false
         var queuedBytes = 0
         var peakQueuedBytes = 0
         var suspensions = 0
         var waiter: CheckedContinuation<Void, Error>? = nil
         var closed: GRPCStatus? = nil
-        /// Hands bytes to the connection; dropped when the call ends, so a writer kept around
-        /// afterwards does not keep the connection alive.
-        var sink: (@Sendable ([UInt8]) -> Void)?
+        /// Asks the connection's loop to take `pending`; dropped when the call ends, so a writer
+        /// kept around afterwards does not keep the connection alive.
+        var scheduleDrain: (@Sendable () -> Void)?
     }
 
     private let state: Mutex<State>
     public let highWaterMark: Int
     public let lowWaterMark: Int
+    public let hardLimit: Int
 
-    /// `sink` hands framed bytes to the connection (on its loop).
-    init(highWaterMark: Int = defaultHighWaterMark, lowWaterMark: Int = defaultLowWaterMark, sink: @escaping @Sendable ([UInt8]) -> Void) {
+    init(highWaterMark: Int = defaultHighWaterMark, lowWaterMark: Int = defaultLowWaterMark,
+         hardLimit: Int = defaultHardLimit, scheduleDrain: @escaping @Sendable () -> Void) {
         self.highWaterMark = highWaterMark
         self.lowWaterMark = lowWaterMark
-        self.state = Mutex(State(sink: sink))
+        self.hardLimit = hardLimit
+        self.state = Mutex(State(scheduleDrain: scheduleDrain))
     }
 
-    /// Sends one framed message (5-byte header included).
-    public func send(framed bytes: [UInt8]) async throws {
-        let (mustWait, sink) = try state.withLock { s -> (Bool, (@Sendable ([UInt8]) -> Void)?) in
+    private func enqueue(_ bytes: [UInt8], refuseAbove limit: Int?) throws -> (accepted: Bool, mustWait: Bool) {
+        let (accepted, mustWait, drain) = try state.withLock { s -> (Bool, Bool, (@Sendable () -> Void)?) in
             if let closed = s.closed { throw closed }
+            if let limit, s.queuedBytes + bytes.count > limit { return (false, false, nil) }
+            s.pending.append(bytes)
             s.queuedBytes += bytes.count
             s.peakQueuedBytes = max(s.peakQueuedBytes, s.queuedBytes)
-            return (s.queuedBytes > highWaterMark, s.sink)
-        }
-        sink?(bytes)
-        if mustWait {
-            try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, Error>) in
-                let outcome = state.withLock { s -> Result<Void, Error>? in
-                    if let closed = s.closed { return .failure(closed) }
-                    if s.queuedBytes <= lowWaterMark { return .success(()) }
-                    s.suspensions += 1
-                    s.waiter = c
-                    return nil
-                }
-                if let outcome { c.resume(with: outcome) }
+            var drain: (@Sendable () -> Void)? = nil
+            if !s.hopScheduled {
+                s.hopScheduled = true
+                drain = s.scheduleDrain
             }
+            return (true, s.queuedBytes > highWaterMark, drain)
+        }
+        drain?()
+        return (accepted, mustWait)
+    }
+
+    /// Sends one framed message (5-byte header included); suspends while the client is too slow.
+    public func send(framed bytes: [UInt8]) async throws {
+        let (_, mustWait) = try enqueue(bytes, refuseAbove: nil)
+        guard mustWait else { return }
+        try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, Error>) in
+            let outcome = state.withLock { s -> Result<Void, Error>? in
+                if let closed = s.closed { return .failure(closed) }
+                if s.queuedBytes <= lowWaterMark { return .success(()) }
+                s.suspensions += 1
+                s.waiter = c
+                return nil
+            }
+            if let outcome { c.resume(with: outcome) }
+        }
+    }
+
+    /// Queues one framed message without waiting. False when the call is over or more than
+    /// `hardLimit` bytes are already waiting for this client (the message is then not sent).
+    public func trySend(framed bytes: [UInt8]) -> Bool {
+        (try? enqueue(bytes, refuseAbove: hardLimit).accepted) ?? false
+    }
+
+    /// Loop side: the messages handed over since the last drain.
+    func takePending() -> [[UInt8]] {
+        state.withLock { s in
+            s.hopScheduled = false
+            defer { s.pending = [] }
+            return s.pending
         }
     }
 
@@ -167,7 +200,8 @@ public final class ServerStreamWriter: Sendable {
     func close(_ status: GRPCStatus) {
         let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
             if s.closed == nil { s.closed = status }
-            s.sink = nil
+            s.scheduleDrain = nil
+            s.pending = []
             let w = s.waiter
             s.waiter = nil
             return w

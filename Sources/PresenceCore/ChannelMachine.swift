@@ -1,0 +1,257 @@
+import PresenceWire
+
+/// Where one event goes.
+public enum Recipients: Equatable, Sendable {
+    /// Every session subscribed with presence, except the one whose call caused the event.
+    case subscribers(except: SessionID?)
+    /// One session (its SNAPSHOT).
+    case session(SessionID)
+}
+
+/// An event computed once, and who gets it.
+public struct Delivery: Sendable, Equatable {
+    public let event: PresenceEvent
+    public let to: Recipients
+}
+
+/// The presence rules of one channel (API.md, "Events"): membership, per-user state, the event
+/// sequence, and the switch between real-time and interval mode. A plain value: callers pass the
+/// wall-clock time in and carry out the deliveries it returns. `Sink` is whatever the caller uses to
+/// reach a subscribed session; the machine only stores it.
+public struct ChannelMachine<Sink> {
+    public let key: ChannelKey
+    public var maxInstantEvents: Int
+
+    struct Member {
+        var sessions: [SessionID]
+        var state: StateItems
+    }
+
+    enum Mode: Equatable { case realtime, interval }
+
+    private var members: [String: Member] = [:]
+    /// User ids in order, for paging.
+    private var order: [String] = []
+    public private(set) var subscribers: [SessionID: Sink] = [:]
+    public private(set) var sequence: UInt64 = 0
+    private(set) var mode = Mode.realtime
+    private var batch = IntervalBatch()
+
+    public init(key: ChannelKey, maxInstantEvents: Int) {
+        self.key = key
+        self.maxInstantEvents = maxInstantEvents
+    }
+
+    /// Users in the channel.
+    public var occupancy: Int { order.count }
+    public var isEmpty: Bool { order.isEmpty }
+    public var isIntervalMode: Bool { mode == .interval }
+
+    public func contains(user: String) -> Bool { members[user] != nil }
+    public func contains(user: String, session: SessionID) -> Bool { members[user]?.sessions.contains(session) ?? false }
+    public func state(of user: String) -> [StateItem]? { members[user]?.state.items }
+
+    // MARK: Calls
+
+    /// A session joins (or re-joins, to change `withPresence`). `pendingState` is state the session
+    /// set before joining. A user's first session makes REMOTE_JOIN; a subscribing session gets a
+    /// SNAPSHOT as its first event of this channel.
+    public mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink,
+                              pendingState: [StateItem] = [], now: Int64) -> [Delivery] {
+        var out: [Delivery] = []
+        if var m = members[user] {
+            if !m.sessions.contains(session) {
+                m.sessions.append(session)
+                var changed = false
+                if !pendingState.isEmpty, m.state.countAfterMerging(pendingState) <= Limits.maxStateKeys {
+                    changed = m.state.merge(pendingState)
+                }
+                members[user] = m
+                if changed { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
+            }
+        } else {
+            var state = StateItems()
+            state.merge(pendingState)
+            members[user] = Member(sessions: [session], state: state)
+            let at = insertionIndex(for: user)
+            order.insert(user, at: at)
+            updateMode(now: now, into: &out)
+            emit(.remoteJoin, user: user, except: session, now: now, into: &out)
+            if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
+        }
+        if withPresence {
+            if subscribers.updateValue(sink, forKey: session) == nil {
+                out.append(Delivery(event: snapshot(now: now), to: .session(session)))
+            }
+        } else {
+            subscribers[session] = nil
+        }
+        return out
+    }
+
+    /// A session leaves (`timedOut`: its resume window passed). The user's last session makes
+    /// REMOTE_LEAVE (or REMOTE_TIMEOUT) and deletes the user's state here.
+    public mutating func leave(user: String, session: SessionID, timedOut: Bool = false, now: Int64) -> [Delivery] {
+        guard var m = members[user], let i = m.sessions.firstIndex(of: session) else { return [] }
+        subscribers[session] = nil
+        m.sessions.remove(at: i)
+        if !m.sessions.isEmpty {
+            members[user] = m
+            return []
+        }
+        members[user] = nil
+        let at = insertionIndex(for: user)
+        if at < order.count, order[at] == user { order.remove(at: at) }
+        var out: [Delivery] = []
+        updateMode(now: now, into: &out)
+        emit(timedOut ? .remoteTimeout : .remoteLeave, user: user, except: session, now: now, into: &out)
+        return out
+    }
+
+    /// Merges state for a user whose `session` is in the channel. Throws STATE_KEY_LIMIT (and
+    /// changes nothing) when the user would hold more than 32 keys.
+    public mutating func setState(user: String, session: SessionID, items: [StateItem], now: Int64) throws(PresenceError) -> [Delivery] {
+        guard var m = members[user], m.sessions.contains(session) else { return [] }
+        let after = m.state.countAfterMerging(items)
+        guard after <= Limits.maxStateKeys else {
+            throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
+        }
+        guard m.state.merge(items) else { return [] }
+        members[user] = m
+        var out: [Delivery] = []
+        emit(.remoteStateChanged, user: user, except: session, now: now, into: &out)
+        return out
+    }
+
+    /// Removes state keys (all when `keys` is empty).
+    public mutating func removeState(user: String, session: SessionID, keys: [String], now: Int64) -> [Delivery] {
+        guard var m = members[user], m.sessions.contains(session), m.state.remove(keys) else { return [] }
+        members[user] = m
+        var out: [Delivery] = []
+        emit(.remoteStateChanged, user: user, except: session, now: now, into: &out)
+        return out
+    }
+
+    /// Called every presence interval: in interval mode, the INTERVAL event with what happened since.
+    public mutating func tick(now: Int64) -> [Delivery] {
+        guard mode == .interval else { return [] }
+        var out: [Delivery] = []
+        flushInterval(now: now, into: &out)
+        return out
+    }
+
+    /// A fresh SNAPSHOT for one session (after events may have been lost).
+    public func resnapshot(for session: SessionID, now: Int64) -> Delivery? {
+        guard subscribers[session] != nil else { return nil }
+        return Delivery(event: snapshot(now: now), to: .session(session))
+    }
+
+    /// Replaces the sink of a subscribed session.
+    public mutating func rebind(session: SessionID, sink: Sink) {
+        if subscribers[session] != nil { subscribers[session] = sink }
+    }
+
+    // MARK: Queries
+
+    /// One page of users in id order, starting after `after`; `next` is the last id when more follow.
+    public func page(after: String?, limit: Int = Limits.pageSize, includeState: Bool) -> (users: [UserState], next: String?) {
+        var start = 0
+        if let after {
+            start = insertionIndex(for: after)
+            if start < order.count, order[start] == after { start += 1 }
+        }
+        let end = min(order.count, start + limit)
+        guard start < end else { return ([], nil) }
+        let users = order[start..<end].map { id in
+            UserState(userID: id, states: includeState ? (members[id]?.state.items ?? []) : [])
+        }
+        return (users, end < order.count ? order[end - 1] : nil)
+    }
+
+    /// Sessions of a user here.
+    public func sessions(of user: String) -> [SessionID] { members[user]?.sessions ?? [] }
+
+    // MARK: Rules
+
+    private func insertionIndex(for user: String) -> Int {
+        var lo = 0, hi = order.count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if order[mid] < user { lo = mid + 1 } else { hi = mid }
+        }
+        return lo
+    }
+
+    /// Interval mode above `maxInstantEvents` users; back to real time (after flushing) at or below.
+    private mutating func updateMode(now: Int64, into out: inout [Delivery]) {
+        if occupancy > maxInstantEvents {
+            mode = .interval
+        } else if mode == .interval {
+            flushInterval(now: now, into: &out)
+            mode = .realtime
+        }
+    }
+
+    private mutating func emit(_ type: PresenceEventType, user: String, except: SessionID?, now: Int64, into out: inout [Delivery]) {
+        if mode == .interval {
+            batch.record(type, user: user)
+            return
+        }
+        sequence += 1
+        var e = PresenceEvent(type: type, channelType: key.type, channelName: key.name, publisher: user, timestampMs: now, sequence: sequence)
+        if type == .remoteStateChanged { e.states = members[user]?.state.items ?? [] }
+        out.append(Delivery(event: e, to: .subscribers(except: except)))
+    }
+
+    private mutating func flushInterval(now: Int64, into out: inout [Delivery]) {
+        guard !batch.isEmpty else { return }
+        let b = batch
+        batch = IntervalBatch()
+        sequence += 1
+        let states = b.stateChanged.sorted().compactMap { id in
+            members[id].map { UserState(userID: id, states: $0.state.items) }
+        }
+        let info = IntervalInfo(joinUserIDs: b.joins.sorted(), leaveUserIDs: b.leaves.sorted(),
+                                timeoutUserIDs: b.timeouts.sorted(), userStates: states)
+        let e = PresenceEvent(type: .interval, channelType: key.type, channelName: key.name, interval: info,
+                              timestampMs: now, sequence: sequence)
+        out.append(Delivery(event: e, to: .subscribers(except: nil)))
+    }
+
+    private func snapshot(now: Int64) -> PresenceEvent {
+        let users = order.map { UserState(userID: $0, states: members[$0]?.state.items ?? []) }
+        return PresenceEvent(type: .snapshot, channelType: key.type, channelName: key.name, snapshot: users,
+                             timestampMs: now, sequence: sequence)
+    }
+}
+
+/// What happened in a channel since the last INTERVAL event. A join and a leave of the same user
+/// within one interval cancel out: subscribers never knew of that visit.
+struct IntervalBatch {
+    var joins = Set<String>()
+    var leaves = Set<String>()
+    var timeouts = Set<String>()
+    var stateChanged = Set<String>()
+
+    var isEmpty: Bool { joins.isEmpty && leaves.isEmpty && timeouts.isEmpty && stateChanged.isEmpty }
+
+    mutating func record(_ type: PresenceEventType, user: String) {
+        switch type {
+        case .remoteJoin:
+            if leaves.remove(user) != nil || timeouts.remove(user) != nil {
+                // back within the interval: still present, but its state was reset
+                stateChanged.insert(user)
+            } else {
+                joins.insert(user)
+            }
+        case .remoteLeave, .remoteTimeout:
+            stateChanged.remove(user)
+            if joins.remove(user) != nil { return }
+            if type == .remoteLeave { leaves.insert(user) } else { timeouts.insert(user) }
+        case .remoteStateChanged:
+            stateChanged.insert(user)
+        default:
+            break
+        }
+    }
+}

@@ -1,0 +1,157 @@
+import PresenceWire
+
+/// A channel: its type and name. `CHANNEL_TYPE_UNSPECIFIED` never makes a key (validation refuses it).
+public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public let name: String
+    public let type: ChannelType
+
+    public init(name: String, type: ChannelType) {
+        self.name = name
+        self.type = type
+    }
+
+    public static func < (a: ChannelKey, b: ChannelKey) -> Bool {
+        a.name != b.name ? a.name < b.name : a.type.rawValue < b.type.rawValue
+    }
+
+    public var description: String { "\(type == .stream ? "stream" : "message"):\(name)" }
+    public var info: ChannelInfo { ChannelInfo(channelName: name, channelType: type) }
+}
+
+/// A session's id: 64 random bits, shown as 16 hex digits.
+public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public let raw: UInt64
+
+    public init(raw: UInt64) { self.raw = raw }
+
+    public static func random() -> SessionID {
+        var g = SystemRandomNumberGenerator()
+        return SessionID(raw: g.next() | 1)  // never 0
+    }
+
+    /// Parses the 16-hex-digit text form; nil for anything else.
+    public init?(text: String) {
+        guard text.utf8.count == 16, let v = UInt64(text, radix: 16), v != 0 else { return nil }
+        raw = v
+    }
+
+    public var description: String {
+        let hex = String(raw, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
+    }
+
+    public static func < (a: SessionID, b: SessionID) -> Bool { a.raw < b.raw }
+}
+
+/// A failed presence call: a gRPC-style kind, an upper-case error name and a sentence for a person.
+public struct PresenceError: Error, Equatable, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        case invalidArgument, notFound, permissionDenied, unauthenticated, resourceExhausted, unavailable, failedPrecondition
+    }
+
+    public let kind: Kind
+    public let name: String
+    public let detail: String
+
+    public init(_ kind: Kind, _ name: String, _ detail: String) {
+        self.kind = kind
+        self.name = name
+        self.detail = detail
+    }
+
+    /// `NAME: detail`, as `grpc-message` carries it.
+    public var description: String { "\(name): \(detail)" }
+}
+
+/// Limits and identifier rules of the API (API.md), in one place.
+public enum Limits {
+    public static let maxIdentifierBytes = 64
+    public static let maxStateKeys = 32
+    public static let maxStateKeyBytes = 64
+    public static let maxStateValueBytes = 1024
+    public static let pageSize = 100
+    /// User ids one GetUserStatuses or Watch call may name.
+    public static let maxUsersPerCall = 1000
+    /// Users one session may watch at once.
+    public static let maxWatchedPerSession = 10_000
+    /// Channels one session may be in at once.
+    public static let maxChannelsPerSession = 10_000
+    /// Bookmarks longer than this cannot be ours.
+    public static let maxBookmarkBytes = 256
+}
+
+/// Checks requests against the rules of API.md. Each failure names the offending field.
+public enum Validate {
+    static func isIdentifier(_ s: String) -> Bool {
+        let utf8 = s.utf8
+        guard !utf8.isEmpty, utf8.count <= Limits.maxIdentifierBytes else { return false }
+        for b in utf8 {
+            switch b {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "_"), UInt8(ascii: "."),
+                 UInt8(ascii: ":"), UInt8(ascii: "@"), UInt8(ascii: "-"):
+                continue
+            default:
+                return false
+            }
+        }
+        return true
+    }
+
+    public static func userID(_ s: String, field: String = "user_id") throws(PresenceError) -> String {
+        guard isIdentifier(s) else {
+            throw PresenceError(.invalidArgument, "INVALID_USER_ID", "\(field) must be 1-64 bytes of [A-Za-z0-9_.:@-], got \(quoted(s))")
+        }
+        return s
+    }
+
+    public static func channel(_ name: String, _ type: ChannelType) throws(PresenceError) -> ChannelKey {
+        guard isIdentifier(name) else {
+            throw PresenceError(.invalidArgument, "INVALID_CHANNEL_NAME", "channel_name must be 1-64 bytes of [A-Za-z0-9_.:@-], got \(quoted(name))")
+        }
+        guard type == .message || type == .stream else {
+            throw PresenceError(.invalidArgument, "INVALID_CHANNEL_TYPE", "channel_type must be CHANNEL_TYPE_MESSAGE or CHANNEL_TYPE_STREAM")
+        }
+        return ChannelKey(name: name, type: type)
+    }
+
+    public static func sessionID(_ s: String) throws(PresenceError) -> SessionID {
+        guard let id = SessionID(text: s) else {
+            throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(quoted(s)) (open one with OpenSession)")
+        }
+        return id
+    }
+
+    public static func stateItems(_ items: [StateItem]) throws(PresenceError) -> [StateItem] {
+        guard items.count <= Limits.maxStateKeys else {
+            throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; the call sets \(items.count)")
+        }
+        for item in items {
+            try stateKey(item.key)
+            guard item.value.utf8.count <= Limits.maxStateValueBytes else {
+                throw PresenceError(.invalidArgument, "INVALID_STATE_VALUE", "state value of key \(quoted(item.key)) is \(item.value.utf8.count) bytes; at most \(Limits.maxStateValueBytes)")
+            }
+        }
+        return items
+    }
+
+    public static func stateKey(_ key: String) throws(PresenceError) {
+        let n = key.utf8.count
+        guard n >= 1, n <= Limits.maxStateKeyBytes else {
+            throw PresenceError(.invalidArgument, "INVALID_STATE_KEY", "state keys are 1-\(Limits.maxStateKeyBytes) bytes, got \(n)")
+        }
+    }
+
+    public static func userList(_ ids: [String], field: String) throws(PresenceError) -> [String] {
+        guard ids.count <= Limits.maxUsersPerCall else {
+            throw PresenceError(.invalidArgument, "TOO_MANY_USERS", "\(field) may name at most \(Limits.maxUsersPerCall) users, got \(ids.count)")
+        }
+        for id in ids { _ = try userID(id, field: field) }
+        return ids
+    }
+
+    static func quoted(_ s: String) -> String {
+        let shown = s.utf8.count > 80 ? String(s.prefix(80)) + "…" : s
+        return "'\(shown)'"
+    }
+}

@@ -1,0 +1,153 @@
+import PresenceWire
+
+/// The gateway's rules for its sessions (API.md, "Sessions"): open, resume within the presence
+/// timeout, disconnect, time out, close; the channels each is in; state set before joining.
+/// A plain value: monotonic nanoseconds come in, decisions come out.
+public struct SessionTable {
+    public enum Liveness: Equatable, Sendable {
+        case connected
+        /// The stream broke at this monotonic time; the session may resume until `since + window`.
+        case disconnected(since: UInt64)
+    }
+
+    public struct Session: Sendable, Equatable {
+        public let id: SessionID
+        public let userID: String
+        public fileprivate(set) var liveness: Liveness
+        /// Bumped on every (re)attachment of a stream, so a stale stream's end is ignored.
+        public fileprivate(set) var generation: UInt64
+        /// Channels joined, with `with_presence`.
+        public fileprivate(set) var channels: [ChannelKey: Bool] = [:]
+        /// State set for channels not joined yet.
+        public fileprivate(set) var pendingState: [ChannelKey: StateItems] = [:]
+        public fileprivate(set) var watching: Set<String> = []
+    }
+
+    public let resumeWindow: UInt64
+    public private(set) var sessions: [SessionID: Session] = [:]
+
+    public init(resumeWindow: UInt64) {
+        self.resumeWindow = resumeWindow
+    }
+
+    public var count: Int { sessions.count }
+    public subscript(id: SessionID) -> Session? { sessions[id] }
+
+    public enum OpenOutcome: Equatable, Sendable {
+        case created(SessionID, generation: UInt64)
+        case resumed(SessionID, generation: UInt64)
+    }
+
+    /// Opens a session for `user`, resuming `resume` when it names a session of the same user that
+    /// is still within its window (connected sessions may be taken over by a new stream, too).
+    public mutating func open(user: String, resume: SessionID?, newID: SessionID, now: UInt64) -> OpenOutcome {
+        if let resume, var s = sessions[resume], s.userID == user, !isExpired(s, now: now) {
+            s.liveness = .connected
+            s.generation += 1
+            sessions[resume] = s
+            return .resumed(resume, generation: s.generation)
+        }
+        sessions[newID] = Session(id: newID, userID: user, liveness: .connected, generation: 1)
+        return .created(newID, generation: 1)
+    }
+
+    private func isExpired(_ s: Session, now: UInt64) -> Bool {
+        if case .disconnected(let since) = s.liveness { return now >= since &+ resumeWindow }
+        return false
+    }
+
+    /// The stream of generation `generation` broke. Returns the deadline after which the session
+    /// times out, or nil when that stream was already replaced (or the session is gone).
+    public mutating func disconnect(_ id: SessionID, generation: UInt64, now: UInt64) -> UInt64? {
+        guard var s = sessions[id], s.generation == generation, s.liveness == .connected else { return nil }
+        s.liveness = .disconnected(since: now)
+        sessions[id] = s
+        return now &+ resumeWindow
+    }
+
+    /// Removes and returns the session if it is disconnected and its window has passed.
+    public mutating func expireIfDue(_ id: SessionID, now: UInt64) -> Session? {
+        guard let s = sessions[id], isExpired(s, now: now) else { return nil }
+        sessions[id] = nil
+        return s
+    }
+
+    /// Every disconnected session whose window has passed (a sweep), removed.
+    public mutating func expireAll(now: UInt64) -> [Session] {
+        let due = sessions.values.filter { isExpired($0, now: now) }
+        for s in due { sessions[s.id] = nil }
+        return due
+    }
+
+    /// Ends the session now (CloseSession).
+    public mutating func close(_ id: SessionID) -> Session? {
+        sessions.removeValue(forKey: id)
+    }
+
+    /// The session, if it exists and may act (not expired).
+    public func session(_ id: SessionID, now: UInt64) throws(PresenceError) -> Session {
+        guard let s = sessions[id], !isExpired(s, now: now) else {
+            throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id) (it was closed, timed out, or never opened)")
+        }
+        return s
+    }
+
+    // MARK: Membership
+
+    /// Records a join; returns state set earlier for that channel (now consumed) and whether the
+    /// session was already in it.
+    public mutating func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (pending: [StateItem], already: Bool) {
+        guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+        let already = s.channels[channel] != nil
+        if !already && s.channels.count >= Limits.maxChannelsPerSession {
+            throw PresenceError(.resourceExhausted, "CHANNEL_LIMIT", "a session may be in at most \(Limits.maxChannelsPerSession) channels")
+        }
+        s.channels[channel] = withPresence
+        let pending = s.pendingState.removeValue(forKey: channel)?.items ?? []
+        sessions[id] = s
+        return (pending, already)
+    }
+
+    /// Records a leave; false when the session was not in the channel.
+    public mutating func left(_ id: SessionID, channel: ChannelKey) -> Bool {
+        guard var s = sessions[id], s.channels.removeValue(forKey: channel) != nil else { return false }
+        sessions[id] = s
+        return true
+    }
+
+    /// Keeps state for a channel the session has not joined (applied when it joins).
+    public mutating func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {
+        guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+        var state = s.pendingState[channel] ?? StateItems()
+        let after = state.countAfterMerging(items)
+        guard after <= Limits.maxStateKeys else {
+            throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
+        }
+        state.merge(items)
+        s.pendingState[channel] = state
+        sessions[id] = s
+    }
+
+    public mutating func removePendingState(_ id: SessionID, channel: ChannelKey, keys: [String]) {
+        guard var s = sessions[id], var state = s.pendingState[channel] else { return }
+        state.remove(keys)
+        s.pendingState[channel] = state.isEmpty ? nil : state
+        sessions[id] = s
+    }
+
+    // MARK: Watching
+
+    /// Adds and removes watched users; returns the newly watched ones. Throws when over the limit.
+    public mutating func watch(_ id: SessionID, add: [String], remove: [String]) throws(PresenceError) -> [String] {
+        guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+        for u in remove { s.watching.remove(u) }
+        let added = add.filter { !s.watching.contains($0) }
+        let unique = Array(Set(added)).sorted()
+        guard s.watching.count + unique.count <= Limits.maxWatchedPerSession else {
+            throw PresenceError(.resourceExhausted, "WATCH_LIMIT", "a session may watch at most \(Limits.maxWatchedPerSession) users")
+        }
+        s.watching.formUnion(unique)
+        sessions[id] = s
+        return unique
+    }
+}
