@@ -1,6 +1,7 @@
 import EventLoop
 import Foundation
 import GRPCTransport
+import PresenceCore
 import PresenceWire
 
 /// One presenced node: its event loops, its client-facing gRPC server and its services.
@@ -9,19 +10,21 @@ public final class Node: Sendable {
     public let logger: Logger
     public let group: EventLoopGroup
     public let health = HealthService()
+    public let engine: PresenceEngine
     private let server: GRPCServer
 
-    public init(configuration: NodeConfiguration, logger: Logger? = nil) {
+    /// Builds the node; throws when the auth secret file cannot be read.
+    public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
         self.configuration = configuration
         self.logger = logger ?? Logger(level: configuration.logLevel, format: configuration.logFormat)
+        engine = PresenceEngine(settings: EngineSettings(
+            nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
+            maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval))
+        let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
         self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
         var registry = ServiceRegistry()
         health.register(in: &registry)
-        for path in PresenceMethods.allPaths {
-            registry.register(path: path, .unaryInline { _, ctx in
-                throw GRPCStatus(.unimplemented, "UNIMPLEMENTED: \(ctx.path) is not served by this build yet")
-            })
-        }
+        PresenceService(engine: engine, verifier: verifier).register(in: &registry)
         server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
     }
 
@@ -46,6 +49,7 @@ public final class Node: Sendable {
     public func shutdown(gracePeriod: UInt64 = 5_000_000_000) async {
         health.setNotServing()
         logger.info("shutting down", ["node_id": configuration.nodeID])
+        await engine.endAllStreams()
         await server.shutdown(gracePeriod: gracePeriod)
         group.shutdown()
         logger.info("stopped", ["node_id": configuration.nodeID])

@@ -18,8 +18,9 @@ public enum NodeMain {
             FileHandle.standardOutput.write(Data(NodeConfiguration.usage.utf8))
             exit(0)
         }
-        let node = Node(configuration: configuration)
+        let node: Node
         do {
+            node = try Node(configuration: configuration)
             try node.start()
         } catch {
             FileHandle.standardError.write(Data("presenced: cannot start: \(error)\n".utf8))

@@ -1,0 +1,20 @@
+/// FNV-1a, 64 bits: the same value on every node and every run (unlike `Hasher`), so that shards
+/// and, later, the cluster ring place a key the same way everywhere.
+public enum StableHash {
+    public static func of(_ s: String, seed: UInt64 = 0xcbf2_9ce4_8422_2325) -> UInt64 {
+        var h = seed
+        for b in s.utf8 {
+            h ^= UInt64(b)
+            h = h &* 0x0000_0100_0000_01b3
+        }
+        // final mix so that close inputs spread over all bits
+        h ^= h >> 33
+        h = h &* 0xff51_afd7_ed55_8ccd
+        h ^= h >> 33
+        return h
+    }
+
+    public static func of(_ key: ChannelKey) -> UInt64 {
+        of(key.name, seed: 0xcbf2_9ce4_8422_2325 ^ UInt64(bitPattern: Int64(key.type.rawValue)))
+    }
+}

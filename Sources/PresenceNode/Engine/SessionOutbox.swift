@@ -1,0 +1,136 @@
+import GRPCTransport
+import PresenceCore
+import PresenceWire
+import Synchronization
+
+/// Why a session's event stream ended.
+public enum StreamEnd: Sendable, Equatable {
+    /// CloseSession.
+    case closed
+    /// Another stream resumed the session.
+    case replaced
+    /// The client read too slowly and events would have been lost; it may resume (and gets fresh snapshots).
+    case slowConsumer
+    /// The node is shutting down.
+    case shutdown
+    /// The client went away (the stream broke or was cancelled).
+    case broken
+}
+
+/// Where a session's events go: its live stream, or a bounded buffer while it is disconnected
+/// (waiting to resume). Channels and watchers hold the outbox, which lives as long as the session,
+/// so a resumed session keeps receiving without anyone re-registering it.
+public final class SessionOutbox: Sendable {
+    public let sessionID: SessionID
+    public let userID: String
+    /// Bytes buffered at most while no stream is attached.
+    public static let maxBufferedBytes = 1 << 20
+
+    private struct State {
+        var writer: ServerStreamWriter? = nil
+        var generation: UInt64 = 0
+        var buffered: [[UInt8]] = []
+        var bufferedBytes = 0
+        var lostEvents = false
+        var endWaiter: CheckedContinuation<StreamEnd, Never>? = nil
+        var pendingEnd: StreamEnd? = nil
+    }
+    private let state = Mutex(State())
+
+    public init(sessionID: SessionID, userID: String) {
+        self.sessionID = sessionID
+        self.userID = userID
+    }
+
+    /// Queues one framed SessionEvent. Never waits.
+    public func push(_ framed: [UInt8]) {
+        let tooSlow = state.withLock { s -> Bool in
+            if let w = s.writer {
+                if w.trySend(framed: framed) { return false }
+                s.lostEvents = true
+                return true
+            }
+            if s.lostEvents { return false }
+            if s.bufferedBytes + framed.count > Self.maxBufferedBytes {
+                s.lostEvents = true
+                s.buffered = []
+                s.bufferedBytes = 0
+            } else {
+                s.buffered.append(framed)
+                s.bufferedBytes += framed.count
+            }
+            return false
+        }
+        if tooSlow { end(.slowConsumer) }
+    }
+
+    /// Attaches a new stream (after its `opened` message was sent): flushes what was buffered.
+    /// Returns true when events were lost meanwhile (the caller then sends fresh snapshots).
+    public func attach(_ writer: ServerStreamWriter, generation: UInt64) -> Bool {
+        let (previous, lost) = state.withLock { s -> (CheckedContinuation<StreamEnd, Never>?, Bool) in
+            let previous = s.endWaiter
+            s.endWaiter = nil
+            s.pendingEnd = nil
+            s.writer = writer
+            s.generation = generation
+            var lost = s.lostEvents
+            for b in s.buffered where !writer.trySend(framed: b) { lost = true }
+            s.buffered = []
+            s.bufferedBytes = 0
+            s.lostEvents = false
+            return (previous, lost)
+        }
+        previous?.resume(returning: .replaced)
+        return lost
+    }
+
+    /// The stream of `generation` is gone: buffer until the session resumes or ends.
+    public func detach(generation: UInt64) {
+        state.withLock { s in
+            if s.generation == generation { s.writer = nil }
+        }
+    }
+
+    /// Ends the attached stream's wait (CloseSession, shutdown, slow consumer).
+    public func end(_ reason: StreamEnd) {
+        let waiter = state.withLock { s -> CheckedContinuation<StreamEnd, Never>? in
+            guard let w = s.endWaiter else {
+                s.pendingEnd = reason
+                return nil
+            }
+            s.endWaiter = nil
+            return w
+        }
+        waiter?.resume(returning: reason)
+    }
+
+    /// Waits until the stream should end; `.broken` when the waiting task is cancelled.
+    public func waitForEnd() async -> StreamEnd {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (c: CheckedContinuation<StreamEnd, Never>) in
+                let now = state.withLock { s -> StreamEnd? in
+                    if let e = s.pendingEnd {
+                        s.pendingEnd = nil
+                        return e
+                    }
+                    s.endWaiter = c
+                    return nil
+                }
+                if let now { c.resume(returning: now) }
+            }
+        } onCancel: {
+            end(.broken)
+        }
+    }
+}
+
+/// Encodes an event once for every recipient.
+enum EventEncoding {
+    static func framed(_ event: PresenceEvent) -> [UInt8] {
+        MessageFraming.framed(SessionEvent(event: .presence(event)))
+    }
+
+    static func framed(status userID: String, _ status: UserStatus, at ms: Int64) -> [UInt8] {
+        MessageFraming.framed(SessionEvent(event: .status(UserStatusEvent(userID: userID, status: status, timestampMs: ms))))
+    }
+}

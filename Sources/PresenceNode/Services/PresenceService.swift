@@ -1,0 +1,153 @@
+import EventLoop
+import GRPCTransport
+import PresenceCore
+import PresenceWire
+
+/// `presence.v1.Presence` over gRPC: decodes, checks the caller, calls the engine, maps errors.
+public struct PresenceService: Sendable {
+    let engine: PresenceEngine
+    /// Token mode when set; open mode (user ids trusted) when nil.
+    let verifier: TokenVerifier?
+
+    public init(engine: PresenceEngine, verifier: TokenVerifier?) {
+        self.engine = engine
+        self.verifier = verifier
+    }
+
+    static func status(_ e: PresenceError) -> GRPCStatus {
+        let code: GRPCStatus.Code
+        switch e.kind {
+        case .invalidArgument: code = .invalidArgument
+        case .notFound: code = .notFound
+        case .permissionDenied: code = .permissionDenied
+        case .unauthenticated: code = .unauthenticated
+        case .resourceExhausted: code = .resourceExhausted
+        case .unavailable: code = .unavailable
+        case .failedPrecondition: code = .failedPrecondition
+        }
+        return GRPCStatus(code, e.description)
+    }
+
+    /// Runs a call, turning `PresenceError` into its gRPC status.
+    static func call<T>(_ body: () async throws(PresenceError) -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch {
+            throw status(error)
+        }
+    }
+
+    /// In token mode a call that names a session may also carry `authorization: Bearer <token>`;
+    /// when it does, the token must be valid and for the session's own user.
+    func checkCaller(_ ctx: ServerContext, session: String) async throws(PresenceError) {
+        guard let verifier, let auth = ctx.metadata.first(where: { $0.0 == "authorization" })?.1 else { return }
+        guard auth.hasPrefix("Bearer ") else {
+            throw PresenceError(.unauthenticated, "INVALID_TOKEN", "authorization must be 'Bearer <token>'")
+        }
+        guard let owner = await engine.owner(ofSession: session) else { return }  // NOT_FOUND comes from the call itself
+        do {
+            try verifier.verify(String(auth.dropFirst(7)), userID: owner, now: WallClock.nowMilliseconds() / 1000)
+        } catch where error.kind == .unauthenticated && error.detail.contains("another user") {
+            throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(session) belongs to another user")
+        }
+    }
+
+    public func register(in registry: inout ServiceRegistry) {
+        let engine = self.engine
+        let verifier = self.verifier
+        let service = self
+
+        registry.serverStreaming(PresenceMethods.openSession) { req, _, writer in
+            let opened = try await Self.call { () async throws(PresenceError) -> PresenceEngine.OpenedSession in
+                let user = try Validate.userID(req.userID)
+                if let verifier { try verifier.verify(req.token, userID: user, now: WallClock.nowMilliseconds() / 1000) }
+                return try await engine.openSession(user: user, resume: req.resumeSessionID, initialStatus: req.initialStatus)
+            }
+            try await writer.send(SessionEvent(event: .opened(SessionOpened(
+                sessionID: opened.id.description, nodeID: engine.settings.nodeID, resumed: opened.resumed))))
+            if opened.outbox.attach(writer.raw, generation: opened.generation) {
+                await engine.resnapshot(opened.id)
+            }
+            switch await opened.outbox.waitForEnd() {
+            case .closed:
+                return
+            case .replaced:
+                throw GRPCStatus(.aborted, "SESSION_RESUMED_ELSEWHERE: another stream resumed session \(opened.id)")
+            case .slowConsumer:
+                await engine.streamBroke(opened.id, generation: opened.generation)
+                throw GRPCStatus(.resourceExhausted, "SLOW_CONSUMER: events arrived faster than the client read them; resume the session to get fresh snapshots")
+            case .shutdown:
+                await engine.streamBroke(opened.id, generation: opened.generation)
+                throw GRPCStatus(.unavailable, "SHUTTING_DOWN: this node is shutting down; resume the session on another node")
+            case .broken:
+                await engine.streamBroke(opened.id, generation: opened.generation)
+                throw CancellationError()
+            }
+        }
+
+        registry.unary(PresenceMethods.closeSession) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try await service.checkCaller(ctx, session: req.sessionID)
+                try await engine.closeSession(req.sessionID)
+            }
+            return CloseSessionResponse()
+        }
+        registry.unary(PresenceMethods.join) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try await service.checkCaller(ctx, session: req.sessionID)
+                try await engine.join(req.sessionID, channel: req.channelName, type: req.channelType, withPresence: req.withPresence)
+            }
+            return JoinResponse()
+        }
+        registry.unary(PresenceMethods.leave) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try await service.checkCaller(ctx, session: req.sessionID)
+                try await engine.leave(req.sessionID, channel: req.channelName, type: req.channelType)
+            }
+            return LeaveResponse()
+        }
+        registry.unary(PresenceMethods.getOnlineUsers) { req, _ in
+            try await Self.call { () async throws(PresenceError) in try await engine.getOnlineUsers(req) }
+        }
+        registry.unary(PresenceMethods.getUserChannels) { req, _ in
+            try await Self.call { () async throws(PresenceError) in try await engine.getUserChannels(req.userID) }
+        }
+        registry.unary(PresenceMethods.setState) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try await service.checkCaller(ctx, session: req.sessionID)
+                try await engine.setState(req.sessionID, channel: req.channelName, type: req.channelType, items: req.items)
+            }
+            return SetStateResponse()
+        }
+        registry.unary(PresenceMethods.getState) { req, _ in
+            GetStateResponse(state: try await Self.call { () async throws(PresenceError) in
+                try await engine.getState(channel: req.channelName, type: req.channelType, user: req.userID)
+            })
+        }
+        registry.unary(PresenceMethods.removeState) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try await service.checkCaller(ctx, session: req.sessionID)
+                try await engine.removeState(req.sessionID, channel: req.channelName, type: req.channelType, keys: req.keys)
+            }
+            return RemoveStateResponse()
+        }
+        registry.unary(PresenceMethods.setStatus) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try await service.checkCaller(ctx, session: req.sessionID)
+                try await engine.setStatus(req.sessionID, status: req.status)
+            }
+            return SetStatusResponse()
+        }
+        registry.unary(PresenceMethods.getUserStatuses) { req, _ in
+            GetUserStatusesResponse(statuses: try await Self.call { () async throws(PresenceError) in
+                try await engine.getUserStatuses(req.userIDs)
+            })
+        }
+        registry.unary(PresenceMethods.watch) { req, ctx in
+            WatchResponse(statuses: try await Self.call { () async throws(PresenceError) in
+                try await service.checkCaller(ctx, session: req.sessionID)
+                return try await engine.watch(req.sessionID, add: req.userIDs, remove: req.unwatchUserIDs)
+            })
+        }
+    }
+}
