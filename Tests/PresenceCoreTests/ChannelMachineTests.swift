@@ -1,0 +1,217 @@
+import Foundation
+import PresenceCore
+import PresenceWire
+import Testing
+
+let lobby = ChannelKey(name: "lobby", type: .message)
+let s1 = SessionID(raw: 1), s2 = SessionID(raw: 2), s3 = SessionID(raw: 3), s4 = SessionID(raw: 4)
+
+func item(_ k: String, _ v: String) -> StateItem { StateItem(key: k, value: v) }
+
+/// Who got which event types, in order, given the machine's subscribers.
+func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [PresenceEventType]] {
+    var out: [String: [PresenceEventType]] = [:]
+    for x in d {
+        switch x.to {
+        case .session(let id): out[m.subscribers[id] ?? "?", default: []].append(x.event.type)
+        case .subscribers(let except):
+            for (id, name) in m.subscribers where id != except { out[name, default: []].append(x.event.type) }
+        }
+    }
+    return out
+}
+
+@Suite struct ChannelMachineTests {
+    @Test func firstJoinWithPresenceGetsSnapshotOfEveryoneIncludingItself() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "tony", session: s2, withPresence: false, sink: "tony", pendingState: [item("mic", "on")], now: 10)
+        let d = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 20)
+        let snap = d.last!
+        #expect(snap.to == .session(s1))
+        #expect(snap.event.type == .snapshot)
+        #expect(snap.event.publisher == "")
+        #expect(snap.event.snapshot == [UserState(userID: "ann"), UserState(userID: "tony", states: [item("mic", "on")])])
+        #expect(snap.event.timestampMs == 20)
+    }
+
+    @Test func joinSendsRemoteJoinToOthersNotToTheJoiner() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 1)
+        let d = m.join(user: "tony", session: s2, withPresence: true, sink: "tony", now: 2)
+        #expect(received(d, m) == ["ann": [.remoteJoin], "tony": [.snapshot]])
+        #expect(d[0].event.publisher == "tony")
+        #expect(d[0].event.channelName == "lobby" && d[0].event.channelType == .message)
+    }
+
+    @Test func pendingStateArrivesAsJoinThenStateChanged() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 1)
+        let d = m.join(user: "tony", session: s2, withPresence: false, sink: "tony", pendingState: [item("mic", "on")], now: 2)
+        #expect(d.map(\.event.type) == [.remoteJoin, .remoteStateChanged])
+        #expect(d[1].event.states == [item("mic", "on")])
+    }
+
+    @Test func secondSessionOfAUserSendsNoJoinAndLastLeaveSendsLeave() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 1)
+        _ = m.join(user: "tony", session: s2, withPresence: false, sink: "tony-phone", now: 2)
+        let second = m.join(user: "tony", session: s3, withPresence: false, sink: "tony-laptop", now: 3)
+        #expect(second.isEmpty)
+        #expect(m.occupancy == 2)
+        #expect(m.leave(user: "tony", session: s2, now: 4).isEmpty)
+        let last = m.leave(user: "tony", session: s3, now: 5)
+        #expect(received(last, m) == ["ann": [.remoteLeave]])
+        #expect(m.occupancy == 1)
+        #expect(m.state(of: "tony") == nil)
+    }
+
+    @Test func rejoiningSendsNothingButCanTurnPresenceOn() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: false, sink: "ann", now: 1)
+        #expect(m.join(user: "ann", session: s1, withPresence: false, sink: "ann", now: 2).isEmpty)
+        let on = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 3)
+        #expect(on.map(\.event.type) == [.snapshot])
+        #expect(m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 4).isEmpty)
+        _ = m.join(user: "ann", session: s1, withPresence: false, sink: "ann", now: 5)
+        #expect(m.subscribers.isEmpty)
+    }
+
+    @Test func timeoutSendsRemoteTimeoutAndDeletesState() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 1)
+        _ = m.join(user: "tony", session: s2, withPresence: false, sink: "tony", pendingState: [item("a", "1")], now: 2)
+        let d = m.leave(user: "tony", session: s2, timedOut: true, now: 3)
+        #expect(d.map(\.event.type) == [.remoteTimeout])
+        #expect(!m.contains(user: "tony"))
+        _ = m.join(user: "tony", session: s3, withPresence: false, sink: "tony", now: 4)
+        #expect(m.state(of: "tony") == [])
+    }
+
+    @Test func setStateMergesAndSendsFullStateToOthersOnly() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 1)
+        _ = m.join(user: "tony", session: s2, withPresence: true, sink: "tony", now: 2)
+        _ = try m.setState(user: "tony", session: s2, items: [item("mic", "on"), item("cam", "off")], now: 3)
+        let d = try m.setState(user: "tony", session: s2, items: [item("mic", "off"), item("score", "9")], now: 4)
+        #expect(received(d, m) == ["ann": [.remoteStateChanged]])
+        #expect(d[0].event.states == [item("cam", "off"), item("mic", "off"), item("score", "9")])  // full, sorted
+        #expect(try m.setState(user: "tony", session: s2, items: [item("mic", "off")], now: 5).isEmpty)  // no change, no event
+    }
+
+    @Test func anotherSessionOfTheSameUserDoesGetTheEvent() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "tony", session: s1, withPresence: true, sink: "tony-phone", now: 1)
+        _ = m.join(user: "tony", session: s2, withPresence: true, sink: "tony-laptop", now: 2)
+        let d = try m.setState(user: "tony", session: s1, items: [item("k", "v")], now: 3)
+        #expect(received(d, m) == ["tony-laptop": [.remoteStateChanged]])
+    }
+
+    @Test func thirtyThreeKeysFailAndChangeNothing() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "tony", session: s1, withPresence: false, sink: "t", now: 1)
+        _ = try m.setState(user: "tony", session: s1, items: (0..<30).map { item("k\($0)", "v") }, now: 2)
+        #expect(throws: PresenceError.self) {
+            _ = try m.setState(user: "tony", session: s1, items: [item("k0", "new"), item("x", "1"), item("y", "2"), item("z", "3")], now: 3)
+        }
+        #expect(m.state(of: "tony")?.count == 30)
+        #expect(m.state(of: "tony")?.first(where: { $0.key == "k0" })?.value == "v")
+        _ = try m.setState(user: "tony", session: s1, items: [item("x", "1"), item("y", "2")], now: 4)  // exactly 32 is fine
+        #expect(m.state(of: "tony")?.count == 32)
+    }
+
+    @Test func removeStateRemovesKeysOrEverything() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 1)
+        _ = m.join(user: "tony", session: s2, withPresence: false, sink: "tony", now: 1)
+        _ = try m.setState(user: "tony", session: s2, items: [item("a", "1"), item("b", "2"), item("c", "3")], now: 2)
+        let d = m.removeState(user: "tony", session: s2, keys: ["b", "nope"], now: 3)
+        #expect(d.first?.event.states == [item("a", "1"), item("c", "3")])
+        let all = m.removeState(user: "tony", session: s2, keys: [], now: 4)
+        #expect(all.first?.event.type == .remoteStateChanged && all.first?.event.states == [])
+        #expect(m.removeState(user: "tony", session: s2, keys: [], now: 5).isEmpty)
+    }
+
+    @Test func sequenceIncreasesAndSnapshotCarriesTheCurrentOne() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "a", session: s1, withPresence: true, sink: "a", now: 1)
+        let j = m.join(user: "b", session: s2, withPresence: true, sink: "b", now: 2)
+        let st = try m.setState(user: "a", session: s1, items: [item("k", "v")], now: 3)
+        // a's own join took sequence 1 (sent to nobody); b's join is 2, its snapshot carries 2
+        #expect(j[0].event.sequence == 2 && j[1].event.type == .snapshot && j[1].event.sequence == 2)
+        #expect(st[0].event.sequence == 3)
+        #expect(m.sequence == 3)
+    }
+
+    @Test func intervalModeAboveTheLimitAndBack() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 3)
+        _ = m.join(user: "watcher", session: s1, withPresence: true, sink: "w", now: 1)
+        _ = m.join(user: "u1", session: s2, withPresence: false, sink: "u1", now: 2)
+        #expect(m.join(user: "u2", session: s3, withPresence: false, sink: "u2", now: 3).map(\.event.type) == [.remoteJoin])  // 3 users: real time
+        // the 4th user makes occupancy 4 > 3: events are held for the interval
+        #expect(m.join(user: "u3", session: s4, withPresence: false, sink: "u3", now: 4).isEmpty)
+        #expect(m.isIntervalMode)
+        #expect(try m.setState(user: "u1", session: s2, items: [item("mic", "on")], now: 5).isEmpty)
+        let tick = m.tick(now: 1000)
+        #expect(tick.count == 1)
+        let e = tick[0].event
+        #expect(e.type == .interval && e.publisher == "" && tick[0].to == .subscribers(except: nil))
+        #expect(e.interval?.joinUserIDs == ["u3"])
+        #expect(e.interval?.userStates == [UserState(userID: "u1", states: [item("mic", "on")])])
+        #expect(m.tick(now: 2000).isEmpty)  // nothing new: no event
+        // a leave brings it back to 3: real time again, with the leave sent at once
+        let back = m.leave(user: "u2", session: s3, now: 2500)
+        #expect(!m.isIntervalMode)
+        #expect(back.map(\.event.type) == [.remoteLeave])
+    }
+
+    @Test func pendingIntervalIsFlushedBeforeRealTimeResumes() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1)
+        _ = m.join(user: "w", session: s1, withPresence: true, sink: "w", now: 1)
+        _ = m.join(user: "x", session: s2, withPresence: false, sink: "x", now: 2)   // interval mode, join held
+        let d = m.leave(user: "x", session: s2, timedOut: true, now: 3)               // back to 1 user
+        // what the interval held goes out first, then the timeout in real time, in sequence order
+        #expect(d.map(\.event.type) == [.interval, .remoteTimeout])
+        #expect(d[0].event.interval?.joinUserIDs == ["x"])
+        #expect(d[0].event.sequence < d[1].event.sequence)
+    }
+
+    @Test func intervalListsLeavesAndTimeouts() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1)
+        _ = m.join(user: "w", session: s1, withPresence: true, sink: "w", now: 1)
+        for (i, u) in ["a", "b", "c"].enumerated() { _ = m.join(user: u, session: SessionID(raw: UInt64(10 + i)), withPresence: false, sink: u, now: 2) }
+        _ = m.tick(now: 3)
+        _ = m.leave(user: "a", session: SessionID(raw: 10), now: 4)
+        _ = m.leave(user: "b", session: SessionID(raw: 11), timedOut: true, now: 5)
+        let e = m.tick(now: 6)[0].event.interval!
+        #expect(e.leaveUserIDs == ["a"] && e.timeoutUserIDs == ["b"] && e.joinUserIDs.isEmpty)
+    }
+
+    @Test func pagesWalkEveryStayingUserOnceWhileOthersChurn() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 10_000)
+        let stayers = (0..<250).map { String(format: "s%04d", $0 * 2) }
+        for (i, u) in stayers.enumerated() { _ = m.join(user: u, session: SessionID(raw: UInt64(i + 1)), withPresence: false, sink: u, now: 1) }
+        var seen: [String] = []
+        var after: String? = nil
+        var round = 0
+        repeat {
+            let (users, next) = m.page(after: after, includeState: false)
+            #expect(users.count <= 100)
+            if next != nil { #expect(users.count == 100) }
+            seen += users.map(\.userID)
+            // churn between pages: newcomers before and after the cursor
+            _ = m.join(user: String(format: "s%04d", round * 2 + 1), session: SessionID(raw: UInt64(1000 + round)), withPresence: false, sink: "", now: 2)
+            _ = m.join(user: "zz\(round)", session: SessionID(raw: UInt64(2000 + round)), withPresence: false, sink: "", now: 2)
+            after = next
+            round += 1
+        } while after != nil
+        let stayerSeen = seen.filter { stayers.contains($0) }
+        #expect(stayerSeen == stayers)  // every stayer, once, in order
+        #expect(Set(seen).count == seen.count)
+    }
+
+    @Test func pageOfUnknownOrEmptyIsEmpty() {
+        let m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        #expect(m.page(after: nil, includeState: true).users.isEmpty)
+        #expect(m.occupancy == 0)
+    }
+}
