@@ -7,6 +7,7 @@
 //   GRPCTransport  HTTP/2 (nghttp2) + gRPC server and client
 //   PresenceCore   the presence rules as plain state machines (channel, sessions, user home)
 //   PresenceNode   a node: configuration, shard actors, services, lifecycle
+//   PresenceClient the Swift client library (sessions, events, reconnect with resume)
 //   presenced, presencectl   the executables
 import PackageDescription
 
@@ -16,6 +17,7 @@ let package = Package(
     products: [
         .executable(name: "presenced", targets: ["presenced"]),
         .executable(name: "presencectl", targets: ["presencectl"]),
+        .library(name: "PresenceClient", targets: ["PresenceClient"]),
         .library(name: "GRPCTransport", targets: ["GRPCTransport"]),
         .library(name: "PresenceWire", targets: ["PresenceWire"]),
     ],
@@ -32,12 +34,13 @@ let package = Package(
         .target(name: "PresenceCore", dependencies: ["PresenceWire"]),
         .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "PresenceCore", "EventLoop", "CCrypto"]),
         .executableTarget(name: "presenced", dependencies: ["PresenceNode"]),
-        .executableTarget(name: "presencectl", dependencies: ["GRPCTransport", "PresenceWire"]),
+        .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
+        .executableTarget(name: "presencectl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),
 
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),
         .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
         .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),
-        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "GRPCTransport", "PresenceWire"]),
+        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "GRPCTransport", "PresenceWire", "PresenceCore", "EventLoop"]),
     ]
 )

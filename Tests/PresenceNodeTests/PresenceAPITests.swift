@@ -1,0 +1,323 @@
+import EventLoop
+import Foundation
+import GRPCTransport
+@testable import PresenceClient
+import PresenceCore
+@testable import PresenceNode
+import PresenceWire
+import Testing
+
+@Suite(.serialized) struct PresenceAPITests {
+    @Test func watcherSeesSnapshotJoinStateChangesAndLeave() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann"), tony = n.client("tony")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await ann.join("lobby", withPresence: true)
+        let snap = try await inbox.waitFor(.snapshot)
+        #expect(snap.snapshot.map(\.userID) == ["ann"])
+        try await tony.connect()
+        try await tony.setState("lobby", ["mic": "on"])          // before joining: kept, applied on join
+        try await tony.join("lobby", withPresence: false)
+        #expect(try await inbox.waitFor(.remoteJoin, publisher: "tony").sequence > snap.sequence)
+        let st = try await inbox.waitFor(.remoteStateChanged, publisher: "tony")
+        #expect(st.states == [StateItem(key: "mic", value: "on")])
+        try await tony.setState("lobby", ["cam": "off"])
+        let full = try await inbox.waitFor(.remoteStateChanged, publisher: "tony", count: 2)
+        #expect(full.states == [StateItem(key: "cam", value: "off"), StateItem(key: "mic", value: "on")])
+        try await tony.leave("lobby")
+        try await inbox.waitFor(.remoteLeave, publisher: "tony")
+        // sequence order within the channel
+        let seqs = inbox.presence.map(\.sequence)
+        #expect(seqs == seqs.sorted())
+        #expect(inbox.presence.allSatisfy { $0.timestampMs > 1_700_000_000_000 })
+        await tony.close(); await ann.close()
+        await n.stop()
+    }
+
+    @Test func ownCallsCauseNoEventToTheCaller() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await ann.join("room", withPresence: true)
+        try await ann.setState("room", ["typing": "yes"])
+        try await ann.removeState("room", keys: ["typing"])
+        let bob = n.client("bob")
+        try await bob.connect()
+        try await bob.join("room", withPresence: false)
+        try await inbox.waitFor(.remoteJoin, publisher: "bob")
+        #expect(inbox.presence.map(\.type) == [.snapshot, .remoteJoin])
+        await ann.close(); await bob.close()
+        await n.stop()
+    }
+
+    @Test func multiDeviceUserJoinsOnceAndLeavesWithItsLastSession() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann"), phone = n.client("tony"), laptop = n.client("tony")
+        let inbox = Inbox(ann)
+        try await ann.connect(); try await phone.connect(); try await laptop.connect()
+        try await ann.join("c", withPresence: true)
+        try await phone.join("c")
+        try await laptop.join("c")
+        try await inbox.waitFor(.remoteJoin, publisher: "tony")
+        try await phone.leave("c")
+        let online = try await ann.onlineUsers("c")
+        #expect(online.totalOccupancy == 2)
+        try await laptop.leave("c")
+        try await inbox.waitFor(.remoteLeave, publisher: "tony")
+        #expect(inbox.presence.filter { $0.publisher == "tony" }.map(\.type) == [.remoteJoin, .remoteLeave])
+        await ann.close(); await phone.close(); await laptop.close()
+        await n.stop()
+    }
+
+    @Test func closeSessionLeavesEverywhereAndReadsOffline() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann"), tony = n.client("tony")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await tony.connect(initialStatus: .busy)
+        try await ann.join("a", withPresence: true)
+        let watched = try await ann.watch(["tony"])
+        #expect(watched == [UserStatusEntry(userID: "tony", status: .busy)])
+        try await tony.join("a"); try await tony.join("b", type: .stream)
+        #expect(Set(try await ann.userChannels("tony").map(\.channelName)) == ["a", "b"])
+        await tony.close()
+        try await inbox.waitFor(.remoteLeave, publisher: "tony")
+        try await inbox.waitForStatus("tony", .offline)
+        #expect(try await ann.userChannels("tony").isEmpty)
+        #expect(try await ann.statuses(["tony", "never"]) == [UserStatusEntry(userID: "tony", status: .offline), UserStatusEntry(userID: "never", status: .unknown)])
+        await ann.close()
+        await n.stop()
+    }
+
+    @Test func brokenStreamTimesOutAfterThePresenceTimeout() async throws {
+        let n = try TestNode(presenceTimeout: 0.4)
+        let ann = n.client("ann")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await ann.join("lobby", withPresence: true)
+        try await ann.watch(["ghost"])
+        // a raw client opens a session, joins, then drops its stream without CloseSession
+        let raw = n.raw()
+        let stream = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "ghost"))
+        var it = stream.makeAsyncIterator()
+        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message))
+        _ = try await raw.unary(PresenceMethods.setState, SetStateRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message, items: [StateItem(key: "k", value: "v")]))
+        try await inbox.waitFor(.remoteJoin, publisher: "ghost")
+        let t0 = MonotonicClock.now()
+        stream.cancel()
+        try await inbox.waitFor(.remoteTimeout, publisher: "ghost", within: 3)
+        let waited = Double(MonotonicClock.now() - t0) / 1e9
+        #expect(waited >= 0.35 && waited < 1.5, "timed out after \(waited) s")
+        try await inbox.waitForStatus("ghost", .offline)
+        await expectError(.notFound, "PRESENCE_USER_NOT_EXIST") { _ = try await ann.getState("lobby", user: "ghost") }
+        await expectError(.notFound, "SESSION_NOT_FOUND") {
+            _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "x", channelType: .message))
+        }
+        raw.close()
+        await ann.close()
+        await n.stop()
+    }
+
+    @Test func resumeWithinTheTimeoutKeepsPresenceWithNoEvent() async throws {
+        let n = try TestNode(presenceTimeout: 2)
+        let ann = n.client("ann")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await ann.join("lobby", withPresence: true)
+        let raw = n.raw()
+        let first = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "tony"))
+        var it = first.makeAsyncIterator()
+        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message, withPresence: true))
+        _ = try await raw.unary(PresenceMethods.setState, SetStateRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message, items: [StateItem(key: "mic", value: "on")]))
+        try await inbox.waitFor(.remoteStateChanged, publisher: "tony")
+        first.cancel()
+        try await Task.sleep(nanoseconds: 200_000_000)
+        // events while disconnected are buffered for the session
+        try await ann.setState("lobby", ["hand": "up"])
+        let second = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "tony", resumeSessionID: o.sessionID))
+        var it2 = second.makeAsyncIterator()
+        guard case .opened(let again)? = try await it2.next()?.event else { Issue.record("no opened"); return }
+        #expect(again.sessionID == o.sessionID && again.resumed)
+        guard case .presence(let missed)? = try await it2.next()?.event else { Issue.record("no buffered event"); return }
+        #expect(missed.type == .remoteStateChanged && missed.publisher == "ann")
+        try await Task.sleep(nanoseconds: 2_300_000_000)  // past the original timeout
+        #expect(!inbox.presence.contains { $0.publisher == "tony" && ($0.type == .remoteTimeout || $0.type == .remoteLeave) })
+        #expect(try await ann.getState("lobby", user: "tony") == [StateItem(key: "mic", value: "on")])
+        second.cancel()
+        raw.close()
+        await ann.close()
+        await n.stop()
+    }
+
+    @Test func anotherUserCannotResumeMySession() async throws {
+        let n = try TestNode()
+        let raw = n.raw()
+        let mine = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "ann"))
+        var it = mine.makeAsyncIterator()
+        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        let theirs = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "mallory", resumeSessionID: o.sessionID))
+        var it2 = theirs.makeAsyncIterator()
+        guard case .opened(let other)? = try await it2.next()?.event else { Issue.record("no opened"); return }
+        #expect(other.sessionID != o.sessionID && !other.resumed)
+        mine.cancel(); theirs.cancel(); raw.close()
+        await n.stop()
+    }
+
+    @Test func clientLibraryReconnectsAndResumes() async throws {
+        let n = try TestNode(presenceTimeout: 3)
+        let ann = n.client("ann"), tony = n.client("tony")
+        let inbox = Inbox(ann)
+        try await ann.connect(); try await tony.connect()
+        try await ann.join("lobby", withPresence: true)
+        try await tony.join("lobby")
+        try await inbox.waitFor(.remoteJoin, publisher: "tony")
+        let id = tony.sessionID
+        let states = Task { var seen: [ConnectionState] = []; for await s in tony.connectionStates { seen.append(s); if seen.count >= 5 { break } }; return seen }
+        tony._dropConnectionForTesting()
+        try await waitUntil("tony reconnected") { tony.connectionState == .connected && tony.sessionID == id && tony._reconnects > 0 }
+        try await tony.setState("lobby", ["back": "yes"])
+        try await inbox.waitFor(.remoteStateChanged, publisher: "tony")
+        #expect(!inbox.presence.contains { $0.publisher == "tony" && $0.type == .remoteLeave })
+        states.cancel()
+        await tony.close(); await ann.close()
+        await n.stop()
+    }
+
+    @Test func statusRulesAndWatchEvents() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann"), tony = n.client("tony")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        #expect(try await ann.watch(["tony"]) == [UserStatusEntry(userID: "tony", status: .unknown)])
+        try await tony.setStatus(.away)   // chosen before connecting: sent with the opening
+        try await tony.connect()
+        try await inbox.waitForStatus("tony", .away)
+        try await tony.setStatus(.busy)
+        try await inbox.waitForStatus("tony", .busy)
+        try await tony.setStatus(.offline)  // invisible
+        try await inbox.waitForStatus("tony", .offline)
+        #expect(try await ann.statuses(["tony"]).first?.status == .offline)
+        try await tony.join("lobby")  // still in its channels while invisible
+        #expect(try await ann.onlineUsers("lobby").totalOccupancy == 1)
+        try await tony.setStatus(.online)
+        try await inbox.waitForStatus("tony", .online)
+        try await ann.watch([], unwatch: ["tony"])
+        let before = inbox.statuses.count
+        try await tony.setStatus(.away)
+        try await Task.sleep(nanoseconds: 100_000_000)
+        #expect(inbox.statuses.count == before)  // unwatched: no more events
+        await tony.close(); await ann.close()
+        await n.stop()
+    }
+
+    @Test func pagesOf100WithOpaqueBookmarks() async throws {
+        let n = try TestNode(maxInstantEvents: 1000)
+        let raw = n.raw()
+        var streams: [ServerStreamingCall<SessionEvent>] = []
+        for i in 0..<250 {
+            let s = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: String(format: "u%03d", i)))
+            var it = s.makeAsyncIterator()
+            guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+            _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "big", channelType: .stream))
+            streams.append(s)
+        }
+        let first = try await raw.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "big", channelType: .stream))
+        #expect(first.totalOccupancy == 250 && first.users.count == 100 && !first.nextPage.isEmpty)
+        #expect(first.users.first?.userID == "u000" && first.users.last?.userID == "u099")
+        let second = try await raw.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "big", channelType: .stream, page: first.nextPage))
+        let third = try await raw.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "big", channelType: .stream, page: second.nextPage))
+        #expect(second.users.count == 100 && third.users.count == 50 && third.nextPage.isEmpty)
+        #expect(third.totalOccupancy == 250)
+        let countOnly = try await raw.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "big", channelType: .stream, includeUserID: false))
+        #expect(countOnly.totalOccupancy == 250 && countOnly.users.isEmpty && countOnly.nextPage.isEmpty)
+        await expectError(.invalidArgument, "INVALID_PAGE") {
+            _ = try await raw.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "big", channelType: .stream, page: "garbage"))
+        }
+        let other = try await raw.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "big", channelType: .message))
+        #expect(other.totalOccupancy == 0)  // same name, other type: another channel
+        streams.forEach { $0.cancel() }
+        raw.close()
+        await n.stop()
+    }
+
+    @Test func intervalModeThroughTheNode() async throws {
+        let n = try TestNode(maxInstantEvents: 2, presenceInterval: 0.2)
+        let ann = n.client("ann")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await ann.join("crowd", withPresence: true)
+        var others: [PresenceClient] = []
+        for u in ["b", "c", "d"] {
+            let c = n.client(u)
+            try await c.connect()
+            try await c.join("crowd")
+            others.append(c)
+        }
+        let interval = try await inbox.waitFor(.interval, within: 3)
+        #expect(interval.interval?.joinUserIDs.contains("d") == true)   // the 3rd user made occupancy 4 > 2... d at least
+        #expect(!inbox.presence.contains { $0.type == .remoteJoin && $0.publisher == "d" })
+        await others[2].close()
+        await others[1].close()  // occupancy back to 2: real time again
+        try await inbox.waitFor(.remoteLeave, publisher: "c")
+        for c in others { await c.close() }
+        await ann.close()
+        await n.stop()
+    }
+
+    @Test func errorsAreClearAndChangeNothing() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann")
+        try await ann.connect()
+        let raw = n.raw()
+        let sid = ann.sessionID!
+        await expectError(.notFound, "SESSION_NOT_FOUND") { _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: "0123456789abcdef", channelName: "x", channelType: .message)) }
+        await expectError(.notFound, "SESSION_NOT_FOUND") { _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: "nope", channelName: "x", channelType: .message)) }
+        await expectError(.invalidArgument, "INVALID_CHANNEL_NAME") { _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: sid, channelName: "a b", channelType: .message)) }
+        await expectError(.invalidArgument, "INVALID_CHANNEL_TYPE") { _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: sid, channelName: "ok", channelType: .unspecified)) }
+        await expectError(.invalidArgument, "INVALID_USER_ID") { _ = try await raw.unary(PresenceMethods.getUserChannels, GetUserChannelsRequest(userID: "")) }
+        await expectError(.invalidArgument, "INVALID_INCLUDE_FLAGS") {
+            _ = try await raw.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "x", channelType: .message, includeUserID: false, includeState: true))
+        }
+        await expectError(.invalidArgument, "INVALID_STATUS") { _ = try await raw.unary(PresenceMethods.setStatus, SetStatusRequest(sessionID: sid, status: .unknown)) }
+        try await ann.join("s")
+        try await ann.setState("s", Dictionary(uniqueKeysWithValues: (0..<32).map { ("k\($0)", "v") }))
+        await expectError(.resourceExhausted, "STATE_KEY_LIMIT") { try await ann.setState("s", ["one-more": "x"]) }
+        #expect(try await ann.getState("s", user: "ann").count == 32)
+        await expectError(.invalidArgument, "INVALID_STATE_VALUE") { try await ann.setState("s", ["k0": String(repeating: "v", count: 1025)]) }
+        await expectError(.invalidArgument, "INVALID_STATE_KEY") { try await ann.setState("s", ["": "v"]) }
+        #expect(try await ann.getState("s", user: "ann").first?.value == "v")
+        await expectError(.notFound, "PRESENCE_USER_NOT_EXIST") { _ = try await ann.getState("s", user: "bob") }
+        #expect(try await ann.userChannels("nobody").isEmpty)
+        #expect(try await ann.onlineUsers("empty").totalOccupancy == 0)
+        await expectError(.invalidArgument, "TOO_MANY_USERS") { _ = try await ann.statuses((0..<1001).map { "u\($0)" }) }
+        raw.close()
+        await ann.close()
+        await n.stop()
+    }
+
+    @Test func tokenMode() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        let secretFile = dir.appendingPathComponent("secret").path
+        try "s3cret\n".write(toFile: secretFile, atomically: true, encoding: .utf8)
+        let n = try TestNode(authSecretFile: secretFile)
+        let signer = TokenVerifier(secret: Array("s3cret".utf8))
+        let now = Int64(Date().timeIntervalSince1970)
+        let good = n.client("ann", token: signer.sign(userID: "ann", expires: now + 60))
+        try await good.connect()
+        for (token, why) in [("", "missing"), (signer.sign(userID: "ann", expires: now - 1), "expired"),
+                             (signer.sign(userID: "bob", expires: now + 60), "other user"),
+                             (TokenVerifier(secret: Array("wrong".utf8)).sign(userID: "ann", expires: now + 60), "forged"),
+                             ("abc.def", "garbage")] {
+            let c = n.client("ann", token: token)
+            await expectError(.unauthenticated, "INVALID_TOKEN") { try await c.connect() }
+            #expect(c.connectionState == .disconnected, "\(why)")
+        }
+        await good.close()
+        await n.stop()
+    }
+}
