@@ -85,6 +85,24 @@ public final class GRPCClient: Sendable {
         return ServerStreamingCall(state: state)
     }
 
+    /// Calls a server-streaming method with a raw framed request; the responses come undecoded
+    /// (for tools that only count or forward them).
+    public func serverStreaming(path: String, framedRequest: [UInt8], timeout: UInt64? = nil) -> RawServerStreamingCall {
+        let slot = nextSlot()
+        let handle = CallHandle()
+        let maxSize = configuration.maxReceiveMessageSize
+        let state = ResponseStreamState(
+            consume: { bytes in slot.loop.execute { slot.consumed(handle, bytes) } },
+            cancelCall: {
+                handle.cancel()
+                slot.loop.execute { slot.cancel(handle) }
+            })
+        slot.loop.execute {
+            slot.start(ClientCall(path: path, body: framedRequest, timeout: timeout, handle: handle, sink: .stream(state), maxMessageSize: maxSize))
+        }
+        return RawServerStreamingCall(state: state)
+    }
+
     /// Closes every connection; calls in flight fail with UNAVAILABLE.
     public func close() {
         for s in slots { s.loop.execute { s.close() } }

@@ -21,8 +21,10 @@ public struct ServerConfiguration: Sendable {
     }
 }
 
-/// A gRPC server over HTTP/2 cleartext (prior knowledge), on every loop of a group: each loop
-/// has its own listening socket on the shared port (SO_REUSEPORT), so connections spread over cores.
+/// A gRPC server over HTTP/2 cleartext (prior knowledge), on every loop of a group: the first loop
+/// accepts and hands connections to the loops in turn, so they spread evenly over cores. One
+/// listening socket, not SO_REUSEPORT, so that a second process can never bind the same port by
+/// mistake and silently take half the connections.
 public final class GRPCServer: Sendable {
     public let configuration: ServerConfiguration
     private let group: EventLoopGroup
@@ -46,31 +48,29 @@ public final class GRPCServer: Sendable {
 
     /// Binds and starts accepting.
     public func start() throws {
-        var address = configuration.address
-        var fds: [Int32] = []
-        do {
-            for _ in group.loops {
-                let fd = try Sockets.listen(on: address, reusePort: true)
-                if address.port == 0 { address.port = Sockets.localPort(of: fd) }
-                fds.append(fd)
-            }
-        } catch {
-            fds.forEach { close($0) }
-            throw error
-        }
-        boundPort.store(Int(address.port), ordering: .relaxed)
-        for (loop, fd) in zip(group.loops, fds) {
+        let fd = try Sockets.listen(on: configuration.address, reusePort: false)
+        boundPort.store(Int(Sockets.localPort(of: fd)), ordering: .relaxed)
+        let listener = SharedListener(fd: fd, users: 1)
+        for loop in group.loops {
             let ready = DispatchSemaphore(value: 0)
             let config = configuration
             let methods = registry.methods
             let counter = self.counter
             loop.execute { [self] in
-                let core = ServerCore(loop: loop, listener: fd, configuration: config, methods: methods, counter: counter)
+                let core = ServerCore(loop: loop, listener: listener, configuration: config, methods: methods, counter: counter)
                 cores.withLock { $0.append(LoopBound(core, loop: loop)) }
                 ready.signal()
             }
             ready.wait()
         }
+        // The first loop accepts for all of them.
+        let all = cores.withLock { $0 }
+        let started = DispatchSemaphore(value: 0)
+        all[0].execute { core in
+            core.startAccepting(handingOffTo: all)
+            started.signal()
+        }
+        started.wait()
     }
 
     /// Graceful shutdown: stop accepting, send GOAWAY, let calls in flight finish for up to
@@ -92,6 +92,19 @@ public final class GRPCServer: Sendable {
     }
 }
 
+/// The listening socket the loops share; closed when the last loop lets go of it.
+final class SharedListener: Sendable {
+    let fd: Int32
+    private let users: Atomic<Int>
+    init(fd: Int32, users: Int) {
+        self.fd = fd
+        self.users = Atomic(users)
+    }
+    func release() {
+        if users.subtract(1, ordering: .acquiringAndReleasing).newValue == 0 { close(fd) }
+    }
+}
+
 /// Connections open across all loops, against the limit.
 final class ConnectionCounter: Sendable {
     private let value = Atomic<Int>(0)
@@ -106,20 +119,32 @@ final class ConnectionCounter: Sendable {
 /// The server's state on one loop: its listener and its connections. Loop-confined.
 final class ServerCore: FileDescriptorHandler {
     let loop: EventLoop
-    let listener: Int32
+    let shared: SharedListener
+    var listener: Int32 { shared.fd }
     let configuration: ServerConfiguration
     let methods: [String: ServerMethod]
     private let counter: ConnectionCounter
     private var connections: [ObjectIdentifier: ServerConnection] = [:]
-    private var listening = true
+    private var listening = false
 
-    init(loop: EventLoop, listener: Int32, configuration: ServerConfiguration, methods: [String: ServerMethod], counter: ConnectionCounter) {
+    private static let acceptEvents = UInt32(EPOLLIN.rawValue)
+    /// Set on the accepting loop only: every loop's core, to hand connections to in turn.
+    private var peers: [LoopBound<ServerCore>] = []
+    private var nextPeer = 0
+
+    init(loop: EventLoop, listener: SharedListener, configuration: ServerConfiguration, methods: [String: ServerMethod], counter: ConnectionCounter) {
         self.loop = loop
-        self.listener = listener
+        self.shared = listener
         self.configuration = configuration
         self.methods = methods
         self.counter = counter
-        loop.register(fd: listener, events: UInt32(EPOLLIN.rawValue), handler: self)
+    }
+
+    /// Makes this core the acceptor for `all` cores.
+    func startAccepting(handingOffTo all: [LoopBound<ServerCore>]) {
+        peers = all
+        listening = true
+        loop.register(fd: listener, events: Self.acceptEvents, handler: self)
     }
 
     func handleEvents(_ events: UInt32) {
@@ -132,7 +157,7 @@ final class ServerCore: FileDescriptorHandler {
                 loop.unregister(fd: listener)
                 loop.scheduleTimer(after: 100_000_000) { [weak self] in
                     guard let self, self.listening else { return }
-                    self.loop.register(fd: self.listener, events: UInt32(EPOLLIN.rawValue), handler: self)
+                    self.loop.register(fd: self.listener, events: Self.acceptEvents, handler: self)
                 }
                 return
             }
@@ -142,16 +167,27 @@ final class ServerCore: FileDescriptorHandler {
                 close(fd)
                 continue
             }
-            let c = ServerConnection(fd: fd, loop: loop, core: self)
-            connections[ObjectIdentifier(c)] = c
-            c.start(server: true)
+            let target = peers[nextPeer % peers.count]
+            nextPeer &+= 1
+            if target.loop === loop {
+                adopt(fd)
+            } else {
+                target.execute { $0.adopt(fd) }
+            }
         }
+    }
+
+    /// Serves a connection accepted on (possibly) another loop.
+    func adopt(_ fd: Int32) {
+        let c = ServerConnection(fd: fd, loop: loop, core: self)
+        connections[ObjectIdentifier(c)] = c
+        c.start(server: true)
     }
 
     func loopStopping() {
         if listening {
             listening = false
-            close(listener)
+            shared.release()
         }
     }
 
@@ -167,7 +203,7 @@ final class ServerCore: FileDescriptorHandler {
         if listening {
             listening = false
             loop.unregister(fd: listener)
-            close(listener)
+            shared.release()
         }
         for c in connections.values { c.beginDraining() }
     }

@@ -142,3 +142,17 @@ public struct ServerStreamingCall<Response: ProtoMessage>: AsyncSequence, Sendab
     /// Cancels the call (RST_STREAM); iteration then ends with CANCELLED.
     public func cancel() { state.cancelCall() }
 }
+
+/// The undecoded responses of a server-streaming call (protobuf bytes of each message).
+public struct RawServerStreamingCall: AsyncSequence, Sendable {
+    public typealias Element = [UInt8]
+    let state: ResponseStreamState
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let state: ResponseStreamState
+        public mutating func next() async throws -> [UInt8]? { try await state.next() }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(state: state) }
+    public func cancel() { state.cancelCall() }
+}

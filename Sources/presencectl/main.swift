@@ -1,1 +1,3 @@
-print("x")
+import PresenceCtl
+
+await PresenceCtl.main(Array(CommandLine.arguments.dropFirst()))

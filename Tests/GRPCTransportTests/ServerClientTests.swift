@@ -181,6 +181,24 @@ import Testing
         await h.stop()
     }
 
+    @Test func aSecondServerCannotTakeTheSamePort() async throws {
+        let h = try Harness()
+        let other = GRPCServer(configuration: ServerConfiguration(address: HostPort(host: "127.0.0.1", port: h.server.port)),
+                               services: ServiceRegistry(), group: h.group)
+        #expect(throws: SocketError.self) { try other.start() }
+        #expect(try await h.client.unary(TestMethods.echo, StateItem(key: "still mine")).key == "still mine")
+        await h.stop()
+    }
+
+    @Test func connectionsSpreadOverTheLoops() async throws {
+        let h = try Harness()
+        let clients = (0..<8).map { _ in GRPCClient(target: HostPort(host: "127.0.0.1", port: h.server.port), group: h.group) }
+        for c in clients { _ = try await c.unary(TestMethods.echo, StateItem()) }
+        #expect(h.server.connections == 8)
+        clients.forEach { $0.close() }
+        await h.stop()
+    }
+
     @Test func connectionRefusedIsUnavailable() async throws {
         let group = EventLoopGroup(count: 1)
         let fd = try Sockets.listen(on: HostPort(host: "127.0.0.1", port: 0), reusePort: false)

@@ -1,0 +1,147 @@
+import EventLoop
+import Foundation
+import GRPCTransport
+import PresenceWire
+import Synchronization
+
+/// `presencectl bench ...`: load against a node, printing one `key=value` line of results.
+struct Bench {
+    let ctx: Context
+
+    func run(_ rest: [String]) async throws {
+        try ctx.args.check(allowed: ["server", "token", "clients", "duration", "subscribers", "connections", "rate", "publishers"])
+        guard let what = rest.first else { throw UsageError("bench wants setstate, online-users or fanout") }
+        switch what {
+        case "setstate": try await setState()
+        case "online-users": try await onlineUsers()
+        case "fanout": try await fanout()
+        default: throw UsageError("unknown bench '\(what)'")
+        }
+    }
+
+    func client(connections: Int) -> GRPCClient {
+        var c = ClientConfiguration(target: ctx.server)
+        c.connections = connections
+        return GRPCClient(configuration: c, group: EventLoopGroup(count: 1, name: "bench"))
+    }
+
+    /// Opens `count` sessions (users `prefix`0...), each joined to `channel`; returns ids and streams.
+    func sessions(_ grpc: GRPCClient, count: Int, prefix: String, channel: String, withPresence: Bool) async throws -> [(String, RawServerStreamingCall)] {
+        try await withThrowingTaskGroup(of: (String, RawServerStreamingCall).self) { g in
+            for i in 0..<count {
+                g.addTask {
+                    let req = MessageFraming.framed(OpenSessionRequest(userID: "\(prefix)\(i)", token: ctx.token))
+                    let stream = grpc.serverStreaming(path: PresenceMethods.openSession.path, framedRequest: req)
+                    var it = stream.makeAsyncIterator()
+                    guard let first = try await it.next(), case .opened(let o)? = try SessionEvent(serializedBytes: first).event else {
+                        throw GRPCStatus(.internal, "no opened message")
+                    }
+                    _ = try await grpc.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: channel, channelType: .message, withPresence: withPresence))
+                    return (o.sessionID, stream)
+                }
+            }
+            var out: [(String, RawServerStreamingCall)] = []
+            for try await s in g { out.append(s) }
+            return out
+        }
+    }
+
+    /// Runs `work` from `clients` tasks for `duration` seconds (optionally paced to `rate` calls/s in
+    /// total); returns calls/s and latency percentiles in ms.
+    func drive(clients: Int, duration: Double, rate: Double?, _ work: @escaping @Sendable (Int, Int) async throws -> Void) async throws -> String {
+        let end = MonotonicClock.now() + UInt64(duration * 1e9)
+        let perClientGap = rate.map { UInt64(Double(clients) / $0 * 1e9) }
+        let results = try await withThrowingTaskGroup(of: [UInt64].self) { g in
+            for c in 0..<clients {
+                g.addTask {
+                    var lat: [UInt64] = []
+                    var n = 0
+                    var next = MonotonicClock.now()
+                    while MonotonicClock.now() < end {
+                        if let gap = perClientGap {
+                            let now = MonotonicClock.now()
+                            if next > now { try await Task.sleep(nanoseconds: next - now) }
+                            next += gap
+                        }
+                        let t0 = MonotonicClock.now()
+                        try await work(c, n)
+                        lat.append(MonotonicClock.now() - t0)
+                        n += 1
+                    }
+                    return lat
+                }
+            }
+            var all: [UInt64] = []
+            for try await l in g { all += l }
+            return all
+        }
+        let sorted = results.sorted()
+        func pct(_ p: Double) -> Double { sorted.isEmpty ? 0 : Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]) / 1e6 }
+        return String(format: "rate=%.0f p50_ms=%.3f p99_ms=%.3f calls=%d", Double(sorted.count) / duration, pct(0.5), pct(0.99), sorted.count)
+    }
+
+    func setState() async throws {
+        let clients = try ctx.args.int("clients", default: 50)
+        let duration = try ctx.args.double("duration", default: 5)
+        let rate = ctx.args.value("rate").flatMap(Double.init)
+        let grpc = client(connections: try ctx.args.int("connections", default: 4))
+        let s = try await sessions(grpc, count: clients, prefix: "bench-u", channel: "bench-setstate", withPresence: false)
+        let ids = s.map(\.0)
+        let result = try await drive(clients: clients, duration: duration, rate: rate) { c, n in
+            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: ids[c], channelName: "bench-setstate", channelType: .message,
+                                                                              items: [StateItem(key: "mic", value: n % 2 == 0 ? "on" : "off")]))
+        }
+        Output.line("bench=setstate clients=\(clients) \(result)")
+        for (_, st) in s { st.cancel() }
+    }
+
+    func onlineUsers() async throws {
+        let clients = try ctx.args.int("clients", default: 50)
+        let duration = try ctx.args.double("duration", default: 5)
+        let grpc = client(connections: try ctx.args.int("connections", default: 4))
+        let members = try await sessions(grpc, count: 100, prefix: "bench-m", channel: "bench-online", withPresence: false)
+        for (i, (id, _)) in members.enumerated() {
+            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: id, channelName: "bench-online", channelType: .message, items: [StateItem(key: "score", value: String(i))]))
+        }
+        let result = try await drive(clients: clients, duration: duration, rate: nil) { _, _ in
+            let r = try await grpc.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "bench-online", channelType: .message, includeState: true))
+            guard r.users.count == 100 else { throw GRPCStatus(.internal, "page of \(r.users.count)") }
+        }
+        Output.line("bench=online-users page=100 include_state=true clients=\(clients) \(result)")
+        for (_, st) in members { st.cancel() }
+    }
+
+    func fanout() async throws {
+        let subscribers = try ctx.args.int("subscribers", default: 1000)
+        let publishers = try ctx.args.int("publishers", default: 4)
+        let duration = try ctx.args.double("duration", default: 5)
+        let grpc = client(connections: try ctx.args.int("connections", default: 8))
+        let subs = try await sessions(grpc, count: subscribers, prefix: "fan-s", channel: "bench-fanout", withPresence: true)
+        let pubs = try await sessions(grpc, count: publishers, prefix: "fan-p", channel: "bench-fanout", withPresence: false)
+        final class Counter: Sendable { let n = Atomic<Int>(0); let counting = Atomic<Bool>(false) }
+        let counter = Counter()
+        let readers = subs.map { (_, stream) in
+            Task {
+                do {
+                    for try await _ in stream where counter.counting.load(ordering: .relaxed) {
+                        counter.n.add(1, ordering: .relaxed)
+                    }
+                } catch {}
+            }
+        }
+        try await Task.sleep(nanoseconds: 500_000_000)  // let the snapshots drain
+        counter.counting.store(true, ordering: .relaxed)
+        let t0 = MonotonicClock.now()
+        let ids = pubs.map(\.0)
+        let result = try await drive(clients: publishers, duration: duration, rate: nil) { c, n in
+            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: ids[c], channelName: "bench-fanout", channelType: .message,
+                                                                              items: [StateItem(key: "n", value: String(n))]))
+        }
+        let elapsed = Double(MonotonicClock.now() - t0) / 1e9
+        counter.counting.store(false, ordering: .relaxed)
+        let delivered = counter.n.load(ordering: .relaxed)
+        Output.line(String(format: "bench=fanout subscribers=%d publishers=%d deliveries_per_s=%.0f state_changes: %@", subscribers, publishers, Double(delivered) / elapsed, result))
+        readers.forEach { $0.cancel() }
+        for (_, st) in subs + pubs { st.cancel() }
+    }
+}
