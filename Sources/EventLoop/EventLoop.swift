@@ -53,6 +53,8 @@ public final class EventLoop: @unchecked Sendable {
     private var timers = TimerHeap()
     private var armedDeadline: UInt64 = .max
     private var flushQueue: [FlushHandler] = []
+    /// Tasks the loop gave itself (no lock, no wake-up needed): run after the current batch.
+    private var localTasks: [@Sendable () -> Void] = []
     private var thread: pthread_t? = nil
     private let finished = Mutex<Bool>(false)
 
@@ -90,6 +92,10 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Runs `task` on the loop thread, soon. Safe from any thread. Dropped once the loop has stopped.
     public func execute(_ task: @escaping @Sendable () -> Void) {
+        if inEventLoop {
+            localTasks.append(task)
+            return
+        }
         let wake = inbox.withLock { inbox -> Bool in
             if inbox.closed { return false }
             inbox.tasks.append(task)
@@ -228,6 +234,7 @@ public final class EventLoop: @unchecked Sendable {
                     handlers[Int32(truncatingIfNeeded: token)]?.handleEvents(mask)
                 }
             }
+            runLocalTasks()
             runFlushes()
             if stop { break }
         }
@@ -267,12 +274,21 @@ public final class EventLoop: @unchecked Sendable {
         arm(timers.nextDeadline ?? .max)
     }
 
+    private func runLocalTasks() {
+        while !localTasks.isEmpty {
+            let batch = localTasks
+            localTasks.removeAll(keepingCapacity: true)
+            for t in batch { t() }
+        }
+    }
+
     private func runFlushes() {
-        // A flush may schedule more flushes (rarely): run until quiet.
-        while !flushQueue.isEmpty {
+        // A flush may schedule more work (rarely): run until quiet.
+        while !flushQueue.isEmpty || !localTasks.isEmpty {
             let batch = flushQueue
             flushQueue.removeAll(keepingCapacity: true)
             for h in batch { h.flush() }
+            runLocalTasks()
         }
     }
 }

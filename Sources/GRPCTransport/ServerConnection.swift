@@ -254,7 +254,8 @@ final class ServerConnection: HTTP2Connection {
                 finish(s, Self.status(for: error))
             }
         case .unary(let handler):
-            s.task = Task {
+            // Starts on this thread and runs until it first waits: one less thread switch.
+            s.task = Task.immediate {
                 let result: Result<[UInt8], Error>
                 do { result = .success(try await handler(request, context)) } catch { result = .failure(error) }
                 me.execute { $0.unaryCompleted(streamID: id, result) }
@@ -265,7 +266,7 @@ final class ServerConnection: HTTP2Connection {
                 me.execute { $0.drainWriter(streamID: id) }
             }
             s.writer = writer
-            s.task = Task {
+            s.task = Task.immediate {
                 let status: GRPCStatus
                 do {
                     try await handler(request, context, writer)

@@ -1,15 +1,21 @@
 import PresenceCore
 import PresenceWire
+import Synchronization
 
 /// Owns a share of the sessions connected to this node (the gateway role): their liveness and
 /// resume window, the channels they are in, state set before joining, and their outboxes.
-actor GatewayShard {
-    private var table: SessionTable
-    private var outboxes: [SessionID: SessionOutbox] = [:]
+/// Every operation is a short lookup or update, so a mutex serves better than an actor here: calls
+/// that touch a session do not pay a hop to another thread just to read it.
+final class GatewayShard: Sendable {
+    private struct State {
+        var table: SessionTable
+        var outboxes: [SessionID: SessionOutbox] = [:]
+    }
+    private let state: Mutex<State>
     private let clock: EngineClock
 
     init(resumeWindow: UInt64, clock: EngineClock) {
-        table = SessionTable(resumeWindow: resumeWindow)
+        state = Mutex(State(table: SessionTable(resumeWindow: resumeWindow)))
         self.clock = clock
     }
 
@@ -22,69 +28,97 @@ actor GatewayShard {
 
     /// Resumes `id` for `user` if it can be; nil otherwise.
     func resume(_ id: SessionID, user: String) -> Opened? {
-        guard case .resumed(let id, let generation) = table.open(user: user, resume: id, newID: id, now: clock.monotonicNanoseconds()),
-              let outbox = outboxes[id] else { return nil }
-        return Opened(id: id, generation: generation, resumed: true, outbox: outbox)
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { st -> Opened? in
+            guard case .resumed(let id, let generation) = st.table.open(user: user, resume: id, newID: id, now: now),
+                  let outbox = st.outboxes[id] else { return nil }
+            return Opened(id: id, generation: generation, resumed: true, outbox: outbox)
+        }
     }
 
     func create(_ id: SessionID, user: String) -> Opened {
-        _ = table.open(user: user, resume: nil, newID: id, now: clock.monotonicNanoseconds())
+        let now = clock.monotonicNanoseconds()
         let outbox = SessionOutbox(sessionID: id, userID: user)
-        outboxes[id] = outbox
+        state.withLock { st in
+            _ = st.table.open(user: user, resume: nil, newID: id, now: now)
+            st.outboxes[id] = outbox
+        }
         return Opened(id: id, generation: 1, resumed: false, outbox: outbox)
     }
 
     /// The stream broke: returns the monotonic deadline of the session's resume window.
     func disconnect(_ id: SessionID, generation: UInt64) -> UInt64? {
-        let deadline = table.disconnect(id, generation: generation, now: clock.monotonicNanoseconds())
-        if deadline != nil { outboxes[id]?.detach(generation: generation) }
-        return deadline
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { st -> UInt64? in
+            let deadline = st.table.disconnect(id, generation: generation, now: now)
+            if deadline != nil { st.outboxes[id]?.detach(generation: generation) }
+            return deadline
+        }
     }
 
     func expireIfDue(_ id: SessionID) -> SessionTable.Session? {
-        guard let s = table.expireIfDue(id, now: clock.monotonicNanoseconds()) else { return nil }
-        outboxes[id] = nil
-        return s
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { st -> SessionTable.Session? in
+            guard let s = st.table.expireIfDue(id, now: now) else { return nil }
+            st.outboxes[id] = nil
+            return s
+        }
     }
 
     func close(_ id: SessionID) -> (SessionTable.Session, SessionOutbox)? {
-        guard let s = table.close(id), let o = outboxes.removeValue(forKey: id) else { return nil }
+        state.withLock { st -> (SessionTable.Session, SessionOutbox)? in
+            guard let s = st.table.close(id), let o = st.outboxes.removeValue(forKey: id) else { return nil }
+            return (s, o)
+        }
+    }
+
+    private static func lookup(_ st: inout State, _ id: SessionID, now: UInt64) throws(PresenceError) -> (SessionTable.Session, SessionOutbox) {
+        let s = try st.table.session(id, now: now)
+        guard let o = st.outboxes[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
         return (s, o)
     }
 
     func session(_ id: SessionID) throws(PresenceError) -> (SessionTable.Session, SessionOutbox) {
-        let s = try table.session(id, now: clock.monotonicNanoseconds())
-        guard let o = outboxes[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
-        return (s, o)
+        let now = clock.monotonicNanoseconds()
+        return try state.withLock { (st: inout State) throws(PresenceError) in try Self.lookup(&st, id, now: now) }
     }
 
     func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (user: String, outbox: SessionOutbox, pending: [StateItem], already: Bool) {
-        let (s, o) = try session(id)
-        let (pending, already) = try table.joined(id, channel: channel, withPresence: withPresence)
-        return (s.userID, o, pending, already)
+        let now = clock.monotonicNanoseconds()
+        return try state.withLock { (st: inout State) throws(PresenceError) in
+            let (s, o) = try Self.lookup(&st, id, now: now)
+            let (pending, already) = try st.table.joined(id, channel: channel, withPresence: withPresence)
+            return (s.userID, o, pending, already)
+        }
     }
 
     func left(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (user: String, wasIn: Bool) {
-        let (s, _) = try session(id)
-        return (s.userID, table.left(id, channel: channel))
+        let now = clock.monotonicNanoseconds()
+        return try state.withLock { (st: inout State) throws(PresenceError) in
+            let (s, _) = try Self.lookup(&st, id, now: now)
+            return (s.userID, st.table.left(id, channel: channel))
+        }
     }
 
     func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {
-        try table.setPendingState(id, channel: channel, items: items)
+        try state.withLock { (st: inout State) throws(PresenceError) in try st.table.setPendingState(id, channel: channel, items: items) }
     }
 
     func removePendingState(_ id: SessionID, channel: ChannelKey, keys: [String]) {
-        table.removePendingState(id, channel: channel, keys: keys)
+        state.withLock { $0.table.removePendingState(id, channel: channel, keys: keys) }
     }
 
     func watch(_ id: SessionID, add: [String], remove: [String]) throws(PresenceError) -> (user: String, outbox: SessionOutbox, added: [String]) {
-        let (s, o) = try session(id)
-        let added = try table.watch(id, add: add, remove: remove)
-        return (s.userID, o, added)
+        let now = clock.monotonicNanoseconds()
+        return try state.withLock { (st: inout State) throws(PresenceError) in
+            let (s, o) = try Self.lookup(&st, id, now: now)
+            let added = try st.table.watch(id, add: add, remove: remove)
+            return (s.userID, o, added)
+        }
     }
 
     /// Every live session's outbox (for shutdown).
-    func allOutboxes() -> [SessionOutbox] { Array(outboxes.values) }
+    func allOutboxes() -> [SessionOutbox] { state.withLock { Array($0.outboxes.values) } }
 
-    var count: Int { table.count }
+    var count: Int { state.withLock { $0.table.count } }
 }

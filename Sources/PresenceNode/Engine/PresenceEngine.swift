@@ -60,19 +60,19 @@ public final class PresenceEngine: Sendable {
         case .unknown, .online, .away, .busy, .offline: break
         case .unrecognized(let v): throw PresenceError(.invalidArgument, "INVALID_STATUS", "initial_status \(v) is not a UserStatus")
         }
-        if !resume.isEmpty, let id = SessionID(text: resume), let o = await gateway(id).resume(id, user: user) {
+        if !resume.isEmpty, let id = SessionID(text: resume), let o = gateway(id).resume(id, user: user) {
             if initialStatus != .unknown { await home(user).setStatus(user, initialStatus) }
             return OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
         }
         let id = SessionID.random()
-        let o = await gateway(id).create(id, user: user)
+        let o = gateway(id).create(id, user: user)
         await home(user).sessionOpened(user, session: id, initial: initialStatus)
         return OpenedSession(id: o.id, generation: o.generation, resumed: false, outbox: o.outbox)
     }
 
     /// After a resume that lost events: a fresh SNAPSHOT of every channel the session follows.
     public func resnapshot(_ id: SessionID) async {
-        guard let (s, _) = try? await gateway(id).session(id) else { return }
+        guard let (s, _) = try? gateway(id).session(id) else { return }
         for (key, withPresence) in s.channels where withPresence {
             await owner(key).resnapshot(key, session: id)
         }
@@ -80,7 +80,7 @@ public final class PresenceEngine: Sendable {
 
     /// The session's stream of `generation` broke: start its resume window; time it out after.
     public func streamBroke(_ id: SessionID, generation: UInt64) async {
-        guard let deadline = await gateway(id).disconnect(id, generation: generation) else { return }
+        guard let deadline = gateway(id).disconnect(id, generation: generation) else { return }
         let now = clock.monotonicNanoseconds()
         let wait = deadline > now ? deadline - now : 0
         Task { [self] in
@@ -91,14 +91,14 @@ public final class PresenceEngine: Sendable {
 
     /// Times the session out if its window has passed (and it was not resumed meanwhile).
     func expire(_ id: SessionID) async {
-        guard let s = await gateway(id).expireIfDue(id) else { return }
+        guard let s = gateway(id).expireIfDue(id) else { return }
         await endSession(s, timedOut: true)
     }
 
     /// CloseSession: REMOTE_LEAVE where the user has no other session; the stream ends.
     public func closeSession(_ sessionID: String) async throws(PresenceError) {
         let id = try Validate.sessionID(sessionID)
-        guard let (s, outbox) = await gateway(id).close(id) else {
+        guard let (s, outbox) = gateway(id).close(id) else {
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(sessionID)")
         }
         await endSession(s, timedOut: false)
@@ -124,7 +124,7 @@ public final class PresenceEngine: Sendable {
     /// Ends every session's stream (node shutdown); the sessions stay, to resume elsewhere.
     public func endAllStreams() async {
         for g in gateways {
-            for o in await g.allOutboxes() { o.end(.shutdown) }
+            for o in g.allOutboxes() { o.end(.shutdown) }
         }
     }
 
@@ -133,7 +133,7 @@ public final class PresenceEngine: Sendable {
     public func join(_ sessionID: String, channel: String, type: ChannelType, withPresence: Bool) async throws(PresenceError) {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
-        let j = try await gateway(id).joined(id, channel: key, withPresence: withPresence)
+        let j = try gateway(id).joined(id, channel: key, withPresence: withPresence)
         await owner(key).join(key, user: j.user, session: id, withPresence: withPresence, outbox: j.outbox, pending: j.pending)
         if !j.already { await home(j.user).addChannel(j.user, key) }
     }
@@ -141,7 +141,7 @@ public final class PresenceEngine: Sendable {
     public func leave(_ sessionID: String, channel: String, type: ChannelType) async throws(PresenceError) {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
-        let (user, wasIn) = try await gateway(id).left(id, channel: key)
+        let (user, wasIn) = try gateway(id).left(id, channel: key)
         guard wasIn else { return }
         if await owner(key).leave(key, user: user, session: id, timedOut: false) {
             await home(user).removeChannel(user, key)
@@ -152,11 +152,11 @@ public final class PresenceEngine: Sendable {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
         let items = try Validate.stateItems(items)
-        let (s, _) = try await gateway(id).session(id)
+        let (s, _) = try gateway(id).session(id)
         if s.channels[key] != nil {
             try await owner(key).setState(key, user: s.userID, session: id, items: items)
         } else {
-            try await gateway(id).setPendingState(id, channel: key, items: items)
+            try gateway(id).setPendingState(id, channel: key, items: items)
         }
     }
 
@@ -164,11 +164,11 @@ public final class PresenceEngine: Sendable {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
         for k in keys { try Validate.stateKey(k) }
-        let (s, _) = try await gateway(id).session(id)
+        let (s, _) = try gateway(id).session(id)
         if s.channels[key] != nil {
             await owner(key).removeState(key, user: s.userID, session: id, keys: keys)
         } else {
-            await gateway(id).removePendingState(id, channel: key, keys: keys)
+            gateway(id).removePendingState(id, channel: key, keys: keys)
         }
     }
 
@@ -210,7 +210,7 @@ public final class PresenceEngine: Sendable {
         case .unknown, .unrecognized:
             throw PresenceError(.invalidArgument, "INVALID_STATUS", "status must be ONLINE, AWAY, BUSY or OFFLINE")
         }
-        let (s, _) = try await gateway(id).session(id)
+        let (s, _) = try gateway(id).session(id)
         await home(s.userID).setStatus(s.userID, status)
     }
 
@@ -227,7 +227,7 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         let add = try Validate.userList(add, field: "user_ids")
         let remove = try Validate.userList(remove, field: "unwatch_user_ids")
-        let (_, outbox, added) = try await gateway(id).watch(id, add: add, remove: remove)
+        let (_, outbox, added) = try gateway(id).watch(id, add: add, remove: remove)
         await unwatch(remove.filter { !added.contains($0) }, by: id)
         var statuses: [String: UserStatus] = [:]
         var byHome: [Int: [String]] = [:]
@@ -238,14 +238,14 @@ public final class PresenceEngine: Sendable {
 
     /// The user a session belongs to (for permission checks).
     public func owner(ofSession sessionID: String) async -> String? {
-        guard let id = SessionID(text: sessionID), let (s, _) = try? await gateway(id).session(id) else { return nil }
+        guard let id = SessionID(text: sessionID), let (s, _) = try? gateway(id).session(id) else { return nil }
         return s.userID
     }
 
     /// Sessions on this node (for metrics and tests).
     public func sessionCount() async -> Int {
         var n = 0
-        for g in gateways { n += await g.count }
+        for g in gateways { n += g.count }
         return n
     }
 }
