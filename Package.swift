@@ -37,6 +37,7 @@ let package = Package(
         .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
         .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),
         .executableTarget(name: "presencectl", dependencies: ["PresenceCtl"]),
+        .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire"]),
 
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),

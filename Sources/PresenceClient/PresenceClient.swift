@@ -310,9 +310,9 @@ final class Driver: Sendable {
                         return x.firstOpen
                     }
                     if let first {
-                        first.resume(throwing: error)
                         s.withLock { $0.task = nil }
-                        set(.disconnected)
+                        set(.disconnected)  // before the caller hears of it
+                        first.resume(throwing: error)
                         return
                     }
                 }

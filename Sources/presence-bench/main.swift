@@ -1,0 +1,52 @@
+// presence-bench: in-process measurements of the presence engine (no network).
+//   presence-bench memory [--users N] [--channels-per-user K] [--channels C]
+// prints resident bytes per (user, channel) membership.
+import Foundation
+import PresenceCore
+import PresenceNode
+import PresenceWire
+
+func rssBytes() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }
+    for line in text.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        return (Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0) * 1024
+    }
+    return 0
+}
+
+func option(_ name: String, _ d: Int) -> Int {
+    let args = CommandLine.arguments
+    if let i = args.firstIndex(of: "--\(name)"), i + 1 < args.count, let v = Int(args[i + 1]) { return v }
+    return d
+}
+
+let args = CommandLine.arguments
+guard args.count >= 2, args[1] == "memory" else {
+    print("usage: presence-bench memory [--users N] [--channels-per-user K] [--channels C]")
+    exit(2)
+}
+let users = option("users", 100_000)
+let perUser = option("channels-per-user", 10)
+let channels = option("channels", 10_000)
+let engine = PresenceEngine(settings: EngineSettings(nodeID: "bench", presenceTimeout: 10, maxInstantEvents: 50, presenceInterval: 1))
+// Warm up allocator pools and shard actors before the baseline.
+let warm = try await engine.openSession(user: "warm", resume: "", initialStatus: .unknown)
+try await engine.join(warm.id.description, channel: "warm", type: .message, withPresence: false)
+let before = rssBytes()
+let start = Date()
+var sessions: [PresenceEngine.OpenedSession] = []
+sessions.reserveCapacity(users)
+for u in 0..<users {
+    let s = try await engine.openSession(user: "user\(u)", resume: "", initialStatus: .unknown)
+    sessions.append(s)
+    for c in 0..<perUser {
+        try await engine.join(s.id.description, channel: "channel\((u * perUser + c) % channels)", type: .message, withPresence: false)
+    }
+}
+let after = rssBytes()
+let memberships = users * perUser
+let check = try await engine.getOnlineUsers(GetOnlineUsersRequest(channelName: "channel0", channelType: .message, includeUserID: false))
+print(String(format: "bench=memory users=%d channels=%d memberships=%d rss_before_mib=%.1f rss_after_mib=%.1f bytes_per_membership=%.0f build_s=%.1f occupancy_channel0=%d",
+             users, channels, memberships, Double(before) / 1048576, Double(after) / 1048576,
+             Double(after - before) / Double(memberships), Date().timeIntervalSince(start), check.totalOccupancy))
+withExtendedLifetime(sessions) {}
