@@ -23,7 +23,7 @@ public struct ChannelMachine<Sink> {
     public var maxInstantEvents: Int
 
     struct Member {
-        var sessions: [SessionID]
+        var sessions: SessionList
         var state: StateItems
     }
 
@@ -72,7 +72,7 @@ public struct ChannelMachine<Sink> {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            members[user] = Member(sessions: [session], state: state)
+            members[user] = Member(sessions: SessionList(session), state: state)
             let at = insertionIndex(for: user)
             order.insert(user, at: at)
             updateMode(now: now, into: &out)
@@ -92,9 +92,9 @@ public struct ChannelMachine<Sink> {
     /// A session leaves (`timedOut`: its resume window passed). The user's last session makes
     /// REMOTE_LEAVE (or REMOTE_TIMEOUT) and deletes the user's state here.
     public mutating func leave(user: String, session: SessionID, timedOut: Bool = false, now: Int64) -> [Delivery] {
-        guard var m = members[user], let i = m.sessions.firstIndex(of: session) else { return [] }
+        guard var m = members[user], m.sessions.contains(session) else { return [] }
         subscribers[session] = nil
-        m.sessions.remove(at: i)
+        m.sessions.remove(session)
         if !m.sessions.isEmpty {
             members[user] = m
             return []
@@ -169,7 +169,7 @@ public struct ChannelMachine<Sink> {
     }
 
     /// Sessions of a user here.
-    public func sessions(of user: String) -> [SessionID] { members[user]?.sessions ?? [] }
+    public func sessions(of user: String) -> [SessionID] { members[user]?.sessions.all ?? [] }
 
     // MARK: Rules
 
@@ -252,6 +252,32 @@ struct IntervalBatch {
             stateChanged.insert(user)
         default:
             break
+        }
+    }
+}
+
+/// The sessions of one user in one channel: almost always one, so that case needs no allocation.
+struct SessionList: Equatable {
+    private var first: SessionID?
+    private var more: [SessionID] = []
+
+    init() {}
+    init(_ s: SessionID) { first = s }
+
+    var isEmpty: Bool { first == nil }
+    var all: [SessionID] { (first.map { [$0] } ?? []) + more }
+
+    func contains(_ s: SessionID) -> Bool { first == s || more.contains(s) }
+
+    mutating func append(_ s: SessionID) {
+        if first == nil { first = s } else { more.append(s) }
+    }
+
+    mutating func remove(_ s: SessionID) {
+        if first == s {
+            first = more.isEmpty ? nil : more.removeFirst()
+        } else if let i = more.firstIndex(of: s) {
+            more.remove(at: i)
         }
     }
 }

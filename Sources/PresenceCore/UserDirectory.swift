@@ -6,7 +6,7 @@ public struct UserDirectory<Sink> {
     struct User {
         var channels: Set<ChannelKey> = []
         var chosen: UserStatus = .online
-        var sessions: Set<SessionID> = []
+        var sessions = SessionList()
         var watchers: [SessionID: Sink] = [:]
         var everOpened = false
     }
@@ -44,7 +44,7 @@ public struct UserDirectory<Sink> {
         change(userID) { u in
             if u.sessions.isEmpty { u.chosen = .online }
             u.everOpened = true
-            u.sessions.insert(session)
+            if !u.sessions.contains(session) { u.sessions.append(session) }
             if initial != .unknown { u.chosen = initial }
         }
     }
