@@ -1,4 +1,3 @@
-import Dispatch
 import EventLoop
 import Foundation
 import GRPCTransport
@@ -34,6 +33,7 @@ public enum PresenceCtl {
     """
 
     public static func main(_ args: [String]) async {
+        SignalWaiter.blockTermination()
         do {
             try await run(args)
             exit(0)
@@ -184,13 +184,7 @@ struct Context: Sendable {
         if !json && !quiet { Output.line("# joined \(channel) as \(user)") }
         // Until SIGINT/SIGTERM, or 'leave' on stdin.
         let done = AsyncStream<String>.makeStream()
-        let signals = [SIGINT, SIGTERM].map { sig -> DispatchSourceSignal in
-            signal(sig, SIG_IGN)
-            let src = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            src.setEventHandler { @Sendable in done.continuation.yield("signal") }
-            src.resume()
-            return src
-        }
+        SignalWaiter.start { _ in done.continuation.yield("signal") }
         let lines = StdinLines.start()
         let commands = Task {
             for await line in lines {
@@ -205,7 +199,6 @@ struct Context: Sendable {
         commands.cancel()
         await client.close()
         printer.cancel()
-        withExtendedLifetime(signals) {}
     }
 
     /// One stdin command; true when it asks to leave.

@@ -1,10 +1,12 @@
-import Dispatch
+import EventLoop
 import Foundation
+import Synchronization
 
 /// The `presenced` program: parse flags, start the node, stop gracefully on SIGTERM or SIGINT.
 public enum NodeMain {
     public static func run() -> Never {
         signal(SIGPIPE, SIG_IGN)
+        SignalWaiter.blockTermination()  // before any thread exists
         let parsed: NodeConfiguration.ParseResult
         do {
             parsed = try NodeConfiguration.parse(arguments: Array(CommandLine.arguments.dropFirst()),
@@ -26,18 +28,17 @@ public enum NodeMain {
             FileHandle.standardError.write(Data("presenced: cannot start: \(error)\n".utf8))
             exit(1)
         }
-        let sources = [SIGTERM, SIGINT].map { sig -> DispatchSourceSignal in
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { @Sendable in
-                Task.detached {
-                    await node.shutdown()
-                    exit(0)
-                }
+        let stopping = Atomic<Bool>(false)
+        SignalWaiter.start { sig in
+            guard !stopping.exchange(true, ordering: .relaxed) else {
+                // a second signal while shutting down: stop now
+                exit(sig == SIGINT ? 130 : 143)
             }
-            source.resume()
-            return source
+            Task.detached {
+                await node.shutdown()
+                exit(0)
+            }
         }
-        withExtendedLifetime(sources) { dispatchMain() }
+        while true { sleep(3600) }
     }
 }

@@ -64,6 +64,7 @@ class Node:
             return f.read()
 
     def stop(self, sig=15, timeout=10):
+        """Signals the node, waits; kills it (and fails the caller's check) if it does not exit in time."""
         self.channel.close()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -139,3 +139,20 @@ def test_help_lists_every_flag():
                  "--presence-interval", "--replication-factor", "--auth-secret-file", "--cluster-secret-file",
                  "--log-level", "--log-format", "PRESENCED_LISTEN"]:
         assert flag in r.stdout
+
+
+def test_sigterm_exits_after_sessions_came_and_went():
+    import presence_pb2 as pp
+    import presence_pb2_grpc as ppg
+    n = Node()
+    stub = ppg.PresenceStub(n.channel)
+    streams = []
+    for i in range(20):
+        s = stub.OpenSession(pp.OpenSessionRequest(user_id=f"u{i}"))
+        sid = next(s).opened.session_id
+        stub.Join(pp.JoinRequest(session_id=sid, channel_name="c", channel_type=pp.CHANNEL_TYPE_MESSAGE), timeout=5)
+        streams.append(s)
+    for s in streams[:10]:
+        s.cancel()
+    assert n.stop(sig=15, timeout=15) == 0
+    assert "stopped" in n.output()
