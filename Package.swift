@@ -36,7 +36,7 @@ let package = Package(
         .executableTarget(name: "presenced", dependencies: ["PresenceNode"]),
         .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
         .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),
-        .executableTarget(name: "presencectl", dependencies: ["PresenceCtl"]),
+        .executableTarget(name: "presencectl", dependencies: ["PresenceCtl", "EventLoop"]),
         .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire"]),
 
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire"]),

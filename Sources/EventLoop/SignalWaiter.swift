@@ -14,8 +14,12 @@ public enum SignalWaiter {
         return set
     }
 
-    /// Blocks SIGTERM and SIGINT in the calling thread (and in threads it creates later).
+    /// Blocks SIGTERM and SIGINT in the calling thread (and in threads it creates later). Call it
+    /// from the main thread before anything else. Also undoes an inherited SIG_IGN (a shell starts
+    /// background jobs with SIGINT ignored), since an ignored signal never reaches `sigwait`.
     public static func blockTermination() {
+        signal(SIGINT, SIG_DFL)
+        signal(SIGTERM, SIG_DFL)
         var set = terminationSet()
         pthread_sigmask(SIG_BLOCK, &set, nil)
     }

@@ -32,8 +32,8 @@ public enum PresenceCtl {
       help                 this text
     """
 
+    /// Run from `main` with SIGTERM/SIGINT already blocked (`SignalWaiter.blockTermination()`).
     public static func main(_ args: [String]) async {
-        SignalWaiter.blockTermination()
         do {
             try await run(args)
             exit(0)
