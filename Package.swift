@@ -37,7 +37,7 @@ let package = Package(
         .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
         .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),
         .executableTarget(name: "presencectl", dependencies: ["PresenceCtl", "EventLoop"]),
-        .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire"]),
+        .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire", "EventLoop"]),
 
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),

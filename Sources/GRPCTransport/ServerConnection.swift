@@ -254,8 +254,9 @@ final class ServerConnection: HTTP2Connection {
                 finish(s, Self.status(for: error))
             }
         case .unary(let handler):
-            // Starts on this thread and runs until it first waits: one less thread switch.
-            s.task = Task.immediate {
+            // Starts on this thread and runs until it first waits, and prefers this loop after
+            // that: calls to actors pinned to this loop never change threads.
+            s.task = Task.immediate(executorPreference: loop) {
                 let result: Result<[UInt8], Error>
                 do { result = .success(try await handler(request, context)) } catch { result = .failure(error) }
                 me.execute { $0.unaryCompleted(streamID: id, result) }
@@ -266,7 +267,7 @@ final class ServerConnection: HTTP2Connection {
                 me.execute { $0.drainWriter(streamID: id) }
             }
             s.writer = writer
-            s.task = Task.immediate {
+            s.task = Task.immediate(executorPreference: loop) {
                 let status: GRPCStatus
                 do {
                     try await handler(request, context, writer)

@@ -17,11 +17,12 @@ public final class Node: Sendable {
     public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
         self.configuration = configuration
         self.logger = logger ?? Logger(level: configuration.logLevel, format: configuration.logFormat)
-        engine = PresenceEngine(settings: EngineSettings(
-            nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
-            maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval))
         let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
         self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
+        engine = PresenceEngine(settings: EngineSettings(
+            nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
+            maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval),
+            loops: group.loops)
         var registry = ServiceRegistry()
         health.register(in: &registry)
         PresenceService(engine: engine, verifier: verifier).register(in: &registry)

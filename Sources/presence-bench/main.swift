@@ -1,6 +1,7 @@
 // presence-bench: in-process measurements of the presence engine (no network).
 //   presence-bench memory [--users N] [--channels-per-user K] [--channels C]
 // prints resident bytes per (user, channel) membership.
+import EventLoop
 import Foundation
 import PresenceCore
 import PresenceNode
@@ -28,7 +29,8 @@ guard args.count >= 2, args[1] == "memory" else {
 let users = option("users", 100_000)
 let perUser = option("channels-per-user", 10)
 let channels = option("channels", 10_000)
-let engine = PresenceEngine(settings: EngineSettings(nodeID: "bench", presenceTimeout: 10, maxInstantEvents: 50, presenceInterval: 1))
+let group = EventLoopGroup(name: "bench")
+let engine = PresenceEngine(settings: EngineSettings(nodeID: "bench", presenceTimeout: 10, maxInstantEvents: 50, presenceInterval: 1), loops: group.loops)
 // Warm up allocator pools and shard actors before the baseline.
 let warm = try await engine.openSession(user: "warm", resume: "", initialStatus: .unknown)
 try await engine.join(warm.id.description, channel: "warm", type: .message, withPresence: false)

@@ -1,9 +1,13 @@
+import EventLoop
 import PresenceCore
 import PresenceWire
 
 /// Owns a share of the channels outright (no locks): each channel's `ChannelMachine`, and delivery
-/// of the events it computes. One hop to this actor per call on its channels.
+/// of the events it computes. One hop to this actor per call on its channels. The actor runs on an
+/// event loop: a call arriving on that loop's connections reaches it without changing threads.
 actor ChannelShard {
+    nonisolated let loop: EventLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     private var channels: [ChannelKey: ChannelMachine<SessionOutbox>] = [:]
     private let maxInstantEvents: Int
     private let intervalNanoseconds: UInt64
@@ -11,7 +15,8 @@ actor ChannelShard {
     private var intervalChannels = Set<ChannelKey>()
     private var ticker: Task<Void, Never>? = nil
 
-    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, clock: EngineClock) {
+    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, clock: EngineClock, loop: EventLoop) {
+        self.loop = loop
         self.maxInstantEvents = maxInstantEvents
         self.intervalNanoseconds = intervalNanoseconds
         self.clock = clock

@@ -1,3 +1,4 @@
+import EventLoop
 import PresenceCore
 import PresenceWire
 
@@ -28,15 +29,18 @@ public final class PresenceEngine: Sendable {
     private let channelShards: [ChannelShard]
     private let userHomes: [UserHomeShard]
 
-    public init(settings: EngineSettings, clock: EngineClock = SystemClock()) {
+    /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count).
+    public init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock = SystemClock()) {
+        precondition(!loops.isEmpty, "the engine needs at least one event loop")
         self.settings = settings
         self.clock = clock
         let n = max(1, settings.shards)
         gateways = (0..<n).map { _ in GatewayShard(resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock) }
-        channelShards = (0..<n).map { _ in
-            ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds, clock: clock)
+        channelShards = (0..<n).map { i in
+            ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds,
+                         clock: clock, loop: loops[i % loops.count])
         }
-        userHomes = (0..<n).map { _ in UserHomeShard(clock: clock) }
+        userHomes = (0..<n).map { i in UserHomeShard(clock: clock, loop: loops[i % loops.count]) }
     }
 
     private func gateway(_ id: SessionID) -> GatewayShard { gateways[Int(id.raw % UInt64(gateways.count))] }

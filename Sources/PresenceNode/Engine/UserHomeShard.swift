@@ -1,12 +1,16 @@
+import EventLoop
 import PresenceCore
 import PresenceWire
 
-/// Owns a share of the users: the channels each is in, its status, its watchers.
+/// Owns a share of the users: the channels each is in, its status, its watchers. Runs on an event loop.
 actor UserHomeShard {
+    nonisolated let loop: EventLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     private var directory = UserDirectory<SessionOutbox>()
     private let clock: EngineClock
 
-    init(clock: EngineClock) {
+    init(clock: EngineClock, loop: EventLoop) {
+        self.loop = loop
         self.clock = clock
     }
 
