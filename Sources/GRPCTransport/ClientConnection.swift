@@ -9,6 +9,8 @@ final class ClientCall {
     enum Sink {
         case unary(CheckedContinuation<[UInt8], Error>)
         case stream(ResponseStreamState)
+        /// Messages go to a callback on the loop thread; the window is credited at once.
+        case callback(@Sendable ([UInt8]) -> Void, @Sendable (GRPCStatus) -> Void)
     }
 
     let path: String
@@ -55,6 +57,8 @@ final class ClientCall {
             }
         case .stream(let s):
             s.finish(status)
+        case .callback(_, let done):
+            done(status)
         }
     }
 }
@@ -232,10 +236,12 @@ final class ClientConnection: HTTP2Connection {
                 if c.message == nil { c.message = m } else { c.extraMessages += 1 }
             case .stream:
                 streamMessages.append(m)
+            case .callback(let onMessage, _):
+                onMessage(m)
             }
         }
         switch sink {
-        case .unary:
+        case .unary, .callback:
             nghttp2_session_consume(session, streamID, data.count)
         case .stream(let s):
             // Window opens as the app reads (see ResponseStreamState.next): backpressure.

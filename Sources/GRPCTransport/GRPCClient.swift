@@ -103,6 +103,25 @@ public final class GRPCClient: Sendable {
         return RawServerStreamingCall(state: state)
     }
 
+    /// Calls a server-streaming method and hands each response's protobuf bytes to `onMessage` on
+    /// the connection's loop thread, as it arrives (no task switch per message: for consumers that
+    /// must keep up with many messages and never wait). `onEnd` gets the final status.
+    /// Returns a function that cancels the call.
+    public func serverStreaming(path: String, framedRequest: [UInt8], onMessage: @escaping @Sendable ([UInt8]) -> Void,
+                                onEnd: @escaping @Sendable (GRPCStatus) -> Void) -> @Sendable () -> Void {
+        let slot = nextSlot()
+        let handle = CallHandle()
+        let maxSize = configuration.maxReceiveMessageSize
+        slot.loop.execute {
+            slot.start(ClientCall(path: path, body: framedRequest, timeout: nil, handle: handle,
+                                  sink: .callback(onMessage, onEnd), maxMessageSize: maxSize))
+        }
+        return {
+            handle.cancel()
+            slot.loop.execute { slot.cancel(handle) }
+        }
+    }
+
     /// Closes every connection; calls in flight fail with UNAVAILABLE.
     public func close() {
         for s in slots { s.loop.execute { s.close() } }
@@ -154,7 +173,10 @@ final class ConnectionSlot: @unchecked Sendable {
             call.complete(GRPCStatus(.unavailable, "CONNECT_FAILED: \(error)"))
             return
         }
-        if case .stream = call.sink { callsByHandle[ObjectIdentifier(call.handle)] = (c, call) }
+        switch call.sink {
+        case .stream?, .callback?: callsByHandle[ObjectIdentifier(call.handle)] = (c, call)
+        default: break
+        }
         c.start(call)
     }
 

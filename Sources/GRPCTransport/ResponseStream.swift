@@ -15,6 +15,7 @@ final class ResponseStreamState: Sendable {
         var queuedBytes = 0
         var status: GRPCStatus? = nil
         var waiter: CheckedContinuation<[UInt8]?, Error>? = nil
+        var batchWaiter: CheckedContinuation<[[UInt8]]?, Error>? = nil
         var unconsumed = 0
     }
     private let state = Mutex(State())
@@ -31,6 +32,7 @@ final class ResponseStreamState: Sendable {
     /// Loop side: messages decoded from `wireBytes` bytes of DATA.
     func deliver(_ messages: [[UInt8]], wireBytes: Int) {
         var handoff: (CheckedContinuation<[UInt8]?, Error>, [UInt8])? = nil
+        var batchHandoff: (CheckedContinuation<[[UInt8]]?, Error>, [[UInt8]])? = nil
         state.withLock { s in
             s.wireBytesHeld += wireBytes
             for m in messages { s.queuedBytes += m.count + 5 }
@@ -38,9 +40,13 @@ final class ResponseStreamState: Sendable {
             if let w = s.waiter, s.head < s.messages.count {
                 s.waiter = nil
                 handoff = (w, Self.pop(&s))
+            } else if let w = s.batchWaiter, s.head < s.messages.count {
+                s.batchWaiter = nil
+                batchHandoff = (w, Self.popAll(&s))
             }
         }
         if let (w, m) = handoff { w.resume(returning: m) }
+        if let (w, b) = batchHandoff { w.resume(returning: b) }
         // Bytes of a partial message are credited at once: a message larger than the window
         // must still get through (the message size limit bounds it).
         creditTaken()
@@ -48,14 +54,16 @@ final class ResponseStreamState: Sendable {
 
     /// Loop side: the call is over.
     func finish(_ status: GRPCStatus) {
-        let w = state.withLock { s -> CheckedContinuation<[UInt8]?, Error>? in
+        let (w, bw) = state.withLock { s -> (CheckedContinuation<[UInt8]?, Error>?, CheckedContinuation<[[UInt8]]?, Error>?) in
             if s.status == nil { s.status = status }
-            let w = s.waiter
-            s.waiter = nil
-            return w
+            defer {
+                s.waiter = nil
+                s.batchWaiter = nil
+            }
+            return (s.waiter, s.batchWaiter)
         }
-        guard let w else { return }
-        if status.code == .ok { w.resume(returning: nil) } else { w.resume(throwing: status) }
+        if let w { if status.code == .ok { w.resume(returning: nil) } else { w.resume(throwing: status) } }
+        if let bw { if status.code == .ok { bw.resume(returning: nil) } else { bw.resume(throwing: status) } }
     }
 
     /// Gives flow-control credit back when enough was read, or when nothing is left buffered.
@@ -82,6 +90,35 @@ final class ResponseStreamState: Sendable {
             s.head = 0
         }
         return m
+    }
+
+    private static func popAll(_ s: inout State) -> [[UInt8]] {
+        let batch = Array(s.messages[s.head...])
+        s.messages.removeAll(keepingCapacity: true)
+        s.head = 0
+        s.queuedBytes = 0
+        return batch
+    }
+
+    /// Reader side: every message that has arrived (waiting for at least one); nil at a clean end.
+    func nextBatch() async throws -> [[UInt8]]? {
+        let batch = try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (c: CheckedContinuation<[[UInt8]]?, Error>) in
+                let outcome = state.withLock { s -> Result<[[UInt8]]?, Error>? in
+                    if s.head < s.messages.count { return .success(Self.popAll(&s)) }
+                    if let status = s.status {
+                        return status.code == .ok ? .success(nil) : .failure(status)
+                    }
+                    s.batchWaiter = c
+                    return nil
+                }
+                if let outcome { c.resume(with: outcome) }
+            }
+        } onCancel: {
+            cancelCall()
+        }
+        if batch != nil { creditTaken() }
+        return batch
     }
 
     /// Reader side: the next message, nil at a clean end, throws the status otherwise.
@@ -155,4 +192,8 @@ public struct RawServerStreamingCall: AsyncSequence, Sendable {
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(state: state) }
     public func cancel() { state.cancelCall() }
+
+    /// Every message that has arrived since the last call (at least one; nil at the end): for readers
+    /// that keep up with many messages, one wake-up per batch instead of one per message.
+    public func nextBatch() async throws -> [[UInt8]]? { try await state.nextBatch() }
 }

@@ -46,6 +46,45 @@ struct Bench {
         }
     }
 
+    /// Opens `count` sessions joined with presence to `channel`, whose events go to `onEvent` on the
+    /// loop thread; returns their cancel functions.
+    func callbackSessions(_ grpc: GRPCClient, count: Int, prefix: String, channel: String,
+                          onEvent: @escaping @Sendable ([UInt8]) -> Void) async throws -> [@Sendable () -> Void] {
+        final class Opened: Sendable {
+            let id = Mutex<CheckedContinuation<String, Error>?>(nil)
+        }
+        return try await withThrowingTaskGroup(of: (@Sendable () -> Void).self) { g in
+            for i in 0..<count {
+                g.addTask {
+                    let box = Opened()
+                    var cancel: (@Sendable () -> Void)? = nil
+                    let id = try await withCheckedThrowingContinuation { (c: CheckedContinuation<String, Error>) in
+                        box.id.withLock { $0 = c }
+                        let req = MessageFraming.framed(OpenSessionRequest(userID: "\(prefix)\(i)", token: ctx.token))
+                        cancel = grpc.serverStreaming(path: PresenceMethods.openSession.path, framedRequest: req, onMessage: { bytes in
+                            if let c = box.id.withLock({ c -> CheckedContinuation<String, Error>? in defer { c = nil }; return c }) {
+                                if case .opened(let o)? = (try? SessionEvent(serializedBytes: bytes))?.event {
+                                    c.resume(returning: o.sessionID)
+                                } else {
+                                    c.resume(throwing: GRPCStatus(.internal, "no opened message"))
+                                }
+                            } else {
+                                onEvent(bytes)
+                            }
+                        }, onEnd: { status in
+                            box.id.withLock { c -> CheckedContinuation<String, Error>? in defer { c = nil }; return c }?.resume(throwing: status)
+                        })
+                    }
+                    _ = try await grpc.unary(PresenceMethods.join, JoinRequest(sessionID: id, channelName: channel, channelType: .message, withPresence: true))
+                    return cancel!
+                }
+            }
+            var out: [@Sendable () -> Void] = []
+            for try await c in g { out.append(c) }
+            return out
+        }
+    }
+
     /// Runs `work` from `clients` tasks for `duration` seconds (optionally paced to `rate` calls/s in
     /// total); returns calls/s and latency percentiles in ms.
     func drive(clients: Int, duration: Double, rate: Double?, _ work: @escaping @Sendable (Int, Int) async throws -> Void) async throws -> String {
@@ -116,19 +155,13 @@ struct Bench {
         let publishers = try ctx.args.int("publishers", default: 4)
         let duration = try ctx.args.double("duration", default: 5)
         let grpc = client(connections: try ctx.args.int("connections", default: 8))
-        let subs = try await sessions(grpc, count: subscribers, prefix: "fan-s", channel: "bench-fanout", withPresence: true)
-        let pubs = try await sessions(grpc, count: publishers, prefix: "fan-p", channel: "bench-fanout", withPresence: false)
         final class Counter: Sendable { let n = Atomic<Int>(0); let counting = Atomic<Bool>(false) }
         let counter = Counter()
-        let readers = subs.map { (_, stream) in
-            Task {
-                do {
-                    for try await _ in stream where counter.counting.load(ordering: .relaxed) {
-                        counter.n.add(1, ordering: .relaxed)
-                    }
-                } catch {}
-            }
+        // Subscribers read on the loop thread with a callback (a counting consumer needs no task per message).
+        let subs = try await callbackSessions(grpc, count: subscribers, prefix: "fan-s", channel: "bench-fanout") { _ in
+            if counter.counting.load(ordering: .relaxed) { counter.n.add(1, ordering: .relaxed) }
         }
+        let pubs = try await sessions(grpc, count: publishers, prefix: "fan-p", channel: "bench-fanout", withPresence: false)
         try await Task.sleep(nanoseconds: 500_000_000)  // let the snapshots drain
         counter.counting.store(true, ordering: .relaxed)
         let t0 = MonotonicClock.now()
@@ -141,7 +174,7 @@ struct Bench {
         counter.counting.store(false, ordering: .relaxed)
         let delivered = counter.n.load(ordering: .relaxed)
         Output.line(String(format: "bench=fanout subscribers=%d publishers=%d deliveries_per_s=%.0f state_changes: %@", subscribers, publishers, Double(delivered) / elapsed, result))
-        readers.forEach { $0.cancel() }
-        for (_, st) in subs + pubs { st.cancel() }
+        subs.forEach { $0() }
+        for (_, st) in pubs { st.cancel() }
     }
 }
