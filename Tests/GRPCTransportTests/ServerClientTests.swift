@@ -69,6 +69,41 @@ import Testing
         await h.stop()
     }
 
+    @Test func callbackStreamsDeliverEveryMessageOnTheLoop() async throws {
+        let h = try Harness()
+        final class Seen: Sendable {
+            let keys = Mutex<[String]>([])
+            let onLoop = Atomic<Int>(0)
+            let end = Mutex<GRPCStatus?>(nil)
+        }
+        let seen = Seen()
+        let client = GRPCClient(configuration: ClientConfiguration(target: HostPort(host: "127.0.0.1", port: h.server.port)), group: EventLoopGroup(count: 1))
+        _ = client.serverStreaming(path: TestMethods.stream.path, framedRequest: MessageFraming.framed(StateItem(key: "500", value: "100")),
+                                   onMessage: { bytes in
+                                       if let item = try? StateItem(serializedBytes: bytes) { seen.keys.withLock { $0.append(item.key) } }
+                                   }, onEnd: { status in seen.end.withLock { $0 = status } })
+        try await eventually("stream ended") { seen.end.withLock { $0 } != nil }
+        #expect(seen.end.withLock { $0 }?.code == .ok)
+        #expect(seen.keys.withLock { $0 } == (0..<500).map(String.init))
+        client.close()
+        await h.stop()
+    }
+
+    @Test func batchReadsReturnEverythingQueued() async throws {
+        let h = try Harness()
+        let raw = h.client.serverStreaming(path: TestMethods.stream.path, framedRequest: MessageFraming.framed(StateItem(key: "300", value: "10")))
+        try await Task.sleep(nanoseconds: 100_000_000)  // let messages queue up
+        var total = 0
+        var batches = 0
+        while let batch = try await raw.nextBatch() {
+            total += batch.count
+            batches += 1
+        }
+        #expect(total == 300)
+        #expect(batches < 300)
+        await h.stop()
+    }
+
     @Test func deadlineExceededEndsTheCallAndCancelsTheHandler() async throws {
         let h = try Harness()
         await expectStatus(.deadlineExceeded) { _ = try await h.client.unary(TestMethods.hangUnary, StateItem(), timeout: .milliseconds(100)) }
