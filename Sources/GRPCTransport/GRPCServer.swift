@@ -167,6 +167,11 @@ final class ServerCore: FileDescriptorHandler {
                 close(fd)
                 continue
             }
+            guard !peers.isEmpty else {
+                close(fd)
+                counter.closed()
+                return
+            }
             let target = peers[nextPeer % peers.count]
             nextPeer &+= 1
             if target.loop === loop {
@@ -185,6 +190,7 @@ final class ServerCore: FileDescriptorHandler {
     }
 
     func loopStopping() {
+        peers = []  // the acceptor refers to every core, itself included: break that cycle
         if listening {
             listening = false
             shared.release()
@@ -200,6 +206,7 @@ final class ServerCore: FileDescriptorHandler {
     func streamClosed(on c: ServerConnection) {}
 
     func beginShutdown() {
+        peers = []
         if listening {
             listening = false
             loop.unregister(fd: listener)
