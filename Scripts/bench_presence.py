@@ -22,29 +22,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-PEERS = os.path.abspath(os.path.join(ROOT, "..", "shared", "bench", "peers"))
-REL = os.path.join(ROOT, ".build", "release")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_node(*extra):
-    port = free_port()
-    p = subprocess.Popen([os.path.join(REL, "presenced"), "--node-id", "bench", "--listen", f"127.0.0.1:{port}",
-                          "--peer-listen", f"127.0.0.1:{free_port()}", "--log-level", "error", *extra],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return p, port
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("presenced did not start")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import PEERS, REL, ROOT, start_node  # noqa: E402
 
 
 def ctl(port, *args):

@@ -16,33 +16,15 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-PEERS = os.path.abspath(os.path.join(ROOT, "..", "shared", "bench", "peers"))
-BIN = os.path.join(ROOT, ".build", "release", "presenced")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import PEERS, REL, ROOT, free_port, start_node as start_presenced, wait_for_port  # noqa: E402
+
+BIN = os.path.join(REL, "presenced")
 H2LOAD = ["h2load", "-n", "200000", "-c", "16", "-m", "32", "-t", "1"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_node(threads=None):
-    port = free_port()
-    args = [BIN, "--node-id", "bench", "--listen", f"127.0.0.1:{port}", "--peer-listen", f"127.0.0.1:{free_port()}",
-            "--log-level", "error"]
-    if threads:
-        args += ["--threads", str(threads)]
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return p, port
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    raise SystemExit("presenced did not start")
+    return start_presenced(*(["--threads", str(threads)] if threads else []))
 
 
 def h2load(port, extra=(), log=None):
@@ -105,13 +87,8 @@ def start_nghttpd():
         f.write("x" * 66)
     port = free_port()
     p = subprocess.Popen(["nghttpd", "--no-tls", "-d", d, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return p, port
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("nghttpd did not start")
+    wait_for_port(port, p, "nghttpd")
+    return p, port
 
 
 def rss_kib(pid):
@@ -174,9 +151,11 @@ def main():
         p.terminate(); p.wait()
     peer_m, one_m, two_m = statistics.median(peer), statistics.median(one), statistics.median(two)
     half = two_m / 2
-    p, port = start_node()
-    done, p50, p99 = latency(f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check", half)
-    p.terminate(); p.wait()
+    lat = {}
+    for threads in (1, None):
+        p, port = start_node(threads=threads)
+        lat[threads] = latency(f"http://127.0.0.1:{port}/grpc.health.v1.Health/Check", half)
+        p.terminate(); p.wait()
     p, port = start_nghttpd()
     ng_done, ng_p50, ng_p99 = latency(f"http://127.0.0.1:{port}/small", half, grpc=False)
     p.terminate(); p.wait()
@@ -187,7 +166,9 @@ def main():
     print("|---|---|---|---|")
     print(f"| Health/Check req/s, `--threads 1` (median of {a.runs}) | {one_m:,.0f} | {peer_m:,.0f} | {one_m / peer_m:.2f} |")
     print(f"| Health/Check req/s, default threads (2) (median of {a.runs}) | {two_m:,.0f} | {peer_m:,.0f} | {two_m / peer_m:.2f} |")
-    print(f"| latency at half of presenced's rate ({half:,.0f} req/s offered: 64 clients, 1 in flight each; served {done:,.0f} / {ng_done:,.0f}) | p50 {p50:.2f} ms, p99 {p99:.2f} ms | p50 {ng_p50:.2f} ms, p99 {ng_p99:.2f} ms | p99 {p99 / ng_p99:.2f} |")
+    for threads, label in ((1, "`--threads 1`"), (None, "default threads (2)")):
+        done, p50, p99 = lat[threads]
+        print(f"| latency, {label}, at half of presenced's rate ({half:,.0f} req/s offered: 64 clients, 1 in flight each; served {done:,.0f} / nghttpd {ng_done:,.0f}) | p50 {p50:.2f} ms, p99 {p99:.2f} ms | p50 {ng_p50:.2f} ms, p99 {ng_p99:.2f} ms | p99 {p99 / ng_p99:.2f} |")
     print(f"| RSS with 10,000 idle h2c connections | {before / 1024:.1f} MiB → {after / 1024:.1f} MiB = {per_conn / 1024:.2f} KiB/connection | | |")
 
 

@@ -67,27 +67,17 @@ public final class GRPCClient: Sendable {
 
     /// Calls a server-streaming method; iterate the result for the responses.
     public func serverStreaming<Req, Resp>(_ method: MethodDescriptor<Req, Resp>, _ request: Req, timeout: Duration? = nil) -> ServerStreamingCall<Resp> {
-        let slot = nextSlot()
-        let handle = CallHandle()
-        let body = MessageFraming.framed(request)
-        let path = method.path
-        let maxSize = configuration.maxReceiveMessageSize
-        let t = timeout.map(Self.nanoseconds)
-        let state = ResponseStreamState(
-            consume: { bytes in slot.loop.execute { slot.consumed(handle, bytes) } },
-            cancelCall: {
-                handle.cancel()
-                slot.loop.execute { slot.cancel(handle) }
-            })
-        slot.loop.execute {
-            slot.start(ClientCall(path: path, body: body, timeout: t, handle: handle, sink: .stream(state), maxMessageSize: maxSize))
-        }
-        return ServerStreamingCall(state: state)
+        ServerStreamingCall(state: startStream(path: method.path, framedRequest: MessageFraming.framed(request),
+                                               timeout: timeout.map(Self.nanoseconds)))
     }
 
     /// Calls a server-streaming method with a raw framed request; the responses come undecoded
     /// (for tools that only count or forward them).
     public func serverStreaming(path: String, framedRequest: [UInt8], timeout: UInt64? = nil) -> RawServerStreamingCall {
+        RawServerStreamingCall(state: startStream(path: path, framedRequest: framedRequest, timeout: timeout))
+    }
+
+    private func startStream(path: String, framedRequest: [UInt8], timeout: UInt64?) -> ResponseStreamState {
         let slot = nextSlot()
         let handle = CallHandle()
         let maxSize = configuration.maxReceiveMessageSize
@@ -100,7 +90,7 @@ public final class GRPCClient: Sendable {
         slot.loop.execute {
             slot.start(ClientCall(path: path, body: framedRequest, timeout: timeout, handle: handle, sink: .stream(state), maxMessageSize: maxSize))
         }
-        return RawServerStreamingCall(state: state)
+        return state
     }
 
     /// Calls a server-streaming method and hands each response's protobuf bytes to `onMessage` on

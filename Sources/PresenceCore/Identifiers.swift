@@ -82,7 +82,8 @@ public enum Limits {
 
 /// Checks requests against the rules of API.md. Each failure names the offending field.
 public enum Validate {
-    static func isIdentifier(_ s: String) -> Bool {
+    /// 1-64 bytes of `[A-Za-z0-9_.:@-]`: the rule for user ids, channel names and node ids.
+    public static func isIdentifier(_ s: String) -> Bool {
         let utf8 = s.utf8
         guard !utf8.isEmpty, utf8.count <= Limits.maxIdentifierBytes else { return false }
         for b in utf8 {

@@ -1,5 +1,6 @@
 import EventLoop
 import Glibc
+import PresenceCore
 
 /// Everything a node is started with. Each flag `--x-y` may also come from `PRESENCED_X_Y`;
 /// a flag on the command line wins over the environment.
@@ -40,7 +41,7 @@ public struct NodeConfiguration: Sendable, Equatable {
 
     static let flags: [Flag] = [
         Flag(name: "node-id", valueName: "ID", help: "this node's id in the cluster (default: host name)") { c, v throws(ConfigurationError) in
-            guard IdentifierRules.isValid(v) else { throw .invalid("node-id", v, "1-64 bytes of [A-Za-z0-9_.:@-]") }
+            guard Validate.isIdentifier(v) else { throw .invalid("node-id", v, "1-64 bytes of [A-Za-z0-9_.:@-]") }
             c.nodeID = v
         },
         Flag(name: "listen", valueName: "HOST:PORT", help: "address for clients' gRPC (default 127.0.0.1:7400)") { c, v throws(ConfigurationError) in
@@ -110,7 +111,7 @@ public struct NodeConfiguration: Sendable, Equatable {
 
     /// Reads flags from `arguments` (without the program name) over `environment`.
     public static func parse(arguments: [String], environment: [String: String], hostName: String) throws(ConfigurationError) -> ParseResult {
-        var config = NodeConfiguration(nodeID: IdentifierRules.isValid(hostName) ? hostName : "node")
+        var config = NodeConfiguration(nodeID: Validate.isIdentifier(hostName) ? hostName : "node")
         for f in flags {
             if let v = environment[f.envName] { try f.apply(&config, v) }
         }
@@ -172,26 +173,5 @@ public enum ConfigurationError: Error, Equatable, CustomStringConvertible {
         case .unexpectedArgument(let a): "unexpected argument \(a) (flags start with --)"
         case .invalid(let f, let v, let want): "invalid value '\(v)' for --\(f): want \(want)"
         }
-    }
-}
-
-/// The identifier rules of API.md: 1-64 bytes of `[A-Za-z0-9_.:@-]`.
-public enum IdentifierRules {
-    public static let maxLength = 64
-
-    public static func isValid(_ s: String) -> Bool {
-        let utf8 = s.utf8
-        guard !utf8.isEmpty, utf8.count <= maxLength else { return false }
-        for b in utf8 {
-            switch b {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "_"), UInt8(ascii: "."),
-                 UInt8(ascii: ":"), UInt8(ascii: "@"), UInt8(ascii: "-"):
-                continue
-            default:
-                return false
-            }
-        }
-        return true
     }
 }

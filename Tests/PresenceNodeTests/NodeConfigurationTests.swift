@@ -72,14 +72,4 @@ import Testing
         #expect(try NodeConfiguration.parse(arguments: ["--help"], environment: [:], hostName: "h") == .help)
         #expect(NodeConfiguration.usage.contains("PRESENCED_MAX_INSTANT_EVENTS"))
     }
-
-    @Test func identifierRules() {
-        #expect(IdentifierRules.isValid("user_1.a:b@c-d"))
-        #expect(!IdentifierRules.isValid(""))
-        #expect(!IdentifierRules.isValid(String(repeating: "a", count: 65)))
-        #expect(IdentifierRules.isValid(String(repeating: "a", count: 64)))
-        #expect(!IdentifierRules.isValid("a/b"))
-        #expect(!IdentifierRules.isValid("a b"))
-        #expect(!IdentifierRules.isValid("é"))
-    }
 }
