@@ -6,6 +6,7 @@
 //   EventLoop      epoll loops, timers, cross-thread wake-ups
 //   GRPCTransport  HTTP/2 (nghttp2) + gRPC server and client
 //   PresenceCore   the presence rules as plain state machines (channel, sessions, user home)
+//   ClusterCore    the cluster rules as plain values: consistent-hash ring, SWIM membership
 //   PresenceNode   a node: configuration, shard actors, services, lifecycle
 //   PresenceClient the Swift client library (sessions, events, reconnect with resume)
 //   presenced, presencectl   the executables
@@ -32,17 +33,19 @@ let package = Package(
         .target(name: "EventLoop", dependencies: ["CSystemShim"]),
         .target(name: "GRPCTransport", dependencies: ["EventLoop", "CNGHTTP2", "PresenceWire", "CSystemShim"]),
         .target(name: "PresenceCore", dependencies: ["PresenceWire"]),
+        .target(name: "ClusterCore", dependencies: ["PresenceCore", "PresenceWire"]),
         .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "PresenceCore", "EventLoop", "CCrypto"]),
         .executableTarget(name: "presenced", dependencies: ["PresenceNode"]),
         .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
         .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),
         .executableTarget(name: "presencectl", dependencies: ["PresenceCtl", "EventLoop"]),
-        .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire", "EventLoop"]),
+        .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire", "EventLoop", "ClusterCore"]),
 
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),
         .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
         .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),
+        .testTarget(name: "ClusterCoreTests", dependencies: ["ClusterCore", "PresenceCore", "PresenceWire"]),
         .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "GRPCTransport", "PresenceWire", "PresenceCore", "EventLoop"]),
     ]
 )

@@ -1,6 +1,7 @@
 // presence-bench: in-process measurements of the presence engine (no network).
 //   presence-bench memory [--users N] [--channels-per-user K] [--channels C]
 // prints resident bytes per (user, channel) membership.
+import ClusterCore
 import EventLoop
 import Foundation
 import PresenceCore
@@ -22,9 +23,28 @@ func option(_ name: String, _ d: Int) -> Int {
 }
 
 let args = CommandLine.arguments
-guard args.count >= 2, args[1] == "memory" else {
-    print("usage: presence-bench memory [--users N] [--channels-per-user K] [--channels C]")
+guard args.count >= 2, ["memory", "ring"].contains(args[1]) else {
+    print("usage: presence-bench memory [--users N] [--channels-per-user K] [--channels C]\n       presence-bench ring [--nodes N] [--keys K]")
     exit(2)
+}
+if args[1] == "ring" {
+    // Balance of the consistent-hash ring and keys moved when a node joins.
+    let n = option("nodes", 8), keys = option("keys", 1_000_000)
+    let names = (1...n).map { "node-\($0)" }
+    let ring = HashRing(members: names)
+    var counts: [String: Int] = [:]
+    for i in 0..<keys { counts[ring.owner(of: ChannelKey(name: "channel-\(i)", type: .message))!, default: 0] += 1 }
+    let mean = Double(keys) / Double(n)
+    let smaller = HashRing(members: names.dropLast())
+    var moved = 0
+    for i in 0..<keys {
+        let k = ChannelKey(name: "channel-\(i)", type: .message)
+        if smaller.owner(of: k) != ring.owner(of: k) { moved += 1 }
+    }
+    print(String(format: "bench=ring nodes=%d keys=%d virtual_nodes=%d max_over_mean=%.3f min_over_mean=%.3f moved_on_join=%.4f moved_times_n=%.3f",
+                 n, keys, ring.virtualNodes, Double(counts.values.max()!) / mean, Double(counts.values.min()!) / mean,
+                 Double(moved) / Double(keys), Double(moved) / Double(keys) * Double(n)))
+    exit(0)
 }
 let users = option("users", 100_000)
 let perUser = option("channels-per-user", 10)

@@ -1,0 +1,96 @@
+import PresenceCore
+
+/// Consistent hashing with virtual nodes (ARCHITECTURE.md, "Ring"): each member owns `virtualNodes`
+/// points on a 64-bit circle; a key belongs to the member of the first point at or after the key's
+/// hash, and its replicas are the next distinct members clockwise. Every node that has the same
+/// member list computes the same ring (points come from `StableHash`, never from `Hasher`).
+public struct HashRing: Sendable, Equatable {
+    public let virtualNodes: Int
+    /// Members, sorted (so the ring does not depend on the order they were learnt in).
+    public private(set) var members: [String]
+    /// Points sorted by position; `owner` indexes `members`.
+    private var points: [(position: UInt64, owner: Int32)]
+
+    public init(members: some Sequence<String>, virtualNodes: Int = 512) {
+        self.virtualNodes = virtualNodes
+        self.members = Array(Set(members)).sorted()
+        self.points = []
+        rebuild()
+    }
+
+    public static func == (a: HashRing, b: HashRing) -> Bool {
+        a.virtualNodes == b.virtualNodes && a.members == b.members
+    }
+
+    private mutating func rebuild() {
+        var pts: [(UInt64, Int32)] = []
+        pts.reserveCapacity(members.count * virtualNodes)
+        for (i, m) in members.enumerated() {
+            for v in 0..<virtualNodes {
+                pts.append((StableHash.of("\(m)#\(v)"), Int32(i)))
+            }
+        }
+        // ties (vanishingly rare) break by member name, so every node agrees
+        pts.sort { $0.0 != $1.0 ? $0.0 < $1.0 : members[Int($0.1)] < members[Int($1.1)] }
+        points = pts.map { (position: $0.0, owner: $0.1) }
+    }
+
+    public var isEmpty: Bool { members.isEmpty }
+
+    /// The ring with `member` added (no change if present).
+    public func adding(_ member: String) -> HashRing {
+        HashRing(members: members + [member], virtualNodes: virtualNodes)
+    }
+
+    /// The ring with `member` removed.
+    public func removing(_ member: String) -> HashRing {
+        HashRing(members: members.filter { $0 != member }, virtualNodes: virtualNodes)
+    }
+
+    private func firstPoint(atOrAfter h: UInt64) -> Int {
+        var lo = 0, hi = points.count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if points[mid].position < h { lo = mid + 1 } else { hi = mid }
+        }
+        return lo == points.count ? 0 : lo
+    }
+
+    /// The member owning a key hash; nil on an empty ring.
+    public func owner(ofHash h: UInt64) -> String? {
+        guard !points.isEmpty else { return nil }
+        return members[Int(points[firstPoint(atOrAfter: h)].owner)]
+    }
+
+    /// The owner followed by up to `count - 1` replicas, all distinct.
+    public func owners(ofHash h: UInt64, count: Int) -> [String] {
+        guard !points.isEmpty, count > 0 else { return [] }
+        let want = min(count, members.count)
+        var out: [String] = []
+        var seen = Set<Int32>()
+        var i = firstPoint(atOrAfter: h)
+        while out.count < want {
+            let o = points[i].owner
+            if seen.insert(o).inserted { out.append(members[Int(o)]) }
+            i = (i + 1) % points.count
+        }
+        return out
+    }
+
+    public func owner(of key: ChannelKey) -> String? { owner(ofHash: StableHash.of(key)) }
+    public func owners(of key: ChannelKey, count: Int) -> [String] { owners(ofHash: StableHash.of(key), count: count) }
+    /// Owner of a user's home.
+    public func home(ofUser user: String) -> String? { owner(ofHash: StableHash.of("user:" + user)) }
+
+    /// The share of the circle each member owns (sums to 1).
+    public func shares() -> [String: Double] {
+        var out: [String: Double] = [:]
+        guard !points.isEmpty else { return out }
+        for (i, p) in points.enumerated() {
+            let prev = i == 0 ? points[points.count - 1].position : points[i - 1].position
+            let span = p.position &- prev  // wraps for the first point
+            out[members[Int(p.owner)], default: 0] += Double(span) / 18_446_744_073_709_551_616.0
+        }
+        return out
+    }
+}
