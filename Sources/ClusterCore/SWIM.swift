@@ -1,0 +1,360 @@
+import Foundation
+
+/// SWIM membership with Lifeguard's suspicion and local health (ARCHITECTURE.md, "Membership"),
+/// as a plain value: inputs are messages, timer firings and clock readings; outputs are
+/// `SWIM.Directive`s that a thin shell carries out (send, schedule a timer, report a change).
+public enum SWIM {
+    /// A member's state. Incarnations order what is said about one member (see `supersedes`).
+    public enum Status: Sendable, Hashable, CustomStringConvertible {
+        case alive
+        case suspect
+        case dead
+        /// Left gracefully: like dead, but said by the member itself.
+        case left
+
+        public var description: String {
+            switch self {
+            case .alive: "alive"
+            case .suspect: "suspect"
+            case .dead: "dead"
+            case .left: "left"
+            }
+        }
+    }
+
+    /// What one node says about one member; gossiped on every probe message.
+    public struct Update: Sendable, Hashable {
+        public var id: String
+        public var address: String
+        public var status: Status
+        public var incarnation: UInt64
+
+        public init(id: String, address: String, status: Status, incarnation: UInt64) {
+            self.id = id
+            self.address = address
+            self.status = status
+            self.incarnation = incarnation
+        }
+
+        /// The SWIM precedence rules: does `self` override `old` (about the same member)?
+        /// alive beats alive/suspect only with a higher incarnation; suspect beats alive at an
+        /// equal or higher incarnation and suspect at a higher one; dead/left beat everything at an
+        /// equal or higher incarnation. Dead is final for that incarnation; a restarted member
+        /// comes back with a higher one.
+        public func supersedes(_ old: Update) -> Bool {
+            switch (status, old.status) {
+            case (.alive, .alive), (.alive, .suspect): return incarnation > old.incarnation
+            case (.alive, .dead), (.alive, .left): return incarnation > old.incarnation
+            case (.suspect, .alive): return incarnation >= old.incarnation
+            case (.suspect, .suspect): return incarnation > old.incarnation
+            case (.suspect, .dead), (.suspect, .left): return false
+            case (.dead, .alive), (.dead, .suspect), (.left, .alive), (.left, .suspect): return incarnation >= old.incarnation
+            case (.dead, .dead), (.dead, .left), (.left, .dead), (.left, .left): return incarnation > old.incarnation
+            }
+        }
+    }
+
+    public struct Settings: Sendable {
+        /// The protocol period: one probe per period.
+        public var probeInterval: UInt64 = 200_000_000
+        /// How long to wait for a direct ack before asking others to probe.
+        public var probeTimeout: UInt64 = 80_000_000
+        /// Members asked to probe indirectly.
+        public var indirectProbes = 3
+        /// Suspicion timeout bounds (Lifeguard): from max down to min as independent confirmations arrive.
+        public var suspicionMin: UInt64 = 400_000_000
+        public var suspicionMax: UInt64 = 1_200_000_000
+        /// Local health multiplier cap: timeouts stretch by (1 + health) while this node itself is slow.
+        public var maxLocalHealth = 8
+        /// Updates carried per message, and how many times each is sent: mult * ceil(log2(n + 1)).
+        public var gossipPerMessage = 8
+        public var retransmitMultiplier = 3
+
+        public init() {}
+    }
+
+    /// What the shell must do.
+    public enum Directive: Sendable, Equatable {
+        case sendPing(to: String, address: String, sequence: UInt64, gossip: [Update])
+        case sendAck(to: String, address: String, sequence: UInt64, gossip: [Update])
+        case sendPingRequest(to: String, address: String, target: String, targetAddress: String, sequence: UInt64, gossip: [Update])
+        /// Call `probeTimedOut(sequence:now:)` at `at`.
+        case scheduleProbeTimeout(sequence: UInt64, at: UInt64)
+        /// Call `suspicionsDue(now:)` at `at`.
+        case scheduleSuspicionCheck(at: UInt64)
+        /// A member's status changed (for the ring and the log).
+        case memberChanged(Update)
+    }
+
+    /// One node's view of the cluster and its probe protocol.
+    public struct Instance: Sendable {
+        public let settings: Settings
+        public private(set) var myself: Update
+        public private(set) var members: [String: Update] = [:]
+        /// 0...maxLocalHealth: Lifeguard's local health; rises when our probes fail, falls when they succeed.
+        public private(set) var localHealth = 0
+        private var probeOrder: [String] = []
+        private var probeIndex = 0
+        private var sequence: UInt64 = 0
+        private var probes: [UInt64: Probe] = [:]
+        private var relays: [UInt64: (requester: String, requesterSequence: UInt64)] = [:]
+        private var suspicions: [String: Suspicion] = [:]
+        private var gossip: [String: (update: Update, sent: Int)] = [:]
+        private var rng: SplitMix
+
+        struct Probe: Sendable {
+            let target: String
+            var indirect: Bool
+        }
+
+        struct Suspicion: Sendable {
+            let since: UInt64
+            let incarnation: UInt64
+            var confirmations: Set<String>
+        }
+
+        public init(id: String, address: String, settings: Settings = Settings(), seed: UInt64 = 1) {
+            self.settings = settings
+            myself = Update(id: id, address: address, status: .alive, incarnation: 0)
+            members[id] = myself
+            rng = SplitMix(seed: seed)
+        }
+
+        /// Members other than this node that are alive or suspect.
+        public var liveMembers: [Update] {
+            members.values.filter { $0.id != myself.id && ($0.status == .alive || $0.status == .suspect) }.sorted { $0.id < $1.id }
+        }
+
+        private var scale: UInt64 { UInt64(1 + localHealth) }
+
+        // MARK: Gossip
+
+        private mutating func enqueue(_ u: Update) {
+            gossip[u.id] = (u, 0)
+        }
+
+        /// Updates to piggy-back on the next message, least-sent first.
+        private mutating func takeGossip() -> [Update] {
+            let n = members.count
+            var log2 = 0
+            while (1 << log2) < n + 1 { log2 += 1 }
+            let limit = settings.retransmitMultiplier * max(1, log2)
+            let chosen = gossip.values.sorted { $0.sent != $1.sent ? $0.sent < $1.sent : $0.update.id < $1.update.id }
+                .prefix(settings.gossipPerMessage)
+            for c in chosen {
+                let sent = c.sent + 1
+                if sent >= limit { gossip[c.update.id] = nil } else { gossip[c.update.id] = (c.update, sent) }
+            }
+            return chosen.map(\.update)
+        }
+
+        /// Applies what a message carried (`from`: the sender, a confirmation for suspicions).
+        public mutating func merge(_ updates: [Update], from: String?, now: UInt64) -> [Directive] {
+            var out: [Directive] = []
+            for u in updates { apply(u, from: from, now: now, into: &out) }
+            return out
+        }
+
+        private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive]) {
+            if u.id == myself.id {
+                // Someone thinks we are suspect or dead: refute with a higher incarnation.
+                if (u.status == .suspect || u.status == .dead) && u.incarnation >= myself.incarnation && myself.status == .alive {
+                    myself.incarnation = u.incarnation + 1
+                    members[myself.id] = myself
+                    enqueue(myself)
+                }
+                return
+            }
+            guard let old = members[u.id] else {
+                members[u.id] = u
+                if u.status == .alive || u.status == .suspect { addToProbeOrder(u.id) }
+                if u.status == .suspect { startSuspicion(u, from: from, now: now, into: &out) }
+                enqueue(u)
+                out.append(.memberChanged(u))
+                return
+            }
+            if u.status == .suspect, old.status == .suspect, u.incarnation == old.incarnation, let from {
+                // another node independently suspects it: Lifeguard shortens the timeout
+                if suspicions[u.id]?.confirmations.insert(from).inserted == true {
+                    out.append(.scheduleSuspicionCheck(at: suspicionDeadline(u.id)))
+                }
+                return
+            }
+            guard u.supersedes(old) else { return }
+            members[u.id] = u
+            enqueue(u)
+            switch u.status {
+            case .alive:
+                suspicions[u.id] = nil
+                addToProbeOrder(u.id)
+            case .suspect:
+                startSuspicion(u, from: from, now: now, into: &out)
+            case .dead, .left:
+                suspicions[u.id] = nil
+            }
+            if old.status != u.status || old.address != u.address { out.append(.memberChanged(u)) }
+        }
+
+        private mutating func startSuspicion(_ u: Update, from: String?, now: UInt64, into out: inout [Directive]) {
+            var s = Suspicion(since: now, incarnation: u.incarnation, confirmations: [])
+            if let from, from != myself.id { s.confirmations.insert(from) }
+            suspicions[u.id] = s
+            out.append(.scheduleSuspicionCheck(at: suspicionDeadline(u.id)))
+        }
+
+        /// Lifeguard: max − (max − min)·log(C + 1)/log(K + 1), K = expected confirmations.
+        func suspicionDeadline(_ id: String) -> UInt64 {
+            guard let s = suspicions[id] else { return .max }
+            let k = Double(max(1, settings.indirectProbes))
+            let c = Double(min(s.confirmations.count, settings.indirectProbes))
+            let span = Double(settings.suspicionMax - settings.suspicionMin)
+            let timeout = Double(settings.suspicionMax) - span * log(c + 1) / log(k + 1)
+            return s.since + UInt64(max(Double(settings.suspicionMin), timeout))
+        }
+
+        /// Suspects whose time is up become dead.
+        public mutating func suspicionsDue(now: UInt64) -> [Directive] {
+            var out: [Directive] = []
+            for id in suspicions.keys.sorted() where now >= suspicionDeadline(id) {
+                guard let s = suspicions[id], var m = members[id], m.status == .suspect, m.incarnation == s.incarnation else {
+                    suspicions[id] = nil
+                    continue
+                }
+                suspicions[id] = nil
+                m.status = .dead
+                members[id] = m
+                enqueue(m)
+                out.append(.memberChanged(m))
+            }
+            return out
+        }
+
+        private mutating func addToProbeOrder(_ id: String) {
+            guard id != myself.id, !probeOrder.contains(id) else { return }
+            // insert at a random place so that every node probes in a different order
+            let at = probeOrder.isEmpty ? 0 : Int(rng.next() % UInt64(probeOrder.count + 1))
+            probeOrder.insert(id, at: at)
+        }
+
+        // MARK: Probing
+
+        /// The protocol period elapsed: probe the next member.
+        public mutating func periodTick(now: UInt64) -> [Directive] {
+            var out: [Directive] = []
+            probeOrder.removeAll { members[$0].map { $0.status == .dead || $0.status == .left } ?? true }
+            guard !probeOrder.isEmpty else { return out }
+            if probeIndex >= probeOrder.count {
+                probeIndex = 0
+                probeOrder.shuffle(using: &rng)
+            }
+            let target = probeOrder[probeIndex]
+            probeIndex += 1
+            guard let t = members[target] else { return out }
+            sequence += 1
+            probes[sequence] = Probe(target: target, indirect: false)
+            out.append(.sendPing(to: target, address: t.address, sequence: sequence, gossip: takeGossip()))
+            out.append(.scheduleProbeTimeout(sequence: sequence, at: now + settings.probeTimeout * scale))
+            return out
+        }
+
+        /// A probe's timer fired: after the direct wait, ask others; after the indirect wait, suspect.
+        public mutating func probeTimedOut(sequence seq: UInt64, now: UInt64) -> [Directive] {
+            if relays.removeValue(forKey: seq) != nil { return [] }  // a relayed probe went unanswered
+            guard var p = probes[seq], let target = members[p.target] else { return [] }
+            var out: [Directive] = []
+            if !p.indirect {
+                p.indirect = true
+                probes[seq] = p
+                let helpers = liveMembers.filter { $0.id != target.id && $0.status == .alive }.shuffled(using: &rng).prefix(settings.indirectProbes)
+                for h in helpers {
+                    out.append(.sendPingRequest(to: h.id, address: h.address, target: target.id, targetAddress: target.address,
+                                                sequence: seq, gossip: takeGossip()))
+                }
+                let rest = settings.probeInterval > settings.probeTimeout ? settings.probeInterval - settings.probeTimeout : settings.probeTimeout
+                out.append(.scheduleProbeTimeout(sequence: seq, at: now + rest * scale))
+                return out
+            }
+            probes[seq] = nil
+            localHealth = min(settings.maxLocalHealth, localHealth + 1)
+            if target.status == .alive {
+                var s = target
+                s.status = .suspect
+                apply(s, from: nil, now: now, into: &out)
+            }
+            return out
+        }
+
+        /// A ping arrived: answer it.
+        public mutating func receivedPing(from: String, address: String, sequence seq: UInt64, gossip g: [Update], now: UInt64) -> [Directive] {
+            var out = merge(g, from: from, now: now)
+            if members[from] == nil {
+                apply(Update(id: from, address: address, status: .alive, incarnation: 0), from: nil, now: now, into: &out)
+            }
+            out.append(.sendAck(to: from, address: address, sequence: seq, gossip: takeGossip()))
+            return out
+        }
+
+        /// Someone asks us to probe `target` for them.
+        public mutating func receivedPingRequest(from: String, address: String, target: String, targetAddress: String,
+                                                 sequence seq: UInt64, gossip g: [Update], now: UInt64) -> [Directive] {
+            var out = merge(g, from: from, now: now)
+            sequence += 1
+            relays[sequence] = (from, seq)
+            out.append(.sendPing(to: target, address: targetAddress, sequence: sequence, gossip: takeGossip()))
+            out.append(.scheduleProbeTimeout(sequence: sequence, at: now + settings.probeTimeout * scale))
+            return out
+        }
+
+        /// An ack arrived (for our probe, or for one we relay).
+        public mutating func receivedAck(from: String, sequence seq: UInt64, gossip g: [Update], now: UInt64) -> [Directive] {
+            var out = merge(g, from: from, now: now)
+            if let relay = relays.removeValue(forKey: seq), let requester = members[relay.requester] {
+                out.append(.sendAck(to: requester.id, address: requester.address, sequence: relay.requesterSequence, gossip: takeGossip()))
+            } else if probes.removeValue(forKey: seq) != nil {
+                localHealth = max(0, localHealth - 1)
+            }
+            return out
+        }
+
+        // MARK: Joining and leaving
+
+        /// A node joins through us: add it; the shell answers with `fullState()`.
+        public mutating func receivedJoin(_ joiner: Update, now: UInt64) -> [Directive] {
+            var out: [Directive] = []
+            apply(joiner, from: nil, now: now, into: &out)
+            return out
+        }
+
+        /// Everything we know, for a joining node.
+        public var fullState: [Update] { members.values.sorted { $0.id < $1.id } }
+
+        /// Restarting with the same id: start above any incarnation the cluster may remember.
+        public mutating func rejoin(withIncarnation incarnation: UInt64) {
+            myself.incarnation = incarnation
+            members[myself.id] = myself
+            enqueue(myself)
+        }
+
+        /// Graceful leave: say so (the shell sends it to a few members right away).
+        public mutating func leave() -> Update {
+            myself.status = .left
+            myself.incarnation += 1
+            members[myself.id] = myself
+            enqueue(myself)
+            return myself
+        }
+    }
+}
+
+/// A small deterministic generator (SplitMix64), so a seeded instance makes the same choices.
+struct SplitMix: RandomNumberGenerator, Sendable {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

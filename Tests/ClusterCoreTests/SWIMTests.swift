@@ -1,0 +1,248 @@
+@testable import ClusterCore
+import Testing
+
+typealias U = SWIM.Update
+
+@Suite struct SWIMPrecedenceTests {
+    func u(_ s: SWIM.Status, _ inc: UInt64) -> U { U(id: "b", address: "b", status: s, incarnation: inc) }
+
+    @Test func rules() {
+        #expect(u(.alive, 2).supersedes(u(.alive, 1)))
+        #expect(!u(.alive, 1).supersedes(u(.alive, 1)))
+        #expect(u(.suspect, 1).supersedes(u(.alive, 1)))
+        #expect(!u(.alive, 1).supersedes(u(.suspect, 1)))
+        #expect(u(.alive, 2).supersedes(u(.suspect, 1)))        // refutation
+        #expect(!u(.suspect, 1).supersedes(u(.suspect, 1)))
+        #expect(u(.dead, 1).supersedes(u(.suspect, 1)))
+        #expect(u(.dead, 0).supersedes(u(.alive, 0)))
+        #expect(!u(.suspect, 5).supersedes(u(.dead, 1)))        // dead is final for its incarnation...
+        #expect(!u(.alive, 1).supersedes(u(.dead, 1)))
+        #expect(u(.alive, 2).supersedes(u(.dead, 1)))           // ...until the member restarts higher
+        #expect(u(.left, 3).supersedes(u(.alive, 3)))
+    }
+}
+
+/// A simulated network of SWIM instances with a fake clock: messages take `latency`, timers fire
+/// exactly when asked, nodes can be killed (they neither send nor receive).
+struct Simulation {
+    enum Message {
+        case ping(from: String, seq: UInt64, gossip: [U])
+        case ack(from: String, seq: UInt64, gossip: [U])
+        case pingRequest(from: String, target: String, seq: UInt64, gossip: [U])
+    }
+
+    enum Action {
+        case deliver(to: String, Message)
+        case probeTimeout(String, UInt64)
+        case suspicionCheck(String)
+        case tick(String)
+    }
+
+    var nodes: [String: SWIM.Instance] = [:]
+    var now: UInt64 = 0
+    var queue: [(at: UInt64, order: Int, action: Action)] = []
+    var order = 0
+    var down = Set<String>()
+    var latency: UInt64 = 500_000           // 0.5 ms, loopback-ish
+    var jitter: UInt64 = 0                  // extra random delay, up to this
+    var rng = SplitMix(seed: 7)
+    /// (time, observer, what it learnt)
+    var changes: [(at: UInt64, observer: String, update: U)] = []
+    var delivered = 0
+
+    init(ids: [String], settings: SWIM.Settings = SWIM.Settings()) {
+        for (i, id) in ids.enumerated() {
+            var inst = SWIM.Instance(id: id, address: id, settings: settings, seed: UInt64(i + 1))
+            // everyone starts knowing everyone (as after joining through a seed)
+            for other in ids where other != id {
+                _ = inst.receivedJoin(U(id: other, address: other, status: .alive, incarnation: 0), now: 0)
+            }
+            nodes[id] = inst
+            // stagger the protocol periods
+            schedule(at: UInt64(i) * settings.probeInterval / UInt64(ids.count), .tick(id))
+        }
+    }
+
+    mutating func schedule(at: UInt64, _ a: Action) {
+        order += 1
+        queue.append((at, order, a))
+    }
+
+    mutating func send(_ to: String, _ m: Message) {
+        let extra = jitter == 0 ? 0 : rng.next() % jitter
+        schedule(at: now + latency + extra, .deliver(to: to, m))
+    }
+
+    mutating func carryOut(_ node: String, _ ds: [SWIM.Directive]) {
+        for d in ds {
+            switch d {
+            case .sendPing(let to, _, let seq, let g): send(to, .ping(from: node, seq: seq, gossip: g))
+            case .sendAck(let to, _, let seq, let g): send(to, .ack(from: node, seq: seq, gossip: g))
+            case .sendPingRequest(let to, _, let target, _, let seq, let g): send(to, .pingRequest(from: node, target: target, seq: seq, gossip: g))
+            case .scheduleProbeTimeout(let seq, let at): schedule(at: at, .probeTimeout(node, seq))
+            case .scheduleSuspicionCheck(let at): schedule(at: at, .suspicionCheck(node))
+            case .memberChanged(let u): changes.append((now, node, u))
+            }
+        }
+    }
+
+    mutating func run(for duration: UInt64) {
+        let end = now + duration
+        while true {
+            guard let i = queue.indices.min(by: { (queue[$0].at, queue[$0].order) < (queue[$1].at, queue[$1].order) }),
+                  queue[i].at <= end else { break }
+            let (at, _, action) = queue.remove(at: i)
+            now = at
+            switch action {
+            case .tick(let n):
+                schedule(at: now + nodes[n]!.settings.probeInterval, .tick(n))
+                if down.contains(n) { continue }
+                let ds = nodes[n]!.periodTick(now: now)
+                carryOut(n, ds)
+            case .probeTimeout(let n, let seq):
+                if down.contains(n) { continue }
+                let ds = nodes[n]!.probeTimedOut(sequence: seq, now: now)
+                carryOut(n, ds)
+            case .suspicionCheck(let n):
+                if down.contains(n) { continue }
+                let ds = nodes[n]!.suspicionsDue(now: now)
+                carryOut(n, ds)
+            case .deliver(let to, let m):
+                if down.contains(to) { continue }
+                delivered += 1
+                var ds: [SWIM.Directive]
+                switch m {
+                case .ping(let from, let seq, let g):
+                    if down.contains(from) { continue }
+                    ds = nodes[to]!.receivedPing(from: from, address: from, sequence: seq, gossip: g, now: now)
+                case .ack(let from, let seq, let g):
+                    ds = nodes[to]!.receivedAck(from: from, sequence: seq, gossip: g, now: now)
+                case .pingRequest(let from, let target, let seq, let g):
+                    ds = nodes[to]!.receivedPingRequest(from: from, address: from, target: target, targetAddress: target, sequence: seq, gossip: g, now: now)
+                }
+                carryOut(to, ds)
+            }
+        }
+        now = end
+    }
+
+    func status(of id: String, seenBy observer: String) -> SWIM.Status? { nodes[observer]!.members[id]?.status }
+
+    /// When each observer first saw `id` with `status`.
+    func firstSeen(_ id: String, _ status: SWIM.Status, after t: UInt64) -> [String: UInt64] {
+        var out: [String: UInt64] = [:]
+        for c in changes where c.update.id == id && c.update.status == status && c.at >= t && out[c.observer] == nil {
+            out[c.observer] = c.at
+        }
+        return out
+    }
+}
+
+@Suite struct SWIMSimulationTests {
+    let ms: UInt64 = 1_000_000
+
+    @Test func aKilledNodeIsConfirmedDeadByEveryMemberWithin1500ms() {
+        for n in [3, 5, 8] {
+            let ids = (1...n).map { "n\($0)" }
+            var sim = Simulation(ids: ids)
+            sim.run(for: 2_000 * ms)
+            sim.down.insert("n2")
+            let killedAt = sim.now
+            sim.run(for: 3_000 * ms)
+            let dead = sim.firstSeen("n2", .dead, after: killedAt)
+            for o in ids where o != "n2" {
+                let t = dead[o]
+                #expect(t != nil, "\(o) never marked n2 dead (n=\(n))")
+                if let t { #expect(t - killedAt <= 1_500 * ms, "n=\(n): \(o) took \(Double(t - killedAt) / 1e6) ms") }
+            }
+        }
+    }
+
+    @Test func noFalseSuspicionOnAHealthyNetworkWithJitter() {
+        let ids = (1...5).map { "n\($0)" }
+        var sim = Simulation(ids: ids)
+        sim.jitter = 20 * ms   // up to 20 ms extra per message: a loaded machine
+        sim.run(for: 300_000 * ms)  // five simulated minutes
+        #expect(!sim.changes.contains { $0.update.status == .suspect || $0.update.status == .dead })
+        // every node probed every period: 5 nodes x 1,500 periods x (ping + ack)
+        #expect(sim.delivered >= 5 * 1_500 * 2)
+        for o in ids { #expect(sim.nodes[o]!.liveMembers.count == 4) }
+    }
+
+    @Test func aSuspectedNodeRefutesWithAHigherIncarnation() {
+        let ids = ["a", "b", "c"]
+        var sim = Simulation(ids: ids)
+        sim.run(for: 500 * ms)
+        // a wrongly suspects b and gossips it
+        let ds = sim.nodes["a"]!.merge([U(id: "b", address: "b", status: .suspect, incarnation: 0)], from: "a", now: sim.now)
+        sim.carryOut("a", ds)
+        sim.run(for: 3_000 * ms)
+        for o in ids where o != "b" {
+            #expect(sim.status(of: "b", seenBy: o) == .alive)
+            #expect(sim.nodes[o]!.members["b"]!.incarnation >= 1)
+        }
+        #expect(sim.nodes["b"]!.myself.incarnation >= 1)
+    }
+
+    @Test func aRestartedNodeComesBackWithAHigherIncarnation() {
+        let ids = ["a", "b", "c"]
+        var sim = Simulation(ids: ids)
+        sim.run(for: 500 * ms)
+        sim.down.insert("c")
+        sim.run(for: 3_000 * ms)
+        #expect(sim.status(of: "c", seenBy: "a") == .dead)
+        // c restarts: a fresh instance above the incarnation the others hold, joining through a
+        var fresh = SWIM.Instance(id: "c", address: "c", seed: 99)
+        fresh.rejoin(withIncarnation: sim.nodes["a"]!.members["c"]!.incarnation + 1)
+        for u in sim.nodes["a"]!.fullState where u.id != "c" { _ = fresh.receivedJoin(u, now: sim.now) }
+        sim.nodes["c"] = fresh
+        sim.down.remove("c")
+        let ds = sim.nodes["a"]!.receivedJoin(fresh.myself, now: sim.now)
+        sim.carryOut("a", ds)
+        sim.run(for: 2_000 * ms)
+        #expect(sim.status(of: "c", seenBy: "a") == .alive)
+        #expect(sim.status(of: "c", seenBy: "b") == .alive)
+    }
+
+    @Test func gracefulLeaveIsSeenByAll() {
+        let ids = ["a", "b", "c", "d"]
+        var sim = Simulation(ids: ids)
+        sim.run(for: 500 * ms)
+        let bye = sim.nodes["d"]!.leave()
+        for o in ["a", "b", "c"] { sim.carryOut(o, sim.nodes[o]!.merge([bye], from: "d", now: sim.now)) }
+        sim.down.insert("d")
+        sim.run(for: 2_000 * ms)
+        for o in ["a", "b", "c"] {
+            #expect(sim.status(of: "d", seenBy: o) == .left)
+            #expect(!sim.changes.contains { $0.observer == o && $0.update.id == "d" && $0.update.status == .dead })
+        }
+    }
+
+    @Test func confirmationsShortenTheSuspicionTimeout() {
+        var inst = SWIM.Instance(id: "a", address: "a")
+        for o in ["b", "c", "d", "e"] { _ = inst.receivedJoin(U(id: o, address: o, status: .alive, incarnation: 0), now: 0) }
+        _ = inst.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0)], from: "b", now: 0)
+        let alone = inst.suspicionDeadline("e")
+        _ = inst.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0)], from: "c", now: 10)
+        _ = inst.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0)], from: "d", now: 20)
+        let confirmed = inst.suspicionDeadline("e")
+        #expect(confirmed < alone)
+        #expect(confirmed >= inst.settings.suspicionMin)
+        #expect(inst.suspicionsDue(now: confirmed - 1).isEmpty)
+        #expect(inst.suspicionsDue(now: confirmed) == [.memberChanged(U(id: "e", address: "e", status: .dead, incarnation: 0))])
+    }
+
+    @Test func localHealthStretchesTimeoutsAfterFailedProbes() {
+        var inst = SWIM.Instance(id: "a", address: "a")
+        _ = inst.receivedJoin(U(id: "b", address: "b", status: .alive, incarnation: 0), now: 0)
+        let first = inst.periodTick(now: 0)
+        guard case .scheduleProbeTimeout(let seq, let at)? = first.last else { Issue.record("no timeout"); return }
+        #expect(at == inst.settings.probeTimeout)
+        _ = inst.probeTimedOut(sequence: seq, now: at)
+        _ = inst.probeTimedOut(sequence: seq, now: at + inst.settings.probeInterval)
+        #expect(inst.localHealth == 1)
+        let next = inst.periodTick(now: 1_000 * ms)
+        guard case .scheduleProbeTimeout(_, let at2)? = next.last else { Issue.record("no timeout"); return }
+        #expect(at2 - 1_000 * ms == 2 * inst.settings.probeTimeout)
+    }
+}
