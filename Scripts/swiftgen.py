@@ -42,6 +42,10 @@ SCALARS = {
 }
 DEFAULTS = {"Bool": "false", "String": '""', "[UInt8]": "[]", "Double": "0", "Float": "0"}
 
+# Swift type name prefixes per proto package, so that packages with the same message names
+# (presence.v1.JoinRequest and presence.cluster.v1.JoinRequest) do not collide in one module.
+PACKAGE_PREFIX = {"presence.cluster.v1": "Cluster", "presence.admin.v1": "Admin"}
+
 SWIFT_KEYWORDS = {"default", "case", "class", "struct", "enum", "protocol", "func", "var", "let",
                   "in", "is", "as", "self", "Self", "type", "init", "return", "repeat", "where"}
 
@@ -93,9 +97,11 @@ class Gen:
         c_pkg = "__".join(p[:1].upper() + p[1:] for p in pkg)
         fn_pkg = "__".join(camel_to_lower(p) for p in pkg)
 
+        type_prefix = PACKAGE_PREFIX.get(f.package, "")
+
         def walk_msg(m, proto_prefix, swift_prefix, c_prefix, fn_prefix):
             full = proto_prefix + "." + m.name
-            swift = (swift_prefix + "." if swift_prefix else "") + m.name
+            swift = (swift_prefix + "." if swift_prefix else type_prefix) + m.name
             c = (c_prefix + "__" if c_prefix else "") + m.name
             fn = (fn_prefix + "__" if fn_prefix else "") + camel_to_lower(m.name)
             self.types[full] = (swift, c, fn, "message", m)
@@ -108,7 +114,7 @@ class Gen:
         for m in f.message_type:
             walk_msg(m, root, "", c_pkg, fn_pkg)
         for e in f.enum_type:
-            self.types[root + "." + e.name] = (e.name, (c_pkg + "__" if c_pkg else "") + e.name, None, "enum", e)
+            self.types[root + "." + e.name] = (type_prefix + e.name, (c_pkg + "__" if c_pkg else "") + e.name, None, "enum", e)
 
     def w(self, line=""):
         self.out.append(line)
@@ -132,7 +138,7 @@ class Gen:
     def enum(self, full, indent):
         swift, _, _, _, e = self.types[full]
         name = swift.split(".")[-1]
-        prefix = camel_to_lower(name).upper() + "_"
+        prefix = camel_to_lower(e.name).upper() + "_"
         cases = []
         for v in e.value:
             vn = v.name[len(prefix):] if v.name.startswith(prefix) else v.name

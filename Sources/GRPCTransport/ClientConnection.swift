@@ -81,7 +81,10 @@ final class ClientConnection: HTTP2Connection {
     private let maxMessageSize: Int
     var onClosed: (() -> Void)?
 
-    init(fd: Int32, loop: EventLoop, settings: HTTP2Settings, authority: String, maxMessageSize: Int) {
+    private let metadata: [(String, String)]
+
+    init(fd: Int32, loop: EventLoop, settings: HTTP2Settings, authority: String, maxMessageSize: Int, metadata: [(String, String)] = []) {
+        self.metadata = metadata
         self.authority = authority
         self.maxMessageSize = maxMessageSize
         super.init(fd: fd, loop: loop, settings: settings)
@@ -169,6 +172,7 @@ final class ClientConnection: HTTP2Connection {
         headers.add("te", "trailers")
         headers.add("user-agent", "presenced-swift/0.1")
         if let t = call.timeout { headers.add("grpc-timeout", GRPCTimeout.encode(nanoseconds: t)) }
+        for (name, value) in metadata { headers.add(dynamic: name, value) }
         var provider = Self.dataProvider
         let id = headers.withNV { nv, n in nghttp2_submit_request(session, nil, nv, n, &provider, nil) }
         guard id > 0 else {

@@ -10,6 +10,8 @@ public struct ClientConfiguration: Sendable {
     public var http2 = HTTP2Settings()
     /// Largest response message accepted.
     public var maxReceiveMessageSize = 4 * 1024 * 1024
+    /// Headers sent with every call (for example peer authentication).
+    public var metadata: [(String, String)] = []
 
     public init(target: HostPort) {
         self.target = target
@@ -144,7 +146,8 @@ final class ConnectionSlot: @unchecked Sendable {
         if let c = connection, c.isUsable { return c }
         let fd = try Sockets.connect(to: configuration.target)
         let c = ClientConnection(fd: fd, loop: loop, settings: configuration.http2,
-                                 authority: configuration.target.description, maxMessageSize: configuration.maxReceiveMessageSize)
+                                 authority: configuration.target.description, maxMessageSize: configuration.maxReceiveMessageSize,
+                                 metadata: configuration.metadata)
         c.onClosed = { [weak self, unowned c] in
             guard let self else { return }
             if self.connection === c { self.connection = nil }

@@ -388,6 +388,14 @@ struct HeaderBlock {
         spans.append((nameStart, name.utf8CodeUnitCount, valueStart, storage.count - valueStart))
     }
 
+    mutating func add(dynamic name: String, _ value: String) {
+        let nameStart = storage.count
+        storage.append(contentsOf: name.lowercased().utf8)
+        let valueStart = storage.count
+        storage.append(contentsOf: value.utf8)
+        spans.append((nameStart, valueStart - nameStart, valueStart, storage.count - valueStart))
+    }
+
     mutating func add(_ name: StaticString, bytes: [UInt8]) {
         let nameStart = storage.count
         storage.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))

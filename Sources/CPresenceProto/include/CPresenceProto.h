@@ -4,4 +4,6 @@
 #include "google/protobuf/wrappers.pb-c.h"
 #include "presence.pb-c.h"
 #include "health.pb-c.h"
+#include "cluster.pb-c.h"
+#include "admin.pb-c.h"
 #endif
