@@ -34,7 +34,7 @@ let package = Package(
         .target(name: "GRPCTransport", dependencies: ["EventLoop", "CNGHTTP2", "PresenceWire", "CSystemShim"]),
         .target(name: "PresenceCore", dependencies: ["PresenceWire"]),
         .target(name: "ClusterCore", dependencies: ["PresenceCore", "PresenceWire"]),
-        .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "PresenceCore", "EventLoop", "CCrypto"]),
+        .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop", "CCrypto"]),
         .executableTarget(name: "presenced", dependencies: ["PresenceNode"]),
         .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
         .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),

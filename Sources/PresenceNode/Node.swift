@@ -1,6 +1,7 @@
 import EventLoop
 import Foundation
 import GRPCTransport
+import ClusterCore
 import PresenceCore
 import PresenceWire
 
@@ -11,7 +12,9 @@ public final class Node: Sendable {
     public let group: EventLoopGroup
     public let health = HealthService()
     public let engine: PresenceEngine
+    public let membership: Membership
     private let server: GRPCServer
+    private let peerServer: GRPCServer
 
     /// Builds the node; throws when the auth secret file cannot be read.
     public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
@@ -26,21 +29,37 @@ public final class Node: Sendable {
         var registry = ServiceRegistry()
         health.register(in: &registry)
         PresenceService(engine: engine, verifier: verifier).register(in: &registry)
+        let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
+        membership = Membership(nodeID: configuration.nodeID, peerAddress: configuration.peerListen.description,
+                                clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
+                                clusterSecret: clusterSecret, logger: self.logger)
+        AdminService(membership: membership).register(in: &registry)
+        var peerRegistry = ServiceRegistry()
+        membership.register(in: &peerRegistry)
+        peerServer = GRPCServer(configuration: ServerConfiguration(address: configuration.peerListen), services: peerRegistry, group: group)
         server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
     }
 
     /// The client port actually bound (useful with port 0).
     public var clientPort: UInt16 { server.port }
+    /// The peer port actually bound.
+    public var peerPort: UInt16 { peerServer.port }
 
     /// Binds and starts serving.
     public func start() throws {
         Sockets.raiseOpenFileLimit()
         try server.start()
+        try peerServer.start()
+        membership.start(peerAddress: HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
+                         clientAddress: HostPort(host: configuration.listen.host, port: server.port).description)
         logger.info("presenced started", [
             "node_id": configuration.nodeID,
             "listen": HostPort(host: configuration.listen.host, port: server.port).description,
-            "peer_listen": configuration.peerListen.description,
+            "peer_listen": HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
         ])
+        if configuration.clusterSecretFile == nil {
+            logger.warning("no --cluster-secret-file: any process that reaches the peer port can join this cluster")
+        }
         if configuration.authSecretFile == nil {
             logger.warning("OPEN MODE: no --auth-secret-file, so user ids are trusted as clients give them; do not run this way in production")
         }
@@ -50,9 +69,20 @@ public final class Node: Sendable {
     public func shutdown(gracePeriod: UInt64 = 5_000_000_000) async {
         health.setNotServing()
         logger.info("shutting down", ["node_id": configuration.nodeID])
+        await membership.leave()
         await engine.endAllStreams()
+        await peerServer.shutdown(gracePeriod: 200_000_000)
         await server.shutdown(gracePeriod: gracePeriod)
         group.shutdown()
         logger.info("stopped", ["node_id": configuration.nodeID])
+    }
+}
+
+extension Node {
+    /// Stops serving without leaving the cluster or draining anything: what others see of a crash.
+    /// (Tests use it; the process would normally just die.)
+    public func crashForTesting() async {
+        membership.halt()
+        group.shutdown()
     }
 }

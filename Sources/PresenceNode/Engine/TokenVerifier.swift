@@ -14,13 +14,18 @@ public struct TokenVerifier: Sendable {
 
     /// Reads the secret from a file (surrounding whitespace trimmed).
     public init(secretFile path: String) throws {
+        secret = try Self.readSecret(file: path)
+    }
+
+    /// A secret file's bytes, trailing whitespace trimmed; throws when empty or unreadable.
+    public static func readSecret(file path: String) throws -> [UInt8] {
         let data = try Data(contentsOf: URL(fileURLWithPath: path))
         var bytes = [UInt8](data)
         while let last = bytes.last, last == 10 || last == 13 || last == 32 || last == 9 { bytes.removeLast() }
         guard !bytes.isEmpty else {
             throw PresenceError(.invalidArgument, "EMPTY_SECRET", "the secret file \(path) is empty")
         }
-        secret = bytes
+        return bytes
     }
 
     static func hmac(key: [UInt8], message: [UInt8]) -> [UInt8] {

@@ -1,0 +1,284 @@
+import ClusterCore
+import EventLoop
+import Foundation
+import GRPCTransport
+import PresenceWire
+import Synchronization
+
+/// Runs SWIM for this node: carries out what `SWIM.Instance` decides (probes over the peer link,
+/// timers on an event loop), answers other nodes' probes, joins through the seeds, and keeps the
+/// hash ring of alive members up to date. The instance itself is pure; this is only its shell.
+public final class Membership: Sendable {
+    public let nodeID: String
+    private let addresses: Mutex<(peer: String, client: String)>
+    public var peerAddress: String { addresses.withLock { $0.peer } }
+    public var clientAddress: String { addresses.withLock { $0.client } }
+    private let loop: EventLoop
+    private let group: EventLoopGroup
+    private let seeds: [HostPort]
+    private let authHeader: (String, String)?
+    private let logger: Logger
+    private let swim: Mutex<SWIM.Instance>
+    private let clients = Mutex<[String: GRPCClient]>([:])
+    private let relayWaiters = Mutex<[String: CheckedContinuation<ClusterPingResponse?, Never>]>([:])
+    private let ringState: Mutex<HashRing>
+    private let running = Atomic<Bool>(false)
+    public let settings: SWIM.Settings
+
+    public init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], group: EventLoopGroup,
+                clusterSecret: [UInt8]?, settings: SWIM.Settings = SWIM.Settings(), logger: Logger) {
+        self.nodeID = nodeID
+        self.addresses = Mutex((peerAddress, clientAddress))
+        self.seeds = seeds
+        self.group = group
+        self.loop = group.loops[0]
+        self.logger = logger
+        self.settings = settings
+        self.authHeader = clusterSecret.map { ("cluster-auth", Self.authToken(secret: $0)) }
+        swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue)))
+        ringState = Mutex(HashRing(members: [nodeID]))
+    }
+
+    /// The value peers must send in `cluster-auth`: HMAC-SHA256(secret, "presence-cluster"), hex.
+    static func authToken(secret: [UInt8]) -> String {
+        TokenVerifier.hmac(key: secret, message: Array("presence-cluster".utf8)).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// Checks a peer call's `cluster-auth` header (when this node has a cluster secret).
+    func authorize(_ ctx: ServerContext) throws {
+        guard let (name, expected) = authHeader else { return }
+        guard let got = ctx.metadata.first(where: { $0.0 == name })?.1, got.utf8.count == expected.utf8.count,
+              zip(got.utf8, expected.utf8).reduce(0, { $0 | ($1.0 ^ $1.1) }) == 0 else {
+            throw GRPCStatus(.unauthenticated, "CLUSTER_AUTH: peer calls need the cluster secret")
+        }
+    }
+
+    // MARK: State for others
+
+    /// What this node knows of every member.
+    public var members: [SWIM.Update] { swim.withLock { $0.fullState } }
+    public var ring: HashRing { ringState.withLock { $0 } }
+    public var myIncarnation: UInt64 { swim.withLock { $0.myself.incarnation } }
+
+    private func updateRing() {
+        let alive = swim.withLock { s in s.fullState.filter { $0.status == .alive || $0.status == .suspect }.map(\.id) }
+        ringState.withLock { r in
+            if Set(r.members) != Set(alive) { r = HashRing(members: alive, virtualNodes: r.virtualNodes) }
+        }
+    }
+
+    // MARK: Running
+
+    /// Starts probing and joins through the seeds (retrying in the background until one answers).
+    /// The addresses are the ones actually bound (a port 0 is known only then).
+    public func start(peerAddress: String, clientAddress: String) {
+        addresses.withLock { $0 = (peerAddress, clientAddress) }
+        let settings = self.settings
+        swim.withLock { $0 = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue)) }
+        running.store(true, ordering: .relaxed)
+        scheduleTick()
+        guard !seeds.isEmpty else { return }
+        Task { [self] in
+            var attempt = 0
+            while running.load(ordering: .relaxed) {
+                if await joinThroughSeeds() { return }
+                attempt += 1
+                if attempt == 1 || attempt % 10 == 0 { logger.warning("no seed answered yet; retrying", ["seeds": seeds.map(\.description).joined(separator: ",")]) }
+                try? await Task.sleep(nanoseconds: 500_000_000)
+            }
+        }
+    }
+
+    private func joinThroughSeeds() async -> Bool {
+        let me = swim.withLock { $0.myself }
+        for seed in seeds where seed.description != peerAddress {
+            let req = ClusterJoinRequest(member: wire(me))
+            guard let resp = try? await client(seed.description).unary(MembershipMethods.join, req, timeout: .seconds(1)) else { continue }
+            let now = MonotonicClock.now()
+            let ds = swim.withLock { s -> [SWIM.Directive] in
+                var out: [SWIM.Directive] = []
+                for m in resp.members { if let u = Self.update(m) { out += s.receivedJoin(u, now: now) } }
+                return out
+            }
+            carryOut(ds)
+            logger.info("joined the cluster", ["seed": seed.description, "members": String(resp.members.count)])
+            return true
+        }
+        return false
+    }
+
+    /// Graceful leave: tell a few members, stop probing.
+    public func leave() async {
+        guard running.exchange(false, ordering: .relaxed) else { return }
+        let (bye, targets) = swim.withLock { s in (s.leave(), s.liveMembers.prefix(3).map { $0 }) }
+        for t in targets {
+            _ = try? await client(t.address).unary(MembershipMethods.ping,
+                ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: 0, gossip: [wire(bye)]), timeout: .milliseconds(300))
+        }
+        clients.withLock { cs in cs.values.forEach { $0.close() } }
+    }
+
+    /// Stops without a word to anyone (tests use it to play a crash).
+    public func halt() {
+        running.store(false, ordering: .relaxed)
+        clients.withLock { cs in cs.values.forEach { $0.close() } }
+    }
+
+    private func scheduleTick() {
+        let period = settings.probeInterval
+        loop.execute { [self] in
+            loop.scheduleTimer(after: period) { [self] in
+                guard running.load(ordering: .relaxed) else { return }
+                let now = MonotonicClock.now()
+                carryOut(swim.withLock { $0.periodTick(now: now) })
+                scheduleTick()
+            }
+        }
+    }
+
+    private func client(_ address: String) -> GRPCClient {
+        clients.withLock { cs in
+            if let c = cs[address] { return c }
+            var config = ClientConfiguration(target: HostPort(parsing: address) ?? HostPort(host: "127.0.0.1", port: 0))
+            config.http2.keepaliveInterval = 2_000_000_000
+            config.http2.keepaliveTimeout = 1_000_000_000
+            if let h = authHeader { config.metadata = [h] }
+            let c = GRPCClient(configuration: config, group: group)
+            cs[address] = c
+            return c
+        }
+    }
+
+    // MARK: Directives
+
+    private func carryOut(_ directives: [SWIM.Directive]) {
+        for d in directives {
+            switch d {
+            case .sendPing(let to, let address, let seq, let gossip):
+                let req = ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: seq, gossip: gossip.map(wire))
+                let c = client(address)
+                let timeout = Duration.nanoseconds(Int64(settings.probeInterval * 2))
+                Task { [self] in
+                    guard let resp = try? await c.unary(MembershipMethods.ping, req, timeout: timeout) else { return }
+                    let now = MonotonicClock.now()
+                    carryOut(swim.withLock { $0.receivedAck(from: to, sequence: resp.sequence, gossip: resp.gossip.compactMap(Self.update), now: now) })
+                }
+            case .sendAck(let to, _, let seq, let gossip):
+                // acks travel as responses: hand it to the indirect probe that waits for it
+                let waiter = relayWaiters.withLock { $0.removeValue(forKey: "\(to)#\(seq)") }
+                waiter?.resume(returning: ClusterPingResponse(fromNodeID: nodeID, sequence: seq, gossip: gossip.map(wire)))
+            case .sendPingRequest(_, let address, let target, let targetAddress, let seq, let gossip):
+                let req = ClusterIndirectPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, targetNodeID: target,
+                                                     targetAddress: targetAddress, sequence: seq, gossip: gossip.map(wire))
+                let c = client(address)
+                let timeout = Duration.nanoseconds(Int64(settings.probeInterval * 2))
+                Task { [self] in
+                    guard let resp = try? await c.unary(MembershipMethods.indirectPing, req, timeout: timeout) else { return }
+                    let now = MonotonicClock.now()
+                    carryOut(swim.withLock { $0.receivedAck(from: target, sequence: seq, gossip: resp.gossip.compactMap(Self.update), now: now) })
+                }
+            case .scheduleProbeTimeout(let seq, let at):
+                loop.execute { [self] in
+                    loop.scheduleTimer(at: at) { [self] in
+                        let now = MonotonicClock.now()
+                        carryOut(swim.withLock { $0.probeTimedOut(sequence: seq, now: now) })
+                    }
+                }
+            case .scheduleSuspicionCheck(let at):
+                loop.execute { [self] in
+                    loop.scheduleTimer(at: at) { [self] in
+                        let now = MonotonicClock.now()
+                        carryOut(swim.withLock { $0.suspicionsDue(now: now) })
+                    }
+                }
+            case .memberChanged(let u):
+                logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation)])
+                updateRing()
+            }
+        }
+    }
+
+    // MARK: Peer service
+
+    func handlePing(_ req: ClusterPingRequest) -> ClusterPingResponse {
+        let now = MonotonicClock.now()
+        var ds = swim.withLock { $0.receivedPing(from: req.fromNodeID, address: req.fromAddress, sequence: req.sequence,
+                                                   gossip: req.gossip.compactMap(Self.update), now: now) }
+        var response = ClusterPingResponse(fromNodeID: nodeID, sequence: req.sequence)
+        if let i = ds.firstIndex(where: { if case .sendAck(let to, _, let seq, _) = $0 { return to == req.fromNodeID && seq == req.sequence }; return false }),
+           case .sendAck(_, _, _, let gossip) = ds[i] {
+            response.gossip = gossip.map(wire)
+            ds.remove(at: i)
+        }
+        carryOut(ds)
+        return response
+    }
+
+    func handleIndirectPing(_ req: ClusterIndirectPingRequest) async throws -> ClusterPingResponse {
+        let now = MonotonicClock.now()
+        let key = "\(req.fromNodeID)#\(req.sequence)"
+        let wait = settings.probeInterval * 2
+        let response = await withCheckedContinuation { (c: CheckedContinuation<ClusterPingResponse?, Never>) in
+            relayWaiters.withLock { $0[key] = c }
+            carryOut(swim.withLock {
+                $0.receivedPingRequest(from: req.fromNodeID, address: req.fromAddress, target: req.targetNodeID, targetAddress: req.targetAddress,
+                                       sequence: req.sequence, gossip: req.gossip.compactMap(Self.update), now: now)
+            })
+            loop.execute { [self] in
+                loop.scheduleTimer(after: wait) { [self] in
+                    relayWaiters.withLock { $0.removeValue(forKey: key) }?.resume(returning: nil)
+                }
+            }
+        }
+        guard let response else { throw GRPCStatus(.unavailable, "PROBE_FAILED: \(req.targetNodeID) did not answer") }
+        return response
+    }
+
+    func handleJoin(_ req: ClusterJoinRequest) throws -> ClusterJoinResponse {
+        guard let m = req.member, let u = Self.update(m) else { throw GRPCStatus(.invalidArgument, "JOIN: no member") }
+        let now = MonotonicClock.now()
+        carryOut(swim.withLock { $0.receivedJoin(u, now: now) })
+        return ClusterJoinResponse(members: swim.withLock { $0.fullState }.map(wire))
+    }
+
+    public func register(in registry: inout ServiceRegistry) {
+        registry.unary(MembershipMethods.ping) { [self] req, ctx in
+            try authorize(ctx)
+            return handlePing(req)
+        }
+        registry.unary(MembershipMethods.indirectPing) { [self] req, ctx in
+            try authorize(ctx)
+            return try await handleIndirectPing(req)
+        }
+        registry.unary(MembershipMethods.join) { [self] req, ctx in
+            try authorize(ctx)
+            return try handleJoin(req)
+        }
+    }
+
+    // MARK: Wire mapping
+
+    func wire(_ u: SWIM.Update) -> ClusterMemberUpdate {
+        let status: ClusterMemberStatus
+        switch u.status {
+        case .alive: status = .alive
+        case .suspect: status = .suspect
+        case .dead: status = .dead
+        case .left: status = .left
+        }
+        return ClusterMemberUpdate(nodeID: u.id, address: u.address, status: status, incarnation: u.incarnation)
+    }
+
+    static func update(_ m: ClusterMemberUpdate) -> SWIM.Update? {
+        let status: SWIM.Status
+        switch m.status {
+        case .alive: status = .alive
+        case .suspect: status = .suspect
+        case .dead: status = .dead
+        case .left: status = .left
+        default: return nil
+        }
+        guard !m.nodeID.isEmpty, !m.address.isEmpty else { return nil }
+        return SWIM.Update(id: m.nodeID, address: m.address, status: status, incarnation: m.incarnation)
+    }
+}

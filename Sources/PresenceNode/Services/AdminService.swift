@@ -1,0 +1,29 @@
+import ClusterCore
+import GRPCTransport
+import PresenceCore
+import PresenceWire
+
+/// `presence.admin.v1.Admin`: the members this node knows and who owns what on its ring.
+public struct AdminService: Sendable {
+    let membership: Membership
+
+    public func register(in registry: inout ServiceRegistry) {
+        let membership = self.membership
+        registry.unary(AdminMethods.members) { _, _ in
+            AdminMembersResponse(members: membership.members.map { u in
+                AdminMember(nodeID: u.id, peerAddress: u.address, clientAddress: u.id == membership.nodeID ? membership.clientAddress : "",
+                            status: membership.wire(u).status, incarnation: u.incarnation, isSelf: u.id == membership.nodeID)
+            })
+        }
+        registry.unary(AdminMethods.ring) { req, _ in
+            let ring = membership.ring
+            var resp = AdminRingResponse(ringMembers: ring.members)
+            if !req.channelName.isEmpty {
+                let type = ChannelType(rawValue: req.channelType == 0 ? 1 : req.channelType)
+                resp.channelOwners = ring.owners(of: ChannelKey(name: req.channelName, type: type), count: 3)
+            }
+            if !req.userID.isEmpty { resp.userHome = ring.home(ofUser: req.userID) ?? "" }
+            return resp
+        }
+    }
+}

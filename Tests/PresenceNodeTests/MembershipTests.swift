@@ -1,0 +1,68 @@
+import ClusterCore
+import EventLoop
+import Foundation
+import GRPCTransport
+@testable import PresenceNode
+import PresenceWire
+import Testing
+
+@Suite(.serialized) struct MembershipTests {
+    func statuses(_ n: TestNode) -> [String: SWIM.Status] {
+        Dictionary(uniqueKeysWithValues: n.node.membership.members.map { ($0.id, $0.status) })
+    }
+
+    @Test func nodesJoinThroughASeedAndDetectACrash() async throws {
+        let a = try TestNode(nodeID: "a")
+        let seed = HostPort(host: "127.0.0.1", port: a.node.peerPort)
+        let b = try TestNode(nodeID: "b", seeds: [seed])
+        let c = try TestNode(nodeID: "c", seeds: [seed])
+        let all = [a, b, c]
+        try await waitUntil("everyone sees everyone alive", within: 10) {
+            all.allSatisfy { n in statuses(n) == ["a": .alive, "b": .alive, "c": .alive] }
+        }
+        #expect(a.node.membership.ring.members == ["a", "b", "c"])
+        // the admin service tells the same
+        let admin = try await a.raw().unary(AdminMethods.members, AdminMembersRequest())
+        #expect(Set(admin.members.map(\.nodeID)) == ["a", "b", "c"])
+        #expect(admin.members.first { $0.isSelf }?.nodeID == "a")
+        let ring = try await b.raw().unary(AdminMethods.ring, AdminRingRequest(channelName: "lobby", channelType: 1, userID: "ann"))
+        #expect(ring.channelOwners.count == 3 && ring.ringMembers == ["a", "b", "c"] && !ring.userHome.isEmpty)
+        // c crashes: a and b confirm it dead
+        let t0 = MonotonicClock.now()
+        await c.node.crashForTesting()
+        try await waitUntil("c confirmed dead", within: 6) {
+            statuses(a)["c"] == .dead && statuses(b)["c"] == .dead
+        }
+        let took = Double(MonotonicClock.now() - t0) / 1e9
+        #expect(took < 4, "took \(took) s")
+        #expect(a.node.membership.ring.members == ["a", "b"])
+        await b.stop()
+        try await waitUntil("b's graceful leave seen", within: 5) { statuses(a)["b"] == .left }
+        await a.stop()
+    }
+
+    @Test func aNodeWithoutTheClusterSecretCannotJoin() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        let secret = dir.appendingPathComponent("cluster").path
+        try "cluster-s3cret".write(toFile: secret, atomically: true, encoding: .utf8)
+        let wrong = dir.appendingPathComponent("wrong").path
+        try "not-it".write(toFile: wrong, atomically: true, encoding: .utf8)
+        let a = try TestNode(nodeID: "a", clusterSecretFile: secret)
+        let seed = HostPort(host: "127.0.0.1", port: a.node.peerPort)
+        let good = try TestNode(nodeID: "good", seeds: [seed], clusterSecretFile: secret)
+        let bad = try TestNode(nodeID: "bad", seeds: [seed], clusterSecretFile: wrong)
+        let none = try TestNode(nodeID: "none", seeds: [seed])
+        try await waitUntil("good joined", within: 10) { statuses(a)["good"] == .alive }
+        try await Task.sleep(nanoseconds: 1_000_000_000)
+        #expect(statuses(a)["bad"] == nil && statuses(a)["none"] == nil)
+        #expect(statuses(bad).keys.sorted() == ["bad"])
+        // a raw peer call without the secret is refused
+        let peer = GRPCClient(target: seed, group: a.group)
+        await expectError(.unauthenticated, "CLUSTER_AUTH") {
+            _ = try await peer.unary(MembershipMethods.ping, ClusterPingRequest(fromNodeID: "x", fromAddress: "127.0.0.1:1", sequence: 1))
+        }
+        peer.close()
+        for n in [none, bad, good, a] { await n.stop() }
+    }
+}
