@@ -27,6 +27,9 @@ public enum PresenceCtl {
       watch CHANNEL --user U [--type T] [--json] [--follow USER ...]
                            join with presence as U and print each event on a line (JSON with --json);
                            --follow also prints status changes of those users
+      members              the cluster members this node knows: id, peer address, status, incarnation
+      ring [CHANNEL] [--type T] [--user U]
+                           ring members; with CHANNEL its owner and replicas, with --user the user's home
       bench setstate|online-users|fanout [--clients N] [--duration S] [--subscribers N] [--connections N]
                            load tests (see BENCHMARKS.md)
       help                 this text
@@ -74,6 +77,8 @@ public enum PresenceCtl {
         case "status": try await ctx.status(rest)
         case "join": try await ctx.join(rest, watch: false)
         case "watch": try await ctx.join(rest, watch: true)
+        case "members": try await ctx.members(rest)
+        case "ring": try await ctx.ring(rest)
         case "bench": try await Bench(ctx: ctx).run(rest)
         default: throw UsageError("unknown command '\(command)'")
         }
@@ -121,6 +126,33 @@ struct Context: Sendable {
         guard rest.count == 1 else { throw UsageError("where takes one USER") }
         let r = try await rawClient().unary(PresenceMethods.getUserChannels, GetUserChannelsRequest(userID: rest[0]))
         for c in r.channels { Output.line("\(c.channelName) \(Format.type(c.channelType))") }
+    }
+
+    func members(_ rest: [String]) async throws {
+        try args.check(allowed: ["server", "token"])
+        guard rest.isEmpty else { throw UsageError("members takes no arguments") }
+        let r = try await rawClient().unary(AdminMethods.members, AdminMembersRequest())
+        for m in r.members {
+            let status: String
+            switch m.status {
+            case .alive: status = "alive"
+            case .suspect: status = "suspect"
+            case .dead: status = "dead"
+            case .left: status = "left"
+            default: status = "unknown"
+            }
+            Output.line("\(m.nodeID) \(m.peerAddress) \(status) incarnation=\(m.incarnation)\(m.isSelf ? " (this node, clients \(m.clientAddress))" : "")")
+        }
+    }
+
+    func ring(_ rest: [String]) async throws {
+        try args.check(allowed: ["server", "token", "type", "user"])
+        guard rest.count <= 1 else { throw UsageError("ring takes at most one CHANNEL") }
+        let type = try channelType()
+        let r = try await rawClient().unary(AdminMethods.ring, AdminRingRequest(channelName: rest.first ?? "", channelType: type.rawValue, userID: args.value("user") ?? ""))
+        Output.line("members: \(r.ringMembers.joined(separator: " "))")
+        if let ch = rest.first { Output.line("channel \(ch): owner \(r.channelOwners.first ?? "-"), replicas \(r.channelOwners.dropFirst().joined(separator: " "))") }
+        if let u = args.value("user") { Output.line("user \(u): home \(r.userHome)") }
     }
 
     func state(_ rest: [String]) async throws {
