@@ -41,7 +41,7 @@ let package = Package(
         .executableTarget(name: "presencectl", dependencies: ["PresenceCtl", "EventLoop"]),
         .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire", "EventLoop", "ClusterCore"]),
 
-        .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire"]),
+        .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire", "PresenceCore"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),
         .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
         .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),

@@ -1,4 +1,5 @@
 import Foundation
+import PresenceCore
 
 /// SWIM membership with Lifeguard's suspicion and local health (ARCHITECTURE.md, "Membership"),
 /// as a plain value: inputs are messages, timer firings and clock readings; outputs are
@@ -100,7 +101,7 @@ public enum SWIM {
         private var relays: [UInt64: (requester: String, requesterSequence: UInt64)] = [:]
         private var suspicions: [String: Suspicion] = [:]
         private var gossip: [String: (update: Update, sent: Int)] = [:]
-        private var rng: SplitMix
+        private var rng: SplitMix64
 
         struct Probe: Sendable {
             let target: String
@@ -117,7 +118,7 @@ public enum SWIM {
             self.settings = settings
             myself = Update(id: id, address: address, status: .alive, incarnation: 0)
             members[id] = myself
-            rng = SplitMix(seed: seed)
+            rng = SplitMix64(seed: seed)
         }
 
         /// Members other than this node that are alive or suspect.
@@ -343,18 +344,5 @@ public enum SWIM {
             enqueue(myself)
             return myself
         }
-    }
-}
-
-/// A small deterministic generator (SplitMix64), so a seeded instance makes the same choices.
-struct SplitMix: RandomNumberGenerator, Sendable {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

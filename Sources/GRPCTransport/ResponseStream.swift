@@ -102,56 +102,48 @@ final class ResponseStreamState: Sendable {
 
     /// Reader side: every message that has arrived (waiting for at least one); nil at a clean end.
     func nextBatch() async throws -> [[UInt8]]? {
-        let batch = try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (c: CheckedContinuation<[[UInt8]]?, Error>) in
-                let outcome = state.withLock { s -> Result<[[UInt8]]?, Error>? in
-                    if s.head < s.messages.count { return .success(Self.popAll(&s)) }
-                    if let status = s.status {
-                        return status.code == .ok ? .success(nil) : .failure(status)
-                    }
-                    s.batchWaiter = c
-                    return nil
-                }
-                if let outcome { c.resume(with: outcome) }
-            }
-        } onCancel: {
-            cancelCall()
-        }
-        if batch != nil { creditTaken() }
-        return batch
+        try await take(Self.popAll) { s, c in s.batchWaiter = c }
     }
 
     /// Reader side: the next message, nil at a clean end, throws the status otherwise.
     func next() async throws -> [UInt8]? {
-        let immediate = try state.withLock { s -> [UInt8]?? in
-            if s.head < s.messages.count { return .some(Self.pop(&s)) }
+        try await take(Self.pop) { s, c in s.waiter = c }
+    }
+
+    /// Takes what `pick` takes from the queue, waiting (parked by `park`) while it is empty;
+    /// nil at a clean end, the status otherwise. Credits the window for what was taken.
+    private func take<T: Sendable>(_ pick: (inout State) -> T,
+                                   park: (inout State, CheckedContinuation<T?, Error>) -> Void) async throws -> T? {
+        let ready = try state.withLock { s -> T?? in
+            if s.head < s.messages.count { return .some(pick(&s)) }
             if let status = s.status {
                 if status.code == .ok { return .some(nil) }
                 throw status
             }
             return .none
         }
-        if let immediate {
-            if immediate != nil { creditTaken() }
-            return immediate
-        }
-        let message = try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (c: CheckedContinuation<[UInt8]?, Error>) in
-                let outcome = state.withLock { s -> Result<[UInt8]?, Error>? in
-                    if s.head < s.messages.count { return .success(Self.pop(&s)) }
-                    if let status = s.status {
-                        return status.code == .ok ? .success(nil) : .failure(status)
+        let value: T?
+        if let ready {
+            value = ready
+        } else {
+            value = try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { (c: CheckedContinuation<T?, Error>) in
+                    let outcome = state.withLock { s -> Result<T?, Error>? in
+                        if s.head < s.messages.count { return .success(pick(&s)) }
+                        if let status = s.status {
+                            return status.code == .ok ? .success(nil) : .failure(status)
+                        }
+                        park(&s, c)
+                        return nil
                     }
-                    s.waiter = c
-                    return nil
+                    if let outcome { c.resume(with: outcome) }
                 }
-                if let outcome { c.resume(with: outcome) }
+            } onCancel: {
+                cancelCall()
             }
-        } onCancel: {
-            cancelCall()
         }
-        if message != nil { creditTaken() }
-        return message
+        if value != nil { creditTaken() }
+        return value
     }
 }
 

@@ -251,7 +251,7 @@ final class ServerConnection: HTTP2Connection {
                 respond(s, try handler(request, context))
                 finish(s, .ok)
             } catch {
-                finish(s, Self.status(for: error))
+                finish(s, GRPCStatus(error))
             }
         case .unary(let handler):
             // Starts on this thread and runs until it first waits, and prefers this loop after
@@ -280,7 +280,6 @@ final class ServerConnection: HTTP2Connection {
         }
     }
 
-    static func status(for error: Error) -> GRPCStatus { GRPCStatus(error) }
 
     private func unaryCompleted(streamID: Int32, _ result: Result<[UInt8], Error>) {
         guard let s = stream(streamID), s.status == nil else { return }
@@ -290,7 +289,7 @@ final class ServerConnection: HTTP2Connection {
             respond(s, bytes)
             finish(s, .ok)
         case .failure(let error):
-            finish(s, Self.status(for: error))
+            finish(s, GRPCStatus(error))
         }
     }
 

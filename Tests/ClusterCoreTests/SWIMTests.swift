@@ -1,4 +1,5 @@
 @testable import ClusterCore
+import PresenceCore
 import Testing
 
 typealias U = SWIM.Update
@@ -45,7 +46,7 @@ struct Simulation {
     var down = Set<String>()
     var latency: UInt64 = 500_000           // 0.5 ms, loopback-ish
     var jitter: UInt64 = 0                  // extra random delay, up to this
-    var rng = SplitMix(seed: 7)
+    var rng = SplitMix64(seed: 7)
     /// (time, observer, what it learnt)
     var changes: [(at: UInt64, observer: String, update: U)] = []
     var delivered = 0

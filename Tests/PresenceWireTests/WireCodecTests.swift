@@ -1,3 +1,4 @@
+import PresenceCore
 import Testing
 @testable import PresenceWire
 
@@ -86,18 +87,5 @@ import Testing
         #expect(try HealthCheckResponse(serializedBytes: [0x08, 0x02]).status == .notServing)
         #expect(HealthMethods.check.path == "/grpc.health.v1.Health/Check")
         #expect(PresenceMethods.openSession.kind == .serverStreaming)
-    }
-}
-
-/// A small deterministic generator, so the garbage test is the same every run.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

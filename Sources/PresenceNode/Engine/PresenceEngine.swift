@@ -45,7 +45,15 @@ public final class PresenceEngine: Sendable {
 
     private func gateway(_ id: SessionID) -> GatewayShard { gateways[Int(id.raw % UInt64(gateways.count))] }
     private func owner(_ key: ChannelKey) -> ChannelShard { channelShards[Int(StableHash.of(key) % UInt64(channelShards.count))] }
-    private func home(_ user: String) -> UserHomeShard { userHomes[Int(StableHash.of(user) % UInt64(userHomes.count))] }
+    private func homeIndex(_ user: String) -> Int { Int(StableHash.of(user) % UInt64(userHomes.count)) }
+    private func home(_ user: String) -> UserHomeShard { userHomes[homeIndex(user)] }
+
+    /// Users grouped by the user-home shard that owns them, one hop per shard.
+    private func byHome(_ users: [String]) -> [(UserHomeShard, [String])] {
+        var groups: [Int: [String]] = [:]
+        for u in users { groups[homeIndex(u), default: []].append(u) }
+        return groups.map { (userHomes[$0.key], $0.value) }
+    }
 
     // MARK: Sessions
 
@@ -120,9 +128,7 @@ public final class PresenceEngine: Sendable {
     }
 
     private func unwatch(_ users: [String], by id: SessionID) async {
-        var byHome: [Int: [String]] = [:]
-        for u in users { byHome[Int(StableHash.of(u) % UInt64(userHomes.count)), default: []].append(u) }
-        for (i, us) in byHome { await userHomes[i].unwatch(us, by: id) }
+        for (shard, us) in byHome(users) { await shard.unwatch(us, by: id) }
     }
 
     /// Ends every session's stream (node shutdown); the sessions stay, to resume elsewhere.
@@ -221,9 +227,7 @@ public final class PresenceEngine: Sendable {
     public func getUserStatuses(_ users: [String]) async throws(PresenceError) -> [UserStatusEntry] {
         let users = try Validate.userList(users, field: "user_ids")
         var found: [String: UserStatus] = [:]
-        var byHome: [Int: [String]] = [:]
-        for u in users { byHome[Int(StableHash.of(u) % UInt64(userHomes.count)), default: []].append(u) }
-        for (i, us) in byHome { found.merge(await userHomes[i].statuses(us)) { a, _ in a } }
+        for (shard, us) in byHome(users) { found.merge(await shard.statuses(us)) { a, _ in a } }
         return users.map { UserStatusEntry(userID: $0, status: found[$0] ?? .unknown) }
     }
 
@@ -234,9 +238,7 @@ public final class PresenceEngine: Sendable {
         let (_, outbox, added) = try gateway(id).watch(id, add: add, remove: remove)
         await unwatch(remove.filter { !added.contains($0) }, by: id)
         var statuses: [String: UserStatus] = [:]
-        var byHome: [Int: [String]] = [:]
-        for u in added { byHome[Int(StableHash.of(u) % UInt64(userHomes.count)), default: []].append(u) }
-        for (i, us) in byHome { statuses.merge(await userHomes[i].watch(us, by: id, outbox: outbox)) { a, _ in a } }
+        for (shard, us) in byHome(added) { statuses.merge(await shard.watch(us, by: id, outbox: outbox)) { a, _ in a } }
         return added.map { UserStatusEntry(userID: $0, status: statuses[$0] ?? .unknown) }
     }
 
