@@ -277,6 +277,636 @@ void   presence__cluster__v1__join_response__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__join_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   presence__cluster__v1__session_ref__init
+                     (Presence__Cluster__V1__SessionRef         *message)
+{
+  static const Presence__Cluster__V1__SessionRef init_value = PRESENCE__CLUSTER__V1__SESSION_REF__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__session_ref__get_packed_size
+                     (const Presence__Cluster__V1__SessionRef *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_ref__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__session_ref__pack
+                     (const Presence__Cluster__V1__SessionRef *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_ref__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__session_ref__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionRef *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_ref__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__SessionRef *
+       presence__cluster__v1__session_ref__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__SessionRef *)
+     protobuf_c_message_unpack (&presence__cluster__v1__session_ref__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__session_ref__free_unpacked
+                     (Presence__Cluster__V1__SessionRef *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__session_ref__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__call_error__init
+                     (Presence__Cluster__V1__CallError         *message)
+{
+  static const Presence__Cluster__V1__CallError init_value = PRESENCE__CLUSTER__V1__CALL_ERROR__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__call_error__get_packed_size
+                     (const Presence__Cluster__V1__CallError *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__call_error__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__call_error__pack
+                     (const Presence__Cluster__V1__CallError *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__call_error__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__call_error__pack_to_buffer
+                     (const Presence__Cluster__V1__CallError *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__call_error__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__CallError *
+       presence__cluster__v1__call_error__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__CallError *)
+     protobuf_c_message_unpack (&presence__cluster__v1__call_error__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__call_error__free_unpacked
+                     (Presence__Cluster__V1__CallError *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__call_error__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__channel_call__init
+                     (Presence__Cluster__V1__ChannelCall         *message)
+{
+  static const Presence__Cluster__V1__ChannelCall init_value = PRESENCE__CLUSTER__V1__CHANNEL_CALL__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__channel_call__get_packed_size
+                     (const Presence__Cluster__V1__ChannelCall *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_call__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__channel_call__pack
+                     (const Presence__Cluster__V1__ChannelCall *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_call__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__channel_call__pack_to_buffer
+                     (const Presence__Cluster__V1__ChannelCall *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_call__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ChannelCall *
+       presence__cluster__v1__channel_call__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ChannelCall *)
+     protobuf_c_message_unpack (&presence__cluster__v1__channel_call__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__channel_call__free_unpacked
+                     (Presence__Cluster__V1__ChannelCall *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__channel_call__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__channel_result__init
+                     (Presence__Cluster__V1__ChannelResult         *message)
+{
+  static const Presence__Cluster__V1__ChannelResult init_value = PRESENCE__CLUSTER__V1__CHANNEL_RESULT__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__channel_result__get_packed_size
+                     (const Presence__Cluster__V1__ChannelResult *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_result__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__channel_result__pack
+                     (const Presence__Cluster__V1__ChannelResult *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_result__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__channel_result__pack_to_buffer
+                     (const Presence__Cluster__V1__ChannelResult *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_result__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ChannelResult *
+       presence__cluster__v1__channel_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ChannelResult *)
+     protobuf_c_message_unpack (&presence__cluster__v1__channel_result__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__channel_result__free_unpacked
+                     (Presence__Cluster__V1__ChannelResult *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__channel_result__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__session_channel__init
+                     (Presence__Cluster__V1__SessionChannel         *message)
+{
+  static const Presence__Cluster__V1__SessionChannel init_value = PRESENCE__CLUSTER__V1__SESSION_CHANNEL__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__session_channel__get_packed_size
+                     (const Presence__Cluster__V1__SessionChannel *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_channel__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__session_channel__pack
+                     (const Presence__Cluster__V1__SessionChannel *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_channel__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__session_channel__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionChannel *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_channel__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__SessionChannel *
+       presence__cluster__v1__session_channel__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__SessionChannel *)
+     protobuf_c_message_unpack (&presence__cluster__v1__session_channel__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__session_channel__free_unpacked
+                     (Presence__Cluster__V1__SessionChannel *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__session_channel__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__home_session__init
+                     (Presence__Cluster__V1__HomeSession         *message)
+{
+  static const Presence__Cluster__V1__HomeSession init_value = PRESENCE__CLUSTER__V1__HOME_SESSION__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__home_session__get_packed_size
+                     (const Presence__Cluster__V1__HomeSession *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_session__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__home_session__pack
+                     (const Presence__Cluster__V1__HomeSession *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_session__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__home_session__pack_to_buffer
+                     (const Presence__Cluster__V1__HomeSession *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_session__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__HomeSession *
+       presence__cluster__v1__home_session__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__HomeSession *)
+     protobuf_c_message_unpack (&presence__cluster__v1__home_session__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__home_session__free_unpacked
+                     (Presence__Cluster__V1__HomeSession *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__home_session__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__home_call__init
+                     (Presence__Cluster__V1__HomeCall         *message)
+{
+  static const Presence__Cluster__V1__HomeCall init_value = PRESENCE__CLUSTER__V1__HOME_CALL__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__home_call__get_packed_size
+                     (const Presence__Cluster__V1__HomeCall *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_call__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__home_call__pack
+                     (const Presence__Cluster__V1__HomeCall *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_call__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__home_call__pack_to_buffer
+                     (const Presence__Cluster__V1__HomeCall *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_call__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__HomeCall *
+       presence__cluster__v1__home_call__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__HomeCall *)
+     protobuf_c_message_unpack (&presence__cluster__v1__home_call__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__home_call__free_unpacked
+                     (Presence__Cluster__V1__HomeCall *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__home_call__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__home_result__init
+                     (Presence__Cluster__V1__HomeResult         *message)
+{
+  static const Presence__Cluster__V1__HomeResult init_value = PRESENCE__CLUSTER__V1__HOME_RESULT__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__home_result__get_packed_size
+                     (const Presence__Cluster__V1__HomeResult *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_result__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__home_result__pack
+                     (const Presence__Cluster__V1__HomeResult *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_result__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__home_result__pack_to_buffer
+                     (const Presence__Cluster__V1__HomeResult *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_result__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__HomeResult *
+       presence__cluster__v1__home_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__HomeResult *)
+     protobuf_c_message_unpack (&presence__cluster__v1__home_result__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__home_result__free_unpacked
+                     (Presence__Cluster__V1__HomeResult *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__home_result__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__member_record__init
+                     (Presence__Cluster__V1__MemberRecord         *message)
+{
+  static const Presence__Cluster__V1__MemberRecord init_value = PRESENCE__CLUSTER__V1__MEMBER_RECORD__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__member_record__get_packed_size
+                     (const Presence__Cluster__V1__MemberRecord *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__member_record__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__member_record__pack
+                     (const Presence__Cluster__V1__MemberRecord *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__member_record__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__member_record__pack_to_buffer
+                     (const Presence__Cluster__V1__MemberRecord *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__member_record__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__MemberRecord *
+       presence__cluster__v1__member_record__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__MemberRecord *)
+     protobuf_c_message_unpack (&presence__cluster__v1__member_record__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__member_record__free_unpacked
+                     (Presence__Cluster__V1__MemberRecord *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__member_record__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__channel_record__init
+                     (Presence__Cluster__V1__ChannelRecord         *message)
+{
+  static const Presence__Cluster__V1__ChannelRecord init_value = PRESENCE__CLUSTER__V1__CHANNEL_RECORD__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__channel_record__get_packed_size
+                     (const Presence__Cluster__V1__ChannelRecord *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_record__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__channel_record__pack
+                     (const Presence__Cluster__V1__ChannelRecord *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_record__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__channel_record__pack_to_buffer
+                     (const Presence__Cluster__V1__ChannelRecord *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_record__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ChannelRecord *
+       presence__cluster__v1__channel_record__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ChannelRecord *)
+     protobuf_c_message_unpack (&presence__cluster__v1__channel_record__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__channel_record__free_unpacked
+                     (Presence__Cluster__V1__ChannelRecord *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__channel_record__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__user_record__init
+                     (Presence__Cluster__V1__UserRecord         *message)
+{
+  static const Presence__Cluster__V1__UserRecord init_value = PRESENCE__CLUSTER__V1__USER_RECORD__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__user_record__get_packed_size
+                     (const Presence__Cluster__V1__UserRecord *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__user_record__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__user_record__pack
+                     (const Presence__Cluster__V1__UserRecord *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__user_record__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__user_record__pack_to_buffer
+                     (const Presence__Cluster__V1__UserRecord *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__user_record__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__UserRecord *
+       presence__cluster__v1__user_record__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__UserRecord *)
+     protobuf_c_message_unpack (&presence__cluster__v1__user_record__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__user_record__free_unpacked
+                     (Presence__Cluster__V1__UserRecord *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__user_record__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__delivery__init
+                     (Presence__Cluster__V1__Delivery         *message)
+{
+  static const Presence__Cluster__V1__Delivery init_value = PRESENCE__CLUSTER__V1__DELIVERY__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__delivery__get_packed_size
+                     (const Presence__Cluster__V1__Delivery *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__delivery__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__delivery__pack
+                     (const Presence__Cluster__V1__Delivery *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__delivery__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__delivery__pack_to_buffer
+                     (const Presence__Cluster__V1__Delivery *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__delivery__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__Delivery *
+       presence__cluster__v1__delivery__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__Delivery *)
+     protobuf_c_message_unpack (&presence__cluster__v1__delivery__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__delivery__free_unpacked
+                     (Presence__Cluster__V1__Delivery *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__delivery__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__push_batch__init
+                     (Presence__Cluster__V1__PushBatch         *message)
+{
+  static const Presence__Cluster__V1__PushBatch init_value = PRESENCE__CLUSTER__V1__PUSH_BATCH__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__push_batch__get_packed_size
+                     (const Presence__Cluster__V1__PushBatch *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__push_batch__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__push_batch__pack
+                     (const Presence__Cluster__V1__PushBatch *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__push_batch__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__push_batch__pack_to_buffer
+                     (const Presence__Cluster__V1__PushBatch *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__push_batch__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__PushBatch *
+       presence__cluster__v1__push_batch__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__PushBatch *)
+     protobuf_c_message_unpack (&presence__cluster__v1__push_batch__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__push_batch__free_unpacked
+                     (Presence__Cluster__V1__PushBatch *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__push_batch__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__push_ack__init
+                     (Presence__Cluster__V1__PushAck         *message)
+{
+  static const Presence__Cluster__V1__PushAck init_value = PRESENCE__CLUSTER__V1__PUSH_ACK__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__push_ack__get_packed_size
+                     (const Presence__Cluster__V1__PushAck *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__push_ack__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__push_ack__pack
+                     (const Presence__Cluster__V1__PushAck *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__push_ack__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__push_ack__pack_to_buffer
+                     (const Presence__Cluster__V1__PushAck *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__push_ack__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__PushAck *
+       presence__cluster__v1__push_ack__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__PushAck *)
+     protobuf_c_message_unpack (&presence__cluster__v1__push_ack__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__push_ack__free_unpacked
+                     (Presence__Cluster__V1__PushAck *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__push_ack__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__field_descriptors[5] =
 {
   {
@@ -687,6 +1317,1324 @@ const ProtobufCMessageDescriptor presence__cluster__v1__join_response__descripto
   (ProtobufCMessageInit) presence__cluster__v1__join_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[4] =
+{
+  {
+    "session_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, session_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "user_id",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, user_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gateway",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, gateway),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "with_presence",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, with_presence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__session_ref__field_indices_by_name[] = {
+  2,   /* field[2] = gateway */
+  0,   /* field[0] = session_id */
+  1,   /* field[1] = user_id */
+  3,   /* field[3] = with_presence */
+};
+static const ProtobufCIntRange presence__cluster__v1__session_ref__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.SessionRef",
+  "SessionRef",
+  "Presence__Cluster__V1__SessionRef",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__SessionRef),
+  4,
+  presence__cluster__v1__session_ref__field_descriptors,
+  presence__cluster__v1__session_ref__field_indices_by_name,
+  1,  presence__cluster__v1__session_ref__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__session_ref__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__call_error__field_descriptors[3] =
+{
+  {
+    "kind",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__CallError, kind),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "code",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__CallError, code),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "detail",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__CallError, detail),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__call_error__field_indices_by_name[] = {
+  1,   /* field[1] = code */
+  2,   /* field[2] = detail */
+  0,   /* field[0] = kind */
+};
+static const ProtobufCIntRange presence__cluster__v1__call_error__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__call_error__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.CallError",
+  "CallError",
+  "Presence__Cluster__V1__CallError",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__CallError),
+  3,
+  presence__cluster__v1__call_error__field_descriptors,
+  presence__cluster__v1__call_error__field_indices_by_name,
+  1,  presence__cluster__v1__call_error__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__call_error__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[12] =
+{
+  {
+    "channel_name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, channel_name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_type",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, channel_type),
+    &presence__v1__channel_type__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "op",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, op),
+    &presence__cluster__v1__channel_op__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "hops",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, hops),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "session",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, session),
+    &presence__cluster__v1__session_ref__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "items",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ChannelCall, n_items),
+    offsetof(Presence__Cluster__V1__ChannelCall, items),
+    &presence__v1__state_item__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "keys",
+    7,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__ChannelCall, n_keys),
+    offsetof(Presence__Cluster__V1__ChannelCall, keys),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "user_id",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, user_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "after",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, after),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "include_state",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, include_state),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "count_only",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, count_only),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "timed_out",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, timed_out),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__channel_call__field_indices_by_name[] = {
+  8,   /* field[8] = after */
+  0,   /* field[0] = channel_name */
+  1,   /* field[1] = channel_type */
+  10,   /* field[10] = count_only */
+  3,   /* field[3] = hops */
+  9,   /* field[9] = include_state */
+  5,   /* field[5] = items */
+  6,   /* field[6] = keys */
+  2,   /* field[2] = op */
+  4,   /* field[4] = session */
+  11,   /* field[11] = timed_out */
+  7,   /* field[7] = user_id */
+};
+static const ProtobufCIntRange presence__cluster__v1__channel_call__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 12 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ChannelCall",
+  "ChannelCall",
+  "Presence__Cluster__V1__ChannelCall",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__ChannelCall),
+  12,
+  presence__cluster__v1__channel_call__field_descriptors,
+  presence__cluster__v1__channel_call__field_indices_by_name,
+  1,  presence__cluster__v1__channel_call__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__channel_call__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[7] =
+{
+  {
+    "error",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, error),
+    &presence__cluster__v1__call_error__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "user_gone",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, user_gone),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "found",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, found),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ChannelResult, n_state),
+    offsetof(Presence__Cluster__V1__ChannelResult, state),
+    &presence__v1__state_item__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "total",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, total),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "users",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ChannelResult, n_users),
+    offsetof(Presence__Cluster__V1__ChannelResult, users),
+    &presence__v1__user_state__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "next",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, next),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__channel_result__field_indices_by_name[] = {
+  0,   /* field[0] = error */
+  2,   /* field[2] = found */
+  6,   /* field[6] = next */
+  3,   /* field[3] = state */
+  4,   /* field[4] = total */
+  1,   /* field[1] = user_gone */
+  5,   /* field[5] = users */
+};
+static const ProtobufCIntRange presence__cluster__v1__channel_result__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ChannelResult",
+  "ChannelResult",
+  "Presence__Cluster__V1__ChannelResult",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__ChannelResult),
+  7,
+  presence__cluster__v1__channel_result__field_descriptors,
+  presence__cluster__v1__channel_result__field_indices_by_name,
+  1,  presence__cluster__v1__channel_result__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__channel_result__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_channel__field_descriptors[3] =
+{
+  {
+    "channel_name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionChannel, channel_name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_type",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionChannel, channel_type),
+    &presence__v1__channel_type__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "with_presence",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionChannel, with_presence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__session_channel__field_indices_by_name[] = {
+  0,   /* field[0] = channel_name */
+  1,   /* field[1] = channel_type */
+  2,   /* field[2] = with_presence */
+};
+static const ProtobufCIntRange presence__cluster__v1__session_channel__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__session_channel__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.SessionChannel",
+  "SessionChannel",
+  "Presence__Cluster__V1__SessionChannel",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__SessionChannel),
+  3,
+  presence__cluster__v1__session_channel__field_descriptors,
+  presence__cluster__v1__session_channel__field_indices_by_name,
+  1,  presence__cluster__v1__session_channel__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__session_channel__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[4] =
+{
+  {
+    "session_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeSession, session_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gateway",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeSession, gateway),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channels",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__HomeSession, n_channels),
+    offsetof(Presence__Cluster__V1__HomeSession, channels),
+    &presence__cluster__v1__session_channel__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "watching",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__HomeSession, n_watching),
+    offsetof(Presence__Cluster__V1__HomeSession, watching),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__home_session__field_indices_by_name[] = {
+  2,   /* field[2] = channels */
+  1,   /* field[1] = gateway */
+  0,   /* field[0] = session_id */
+  3,   /* field[3] = watching */
+};
+static const ProtobufCIntRange presence__cluster__v1__home_session__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.HomeSession",
+  "HomeSession",
+  "Presence__Cluster__V1__HomeSession",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__HomeSession),
+  4,
+  presence__cluster__v1__home_session__field_descriptors,
+  presence__cluster__v1__home_session__field_indices_by_name,
+  1,  presence__cluster__v1__home_session__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__home_session__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_call__field_descriptors[9] =
+{
+  {
+    "user_ids",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__HomeCall, n_user_ids),
+    offsetof(Presence__Cluster__V1__HomeCall, user_ids),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "op",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeCall, op),
+    &presence__cluster__v1__home_op__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "hops",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeCall, hops),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "session",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeCall, session),
+    &presence__cluster__v1__session_ref__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "status",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeCall, status),
+    &presence__v1__user_status__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeCall, channel),
+    &presence__cluster__v1__session_channel__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "announce",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeCall, announce),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channels",
+    8,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__HomeCall, n_channels),
+    offsetof(Presence__Cluster__V1__HomeCall, channels),
+    &presence__cluster__v1__session_channel__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "watching",
+    9,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__HomeCall, n_watching),
+    offsetof(Presence__Cluster__V1__HomeCall, watching),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__home_call__field_indices_by_name[] = {
+  6,   /* field[6] = announce */
+  5,   /* field[5] = channel */
+  7,   /* field[7] = channels */
+  2,   /* field[2] = hops */
+  1,   /* field[1] = op */
+  3,   /* field[3] = session */
+  4,   /* field[4] = status */
+  0,   /* field[0] = user_ids */
+  8,   /* field[8] = watching */
+};
+static const ProtobufCIntRange presence__cluster__v1__home_call__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 9 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__home_call__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.HomeCall",
+  "HomeCall",
+  "Presence__Cluster__V1__HomeCall",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__HomeCall),
+  9,
+  presence__cluster__v1__home_call__field_descriptors,
+  presence__cluster__v1__home_call__field_indices_by_name,
+  1,  presence__cluster__v1__home_call__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__home_call__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_result__field_descriptors[5] =
+{
+  {
+    "error",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeResult, error),
+    &presence__cluster__v1__call_error__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channels",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__HomeResult, n_channels),
+    offsetof(Presence__Cluster__V1__HomeResult, channels),
+    &presence__cluster__v1__session_channel__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "statuses",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__HomeResult, n_statuses),
+    offsetof(Presence__Cluster__V1__HomeResult, statuses),
+    &presence__v1__user_status_entry__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "found",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeResult, found),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "session",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeResult, session),
+    &presence__cluster__v1__home_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__home_result__field_indices_by_name[] = {
+  1,   /* field[1] = channels */
+  0,   /* field[0] = error */
+  3,   /* field[3] = found */
+  4,   /* field[4] = session */
+  2,   /* field[2] = statuses */
+};
+static const ProtobufCIntRange presence__cluster__v1__home_result__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__home_result__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.HomeResult",
+  "HomeResult",
+  "Presence__Cluster__V1__HomeResult",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__HomeResult),
+  5,
+  presence__cluster__v1__home_result__field_descriptors,
+  presence__cluster__v1__home_result__field_indices_by_name,
+  1,  presence__cluster__v1__home_result__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__home_result__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__member_record__field_descriptors[3] =
+{
+  {
+    "user_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__MemberRecord, user_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sessions",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__MemberRecord, n_sessions),
+    offsetof(Presence__Cluster__V1__MemberRecord, sessions),
+    &presence__cluster__v1__session_ref__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__MemberRecord, n_state),
+    offsetof(Presence__Cluster__V1__MemberRecord, state),
+    &presence__v1__state_item__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__member_record__field_indices_by_name[] = {
+  1,   /* field[1] = sessions */
+  2,   /* field[2] = state */
+  0,   /* field[0] = user_id */
+};
+static const ProtobufCIntRange presence__cluster__v1__member_record__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.MemberRecord",
+  "MemberRecord",
+  "Presence__Cluster__V1__MemberRecord",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__MemberRecord),
+  3,
+  presence__cluster__v1__member_record__field_descriptors,
+  presence__cluster__v1__member_record__field_indices_by_name,
+  1,  presence__cluster__v1__member_record__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__member_record__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[6] =
+{
+  {
+    "channel_name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelRecord, channel_name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_type",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelRecord, channel_type),
+    &presence__v1__channel_type__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sequence",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelRecord, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "full",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelRecord, full),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "members",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ChannelRecord, n_members),
+    offsetof(Presence__Cluster__V1__ChannelRecord, members),
+    &presence__cluster__v1__member_record__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "dropped",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelRecord, dropped),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__channel_record__field_indices_by_name[] = {
+  0,   /* field[0] = channel_name */
+  1,   /* field[1] = channel_type */
+  5,   /* field[5] = dropped */
+  3,   /* field[3] = full */
+  4,   /* field[4] = members */
+  2,   /* field[2] = sequence */
+};
+static const ProtobufCIntRange presence__cluster__v1__channel_record__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ChannelRecord",
+  "ChannelRecord",
+  "Presence__Cluster__V1__ChannelRecord",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__ChannelRecord),
+  6,
+  presence__cluster__v1__channel_record__field_descriptors,
+  presence__cluster__v1__channel_record__field_indices_by_name,
+  1,  presence__cluster__v1__channel_record__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__channel_record__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_descriptors[5] =
+{
+  {
+    "user_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__UserRecord, user_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "chosen",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__UserRecord, chosen),
+    &presence__v1__user_status__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ever_opened",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__UserRecord, ever_opened),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "sessions",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__UserRecord, n_sessions),
+    offsetof(Presence__Cluster__V1__UserRecord, sessions),
+    &presence__cluster__v1__home_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "watchers",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__UserRecord, n_watchers),
+    offsetof(Presence__Cluster__V1__UserRecord, watchers),
+    &presence__cluster__v1__session_ref__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__user_record__field_indices_by_name[] = {
+  1,   /* field[1] = chosen */
+  2,   /* field[2] = ever_opened */
+  3,   /* field[3] = sessions */
+  0,   /* field[0] = user_id */
+  4,   /* field[4] = watchers */
+};
+static const ProtobufCIntRange presence__cluster__v1__user_record__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.UserRecord",
+  "UserRecord",
+  "Presence__Cluster__V1__UserRecord",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__UserRecord),
+  5,
+  presence__cluster__v1__user_record__field_descriptors,
+  presence__cluster__v1__user_record__field_indices_by_name,
+  1,  presence__cluster__v1__user_record__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__user_record__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__delivery__field_descriptors[6] =
+{
+  {
+    "channel_name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Delivery, channel_name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_type",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Delivery, channel_type),
+    &presence__v1__channel_type__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "except_session",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Delivery, except_session),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "to_sessions",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__Delivery, n_to_sessions),
+    offsetof(Presence__Cluster__V1__Delivery, to_sessions),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "framed",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Delivery, framed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "snapshot",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Delivery, snapshot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__delivery__field_indices_by_name[] = {
+  0,   /* field[0] = channel_name */
+  1,   /* field[1] = channel_type */
+  2,   /* field[2] = except_session */
+  4,   /* field[4] = framed */
+  5,   /* field[5] = snapshot */
+  3,   /* field[3] = to_sessions */
+};
+static const ProtobufCIntRange presence__cluster__v1__delivery__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__delivery__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.Delivery",
+  "Delivery",
+  "Presence__Cluster__V1__Delivery",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__Delivery),
+  6,
+  presence__cluster__v1__delivery__field_descriptors,
+  presence__cluster__v1__delivery__field_indices_by_name,
+  1,  presence__cluster__v1__delivery__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__delivery__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[8] =
+{
+  {
+    "from_node_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, from_node_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "deliveries",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__PushBatch, n_deliveries),
+    offsetof(Presence__Cluster__V1__PushBatch, deliveries),
+    &presence__cluster__v1__delivery__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channels",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__PushBatch, n_channels),
+    offsetof(Presence__Cluster__V1__PushBatch, channels),
+    &presence__cluster__v1__channel_record__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "users",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__PushBatch, n_users),
+    offsetof(Presence__Cluster__V1__PushBatch, users),
+    &presence__cluster__v1__user_record__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "handoff_done",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, handoff_done),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "announces",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__PushBatch, n_announces),
+    offsetof(Presence__Cluster__V1__PushBatch, announces),
+    &presence__cluster__v1__channel_call__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "home_announces",
+    7,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__PushBatch, n_home_announces),
+    offsetof(Presence__Cluster__V1__PushBatch, home_announces),
+    &presence__cluster__v1__home_call__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ring_fingerprint",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, ring_fingerprint),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[] = {
+  5,   /* field[5] = announces */
+  2,   /* field[2] = channels */
+  1,   /* field[1] = deliveries */
+  0,   /* field[0] = from_node_id */
+  4,   /* field[4] = handoff_done */
+  6,   /* field[6] = home_announces */
+  7,   /* field[7] = ring_fingerprint */
+  3,   /* field[3] = users */
+};
+static const ProtobufCIntRange presence__cluster__v1__push_batch__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 8 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.PushBatch",
+  "PushBatch",
+  "Presence__Cluster__V1__PushBatch",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__PushBatch),
+  8,
+  presence__cluster__v1__push_batch__field_descriptors,
+  presence__cluster__v1__push_batch__field_indices_by_name,
+  1,  presence__cluster__v1__push_batch__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__push_batch__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define presence__cluster__v1__push_ack__field_descriptors NULL
+#define presence__cluster__v1__push_ack__field_indices_by_name NULL
+#define presence__cluster__v1__push_ack__number_ranges NULL
+const ProtobufCMessageDescriptor presence__cluster__v1__push_ack__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.PushAck",
+  "PushAck",
+  "Presence__Cluster__V1__PushAck",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__PushAck),
+  0,
+  presence__cluster__v1__push_ack__field_descriptors,
+  presence__cluster__v1__push_ack__field_indices_by_name,
+  0,  presence__cluster__v1__push_ack__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__push_ack__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCEnumValue presence__cluster__v1__member_status__enum_values_by_number[5] =
 {
   { "MEMBER_STATUS_UNSPECIFIED", "PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED", 0 },
@@ -719,6 +2667,96 @@ const ProtobufCEnumDescriptor presence__cluster__v1__member_status__descriptor =
   presence__cluster__v1__member_status__enum_values_by_name,
   1,
   presence__cluster__v1__member_status__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCEnumValue presence__cluster__v1__channel_op__enum_values_by_number[9] =
+{
+  { "CHANNEL_OP_UNSPECIFIED", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED", 0 },
+  { "CHANNEL_OP_JOIN", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_JOIN", 1 },
+  { "CHANNEL_OP_LEAVE", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_LEAVE", 2 },
+  { "CHANNEL_OP_SET_STATE", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_SET_STATE", 3 },
+  { "CHANNEL_OP_REMOVE_STATE", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_REMOVE_STATE", 4 },
+  { "CHANNEL_OP_GET_STATE", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_GET_STATE", 5 },
+  { "CHANNEL_OP_LIST", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_LIST", 6 },
+  { "CHANNEL_OP_RESNAPSHOT", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_RESNAPSHOT", 7 },
+  { "CHANNEL_OP_ANNOUNCE", "PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_ANNOUNCE", 8 },
+};
+static const ProtobufCIntRange presence__cluster__v1__channel_op__value_ranges[] = {
+{0, 0},{0, 9}
+};
+static const ProtobufCEnumValueIndex presence__cluster__v1__channel_op__enum_values_by_name[9] =
+{
+  { "CHANNEL_OP_ANNOUNCE", 8 },
+  { "CHANNEL_OP_GET_STATE", 5 },
+  { "CHANNEL_OP_JOIN", 1 },
+  { "CHANNEL_OP_LEAVE", 2 },
+  { "CHANNEL_OP_LIST", 6 },
+  { "CHANNEL_OP_REMOVE_STATE", 4 },
+  { "CHANNEL_OP_RESNAPSHOT", 7 },
+  { "CHANNEL_OP_SET_STATE", 3 },
+  { "CHANNEL_OP_UNSPECIFIED", 0 },
+};
+const ProtobufCEnumDescriptor presence__cluster__v1__channel_op__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ChannelOp",
+  "ChannelOp",
+  "Presence__Cluster__V1__ChannelOp",
+  "presence.cluster.v1",
+  9,
+  presence__cluster__v1__channel_op__enum_values_by_number,
+  9,
+  presence__cluster__v1__channel_op__enum_values_by_name,
+  1,
+  presence__cluster__v1__channel_op__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCEnumValue presence__cluster__v1__home_op__enum_values_by_number[12] =
+{
+  { "HOME_OP_UNSPECIFIED", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_UNSPECIFIED", 0 },
+  { "HOME_OP_SESSION_OPENED", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_OPENED", 1 },
+  { "HOME_OP_SESSION_ENDED", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_ENDED", 2 },
+  { "HOME_OP_SET_STATUS", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SET_STATUS", 3 },
+  { "HOME_OP_SESSION_JOINED", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_JOINED", 4 },
+  { "HOME_OP_SESSION_LEFT", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_LEFT", 5 },
+  { "HOME_OP_CHANNELS", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_CHANNELS", 6 },
+  { "HOME_OP_STATUSES", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_STATUSES", 7 },
+  { "HOME_OP_WATCH", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_WATCH", 8 },
+  { "HOME_OP_UNWATCH", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_UNWATCH", 9 },
+  { "HOME_OP_LOOKUP_SESSION", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_LOOKUP_SESSION", 10 },
+  { "HOME_OP_SESSION_WATCHING", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_WATCHING", 11 },
+};
+static const ProtobufCIntRange presence__cluster__v1__home_op__value_ranges[] = {
+{0, 0},{0, 12}
+};
+static const ProtobufCEnumValueIndex presence__cluster__v1__home_op__enum_values_by_name[12] =
+{
+  { "HOME_OP_CHANNELS", 6 },
+  { "HOME_OP_LOOKUP_SESSION", 10 },
+  { "HOME_OP_SESSION_ENDED", 2 },
+  { "HOME_OP_SESSION_JOINED", 4 },
+  { "HOME_OP_SESSION_LEFT", 5 },
+  { "HOME_OP_SESSION_OPENED", 1 },
+  { "HOME_OP_SESSION_WATCHING", 11 },
+  { "HOME_OP_SET_STATUS", 3 },
+  { "HOME_OP_STATUSES", 7 },
+  { "HOME_OP_UNSPECIFIED", 0 },
+  { "HOME_OP_UNWATCH", 9 },
+  { "HOME_OP_WATCH", 8 },
+};
+const ProtobufCEnumDescriptor presence__cluster__v1__home_op__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.HomeOp",
+  "HomeOp",
+  "Presence__Cluster__V1__HomeOp",
+  "presence.cluster.v1",
+  12,
+  presence__cluster__v1__home_op__enum_values_by_number,
+  12,
+  presence__cluster__v1__home_op__enum_values_by_name,
+  1,
+  presence__cluster__v1__home_op__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
 static const ProtobufCMethodDescriptor presence__cluster__v1__membership__method_descriptors[3] =
@@ -772,5 +2810,58 @@ void presence__cluster__v1__membership__init (Presence__Cluster__V1__Membership_
 {
   protobuf_c_service_generated_init (&service->base,
                                      &presence__cluster__v1__membership__descriptor,
+                                     (ProtobufCServiceDestroy) destroy);
+}
+static const ProtobufCMethodDescriptor presence__cluster__v1__peer_presence__method_descriptors[3] =
+{
+  { "Channel", &presence__cluster__v1__channel_call__descriptor, &presence__cluster__v1__channel_result__descriptor },
+  { "Home", &presence__cluster__v1__home_call__descriptor, &presence__cluster__v1__home_result__descriptor },
+  { "Push", &presence__cluster__v1__push_batch__descriptor, &presence__cluster__v1__push_ack__descriptor },
+};
+const unsigned presence__cluster__v1__peer_presence__method_indices_by_name[] = {
+  0,        /* Channel */
+  1,        /* Home */
+  2         /* Push */
+};
+const ProtobufCServiceDescriptor presence__cluster__v1__peer_presence__descriptor =
+{
+  PROTOBUF_C__SERVICE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.PeerPresence",
+  "PeerPresence",
+  "Presence__Cluster__V1__PeerPresence",
+  "presence.cluster.v1",
+  3,
+  presence__cluster__v1__peer_presence__method_descriptors,
+  presence__cluster__v1__peer_presence__method_indices_by_name
+};
+void presence__cluster__v1__peer_presence__channel(ProtobufCService *service,
+                                                   const Presence__Cluster__V1__ChannelCall *input,
+                                                   Presence__Cluster__V1__ChannelResult_Closure closure,
+                                                   void *closure_data)
+{
+  assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
+  service->invoke(service, 0, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void presence__cluster__v1__peer_presence__home(ProtobufCService *service,
+                                                const Presence__Cluster__V1__HomeCall *input,
+                                                Presence__Cluster__V1__HomeResult_Closure closure,
+                                                void *closure_data)
+{
+  assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
+  service->invoke(service, 1, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void presence__cluster__v1__peer_presence__push(ProtobufCService *service,
+                                                const Presence__Cluster__V1__PushBatch *input,
+                                                Presence__Cluster__V1__PushAck_Closure closure,
+                                                void *closure_data)
+{
+  assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
+  service->invoke(service, 2, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void presence__cluster__v1__peer_presence__init (Presence__Cluster__V1__PeerPresence_Service *service,
+                                                 Presence__Cluster__V1__PeerPresence_ServiceDestroy destroy)
+{
+  protobuf_c_service_generated_init (&service->base,
+                                     &presence__cluster__v1__peer_presence__descriptor,
                                      (ProtobufCServiceDestroy) destroy);
 }

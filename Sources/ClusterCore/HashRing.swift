@@ -81,6 +81,11 @@ public struct HashRing: Sendable, Equatable {
     public func owners(of key: ChannelKey, count: Int) -> [String] { owners(ofHash: StableHash.of(key), count: count) }
     /// Owner of a user's home.
     public func home(ofUser user: String) -> String? { owner(ofHash: StableHash.of("user:" + user)) }
+    /// A user's home first, then the nodes holding copies of it.
+    public func homes(ofUser user: String, count: Int) -> [String] { owners(ofHash: StableHash.of("user:" + user), count: count) }
+
+    /// Identifies the member list: nodes that compute the same ring agree on it.
+    public var fingerprint: UInt64 { StableHash.of(members.joined(separator: "\n")) }
 
     /// The share of the circle each member owns (sums to 1).
     public func shares() -> [String: Double] {

@@ -16,9 +16,10 @@ public struct Delivery: Sendable, Equatable {
 
 /// The presence rules of one channel (API.md, "Events"): membership, per-user state, the event
 /// sequence, and the switch between real-time and interval mode. A plain value: callers pass the
-/// wall-clock time in and carry out the deliveries it returns. `Sink` is whatever the caller uses to
-/// reach a subscribed session; the machine only stores it.
-public struct ChannelMachine<Sink> {
+/// wall-clock time in and carry out the deliveries it returns. `Sink` is where a session lives (in
+/// the cluster: its gateway node); the machine only stores it, and counts subscribers per sink so an
+/// event goes once to each sink that has any.
+public struct ChannelMachine<Sink: Hashable> {
     public let key: ChannelKey
     public var maxInstantEvents: Int
 
@@ -33,6 +34,10 @@ public struct ChannelMachine<Sink> {
     /// User ids in order, for paging.
     private var order: [String] = []
     public private(set) var subscribers: [SessionID: Sink] = [:]
+    /// Sessions in the channel without presence, and where they live.
+    private var quiet: [SessionID: Sink] = [:]
+    /// Subscribers per sink: where each event must go.
+    public private(set) var subscriberSinks: [Sink: Int] = [:]
     public private(set) var sequence: UInt64 = 0
     private(set) var mode = Mode.realtime
     private var batch = IntervalBatch()
@@ -79,21 +84,63 @@ public struct ChannelMachine<Sink> {
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
             if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
         }
-        if withPresence {
-            if subscribers.updateValue(sink, forKey: session) == nil {
-                out.append(Delivery(event: snapshot(now: now), to: .session(session)))
-            }
-        } else {
-            subscribers[session] = nil
+        let before = subscribers[session]
+        place(session, at: sink, withPresence: withPresence)
+        if withPresence && before != sink {
+            out.append(Delivery(event: snapshot(now: now), to: .session(session)))
         }
         return out
+    }
+
+    /// Anti-entropy: a gateway (`sink`) says its live session is in the channel. A session already
+    /// here moves to that gateway without any event (a subscriber that moved gets a fresh SNAPSHOT,
+    /// since its new gateway may have missed events); a missing one joins as usual.
+    public mutating func announce(user: String, session: SessionID, withPresence: Bool, sink: Sink, now: Int64) -> [Delivery] {
+        guard contains(user: user, session: session) else {
+            return join(user: user, session: session, withPresence: withPresence, sink: sink, now: now)
+        }
+        let before = subscribers[session]
+        place(session, at: sink, withPresence: withPresence)
+        guard withPresence, before != sink else { return [] }
+        return [Delivery(event: snapshot(now: now), to: .session(session))]
+    }
+
+    /// Where a session of this channel lives.
+    public func sink(of session: SessionID) -> Sink? { subscribers[session] ?? quiet[session] }
+
+    /// Every place a session of this channel lives.
+    public var allSinks: Set<Sink> { Set(subscriberSinks.keys).union(quiet.values) }
+
+    /// Every session living at `sink`, with its user (to time them out when that node dies).
+    public func sessions(at sink: Sink) -> [(user: String, session: SessionID)] {
+        var out: [(String, SessionID)] = []
+        for (user, m) in members {
+            for s in m.sessions.all where self.sink(of: s) == sink { out.append((user, s)) }
+        }
+        return out
+    }
+
+    private mutating func place(_ session: SessionID, at sink: Sink, withPresence: Bool) {
+        unplace(session)
+        if withPresence {
+            subscribers[session] = sink
+            subscriberSinks[sink, default: 0] += 1
+        } else {
+            quiet[session] = sink
+        }
+    }
+
+    private mutating func unplace(_ session: SessionID) {
+        quiet[session] = nil
+        guard let old = subscribers.removeValue(forKey: session) else { return }
+        if let n = subscriberSinks[old], n > 1 { subscriberSinks[old] = n - 1 } else { subscriberSinks[old] = nil }
     }
 
     /// A session leaves (`timedOut`: its resume window passed). The user's last session makes
     /// REMOTE_LEAVE (or REMOTE_TIMEOUT) and deletes the user's state here.
     public mutating func leave(user: String, session: SessionID, timedOut: Bool = false, now: Int64) -> [Delivery] {
         guard var m = members[user], m.sessions.contains(session) else { return [] }
-        subscribers[session] = nil
+        unplace(session)
         m.sessions.remove(session)
         if !m.sessions.isEmpty {
             members[user] = m
@@ -146,9 +193,49 @@ public struct ChannelMachine<Sink> {
         return Delivery(event: snapshot(now: now), to: .session(session))
     }
 
-    /// Replaces the sink of a subscribed session.
-    public mutating func rebind(session: SessionID, sink: Sink) {
-        if subscribers[session] != nil { subscribers[session] = sink }
+    // MARK: Copies (replication and handoff)
+
+    /// A user's whole record here; no sessions means the user is gone.
+    public func copy(of user: String) -> MemberCopy<Sink> {
+        guard let m = members[user] else { return MemberCopy(userID: user, sessions: [], state: []) }
+        let sessions = m.sessions.all.compactMap { s in
+            sink(of: s).map { MemberCopy<Sink>.Session(id: s, sink: $0, withPresence: subscribers[s] != nil) }
+        }
+        return MemberCopy(userID: user, sessions: sessions, state: m.state.items)
+    }
+
+    /// Every user's record, in id order.
+    public var copies: [MemberCopy<Sink>] { order.map { copy(of: $0) } }
+
+    /// Replaces a user's record with `copy`, silently (a replica applying its owner's change, or a
+    /// new owner taking a channel over). Events were already sent by whoever made the change.
+    public mutating func install(_ copy: MemberCopy<Sink>) {
+        if let m = members[copy.userID] {
+            for s in m.sessions.all { unplace(s) }
+        }
+        if copy.sessions.isEmpty {
+            if members.removeValue(forKey: copy.userID) != nil {
+                let at = insertionIndex(for: copy.userID)
+                if at < order.count, order[at] == copy.userID { order.remove(at: at) }
+            }
+        } else {
+            var list = SessionList()
+            for s in copy.sessions {
+                list.append(s.id)
+                place(s.id, at: s.sink, withPresence: s.withPresence)
+            }
+            if members[copy.userID] == nil { order.insert(copy.userID, at: insertionIndex(for: copy.userID)) }
+            members[copy.userID] = Member(sessions: list, state: StateItems(copy.state))
+        }
+        mode = occupancy > maxInstantEvents ? .interval : .realtime
+    }
+
+    /// Keeps the event sequence going from where the previous owner left it.
+    public mutating func advanceSequence(to s: UInt64) { sequence = max(sequence, s) }
+
+    /// A SNAPSHOT to every subscriber (a new owner after a failover: events may have been lost).
+    public func snapshotForAll(now: Int64) -> [Delivery] {
+        subscribers.keys.sorted().map { Delivery(event: snapshot(now: now), to: .session($0)) }
     }
 
     // MARK: Queries
@@ -222,6 +309,28 @@ public struct ChannelMachine<Sink> {
         let users = order.map { UserState(userID: $0, states: members[$0]?.state.items ?? []) }
         return PresenceEvent(type: .snapshot, channelType: key.type, channelName: key.name, snapshot: users,
                              timestampMs: now, sequence: sequence)
+    }
+}
+
+/// One user's record in a channel, as replicas and new owners receive it.
+public struct MemberCopy<Sink: Hashable>: Equatable {
+    public struct Session: Equatable {
+        public var id: SessionID
+        public var sink: Sink
+        public var withPresence: Bool
+        public init(id: SessionID, sink: Sink, withPresence: Bool) {
+            self.id = id
+            self.sink = sink
+            self.withPresence = withPresence
+        }
+    }
+    public var userID: String
+    public var sessions: [Session]
+    public var state: [StateItem]
+    public init(userID: String, sessions: [Session], state: [StateItem]) {
+        self.userID = userID
+        self.sessions = sessions
+        self.state = state
     }
 }
 

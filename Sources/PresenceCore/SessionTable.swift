@@ -51,6 +51,13 @@ public struct SessionTable {
         return .created(newID, generation: 1)
     }
 
+    /// Takes over a session that lived on another gateway (its client resumed it here): the
+    /// channels and watched users come from the user's home.
+    public mutating func adopt(_ id: SessionID, user: String, channels: [ChannelKey: Bool], watching: Set<String>) -> OpenOutcome {
+        sessions[id] = Session(id: id, userID: user, liveness: .connected, generation: 1, channels: channels, watching: watching)
+        return .resumed(id, generation: 1)
+    }
+
     private func isExpired(_ s: Session, now: UInt64) -> Bool {
         if case .disconnected(let since) = s.liveness { return now >= since &+ resumeWindow }
         return false

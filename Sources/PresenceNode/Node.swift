@@ -15,6 +15,7 @@ public final class Node: Sendable {
     public let membership: Membership
     private let server: GRPCServer
     private let peerServer: GRPCServer
+    private let ringChanges: AsyncStream<(HashRing, HashRing, Set<String>)>.Continuation
 
     /// Builds the node; throws when the auth secret file cannot be read.
     public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
@@ -22,21 +23,40 @@ public final class Node: Sendable {
         self.logger = logger ?? Logger(level: configuration.logLevel, format: configuration.logFormat)
         let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
         self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
-        engine = PresenceEngine(settings: EngineSettings(
+        let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
+        let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
+                                ready: !configuration.seeds.contains { $0 != configuration.peerListen })
+        let membership = Membership(nodeID: configuration.nodeID, peerAddress: configuration.peerListen.description,
+                                    clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
+                                    clusterSecret: clusterSecret, topology: topology, logger: self.logger)
+        self.membership = membership
+        let link = PeerLink(me: configuration.nodeID) { [weak membership] id in membership?.peerClient(for: id) }
+        let engine = PresenceEngine(settings: EngineSettings(
             nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
             maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval),
-            loops: group.loops)
+            loops: group.loops, topology: topology, link: link)
+        self.engine = engine
+        // ring changes are carried out one at a time, in the order membership saw them
+        let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing, Set<String>).self)
+        membership.onRingChange { old, new, alive in queue.yield((old, new, alive)) }
+        ringChanges = queue
+        let log = self.logger
+        Task {
+            for await (old, new, alive) in changes {
+                log.info("ring changed", ["members": new.members.joined(separator: ","), "was": old.members.joined(separator: ",")])
+                await engine.ringChanged(from: old, to: new, alive: alive)
+            }
+        }
         var registry = ServiceRegistry()
         health.register(in: &registry)
         PresenceService(engine: engine, verifier: verifier).register(in: &registry)
-        let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
-        membership = Membership(nodeID: configuration.nodeID, peerAddress: configuration.peerListen.description,
-                                clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
-                                clusterSecret: clusterSecret, logger: self.logger)
         AdminService(membership: membership).register(in: &registry)
         var peerRegistry = ServiceRegistry()
         membership.register(in: &peerRegistry)
-        peerServer = GRPCServer(configuration: ServerConfiguration(address: configuration.peerListen), services: peerRegistry, group: group)
+        PeerPresenceService(engine: engine, membership: membership).register(in: &peerRegistry)
+        var peerConfig = ServerConfiguration(address: configuration.peerListen)
+        peerConfig.maxReceiveMessageSize = 64 << 20
+        peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
         server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
     }
 
@@ -69,7 +89,9 @@ public final class Node: Sendable {
     public func shutdown(gracePeriod: UInt64 = 5_000_000_000) async {
         health.setNotServing()
         logger.info("shutting down", ["node_id": configuration.nodeID])
+        await engine.handOffBeforeLeaving(timeout: 2_000_000_000)
         await membership.leave()
+        ringChanges.finish()
         await engine.endAllStreams()
         await peerServer.shutdown(gracePeriod: 200_000_000)
         await server.shutdown(gracePeriod: gracePeriod)
@@ -83,6 +105,7 @@ extension Node {
     /// (Tests use it; the process would normally just die.)
     public func crashForTesting() async {
         membership.halt()
+        ringChanges.finish()
         group.shutdown()
     }
 }

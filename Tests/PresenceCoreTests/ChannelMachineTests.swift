@@ -215,3 +215,51 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(m.occupancy == 0)
     }
 }
+
+@Suite struct ChannelMachineClusterTests {
+    @Test func eventsGoOncePerGatewayWithSubscribers() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)
+        _ = m.join(user: "bob", session: s2, withPresence: true, sink: "node-a", now: 2)
+        _ = m.join(user: "cy", session: s3, withPresence: false, sink: "node-b", now: 3)
+        #expect(m.subscriberSinks == ["node-a": 2])
+        #expect(m.allSinks == ["node-a", "node-b"])
+        _ = m.leave(user: "bob", session: s2, now: 4)
+        #expect(m.subscriberSinks == ["node-a": 1])
+        _ = m.leave(user: "ann", session: s1, now: 5)
+        #expect(m.subscriberSinks.isEmpty)
+    }
+
+    @Test func announceMovesAKnownSessionSilentlyAndJoinsAnUnknownOne() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)
+        _ = m.join(user: "bob", session: s2, withPresence: true, sink: "node-b", now: 2)
+        // ann's session moved to node-c: only she gets a fresh SNAPSHOT, nobody sees an event
+        let moved = m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", now: 3)
+        #expect(moved.map(\.to) == [.session(s1)] && moved.map(\.event.type) == [.snapshot])
+        #expect(m.sink(of: s1) == "node-c" && m.sessions(at: "node-a").isEmpty)
+        // the same announce again changes nothing
+        #expect(m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", now: 4).isEmpty)
+        // a session the owner lost is joined back, with the usual events
+        let back = m.announce(user: "cy", session: s3, withPresence: false, sink: "node-b", now: 5)
+        #expect(back.map(\.event.type) == [.remoteJoin])
+    }
+
+    @Test func copiesRebuildTheChannelExactly() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)
+        _ = m.join(user: "bob", session: s2, withPresence: false, sink: "node-b", pendingState: [item("mic", "on")], now: 2)
+        _ = try m.setState(user: "ann", session: s1, items: [item("score", "7")], now: 3)
+        var replica = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        for c in m.copies { replica.install(c) }
+        replica.advanceSequence(to: m.sequence)
+        #expect(replica.copies == m.copies)
+        #expect(replica.sequence == m.sequence && replica.subscriberSinks == ["node-a": 1])
+        #expect(replica.state(of: "bob") == [item("mic", "on")])
+        // a record without sessions removes the user
+        replica.install(MemberCopy(userID: "bob", sessions: [], state: []))
+        #expect(replica.occupancy == 1 && !replica.contains(user: "bob"))
+        // a new owner after a failover snapshots every subscriber
+        #expect(replica.snapshotForAll(now: 9).map(\.to) == [.session(s1)])
+    }
+}

@@ -75,19 +75,19 @@ let sec: UInt64 = 1_000_000_000
     @Test func visibleStatusFollowsTheRules() {
         var d = UserDirectory<String>()
         #expect(d.visibleStatus("ann") == .unknown)
-        #expect(d.sessionOpened("ann", session: s1, initial: .unknown)?.status == .online)
+        #expect(d.sessionOpened("ann", session: s1, sink: "gw", initial: .unknown)?.status == .online)
         #expect(d.setStatus("ann", .away)?.status == .away)
-        #expect(d.sessionOpened("ann", session: s2, initial: .unknown) == nil)  // keeps AWAY
+        #expect(d.sessionOpened("ann", session: s2, sink: "gw", initial: .unknown) == nil)  // keeps AWAY
         #expect(d.visibleStatus("ann") == .away)
         #expect(d.sessionEnded("ann", session: s1) == nil)
         #expect(d.sessionEnded("ann", session: s2)?.status == .offline)
         #expect(d.visibleStatus("ann") == .offline)  // stays OFFLINE
-        #expect(d.sessionOpened("ann", session: s3, initial: .unknown)?.status == .online)  // a new session starts ONLINE
+        #expect(d.sessionOpened("ann", session: s3, sink: "gw", initial: .unknown)?.status == .online)  // a new session starts ONLINE
     }
 
     @Test func invisibleReadsOfflineWhileConnected() {
         var d = UserDirectory<String>()
-        _ = d.sessionOpened("ann", session: s1, initial: .offline)
+        _ = d.sessionOpened("ann", session: s1, sink: "gw", initial: .offline)
         #expect(d.visibleStatus("ann") == .offline)
         #expect(d.setStatus("ann", .busy)?.status == .busy)
         // going invisible is a change watchers see as OFFLINE
@@ -99,21 +99,70 @@ let sec: UInt64 = 1_000_000_000
     @Test func watchersAreReturnedWithChanges() {
         var d = UserDirectory<String>()
         d.watch("tony", by: s1, sink: "ann")
-        let c = d.sessionOpened("tony", session: s2, initial: .busy)
+        let c = d.sessionOpened("tony", session: s2, sink: "gw", initial: .busy)
         #expect(c?.status == .busy && c?.watchers[s1] == "ann")
         d.unwatch("tony", by: s1)
         #expect(d.setStatus("tony", .away)?.watchers.isEmpty == true)
     }
 
-    @Test func channelIndex() {
+    @Test func channelIndexIsTheUnionOfTheSessionsChannels() {
         var d = UserDirectory<String>()
         let b = ChannelKey(name: "b", type: .stream), a = ChannelKey(name: "a", type: .message)
-        d.addChannel("ann", b)
-        d.addChannel("ann", a)
+        _ = d.sessionOpened("ann", session: s1, sink: "gw", initial: .unknown)
+        _ = d.sessionOpened("ann", session: s2, sink: "gw2", initial: .unknown)
+        d.sessionJoined("ann", session: s1, channel: b, withPresence: true)
+        d.sessionJoined("ann", session: s2, channel: a, withPresence: false)
+        d.sessionJoined("ann", session: s2, channel: b, withPresence: false)
         #expect(d.channels(of: "ann") == [a, b])
-        d.removeChannel("ann", b)
-        #expect(d.channels(of: "ann") == [a])
+        d.sessionLeft("ann", session: s1, channel: b)
+        #expect(d.channels(of: "ann") == [a, b])  // s2 is still in b
+        _ = d.sessionEnded("ann", session: s2)
+        #expect(d.channels(of: "ann").isEmpty)
         #expect(d.channels(of: "nobody").isEmpty)
+    }
+
+    @Test func aSessionRecordCanMoveToAnotherGatewayWithoutAStatusChange() {
+        var d = UserDirectory<String>()
+        let lobby = ChannelKey(name: "lobby", type: .message)
+        d.watch("ann", by: s3, sink: "gw3")
+        _ = d.sessionOpened("ann", session: s1, sink: "gw1", initial: .busy)
+        d.sessionJoined("ann", session: s1, channel: lobby, withPresence: true)
+        d.sessionWatching("ann", session: s1, watching: ["tony"])
+        #expect(d.sessions(at: "gw1").map(\.session) == [s1])
+        #expect(d.watchers(at: "gw3").map(\.user) == ["ann"])
+        let r = d.session("ann", s1)
+        #expect(r?.channels == [lobby: true] && r?.watching == ["tony"])
+        // its client resumed it on gw2: no status change, and gw1's late end is not the session's end
+        #expect(d.announce("ann", session: s1, record: .init(sink: "gw2", channels: r!.channels, watching: r!.watching)) == nil)
+        #expect(d.sessions(at: "gw1").isEmpty && d.session("ann", s1)?.sink == "gw2")
+        #expect(d.visibleStatus("ann") == .busy)
+    }
+
+    @Test func aUserCopyRoundTrips() {
+        var d = UserDirectory<String>()
+        _ = d.sessionOpened("ann", session: s1, sink: "gw1", initial: .away)
+        d.sessionJoined("ann", session: s1, channel: ChannelKey(name: "x", type: .stream), withPresence: false)
+        d.watch("ann", by: s2, sink: "gw2")
+        var replica = UserDirectory<String>()
+        replica.install(d.copy(of: "ann"))
+        #expect(replica.copy(of: "ann") == d.copy(of: "ann"))
+        #expect(replica.visibleStatus("ann") == .away)
+        replica.remove("ann")
+        #expect(replica.visibleStatus("ann") == .unknown)
+    }
+}
+
+@Suite struct OrphanTimerTests {
+    @Test func dueOnlyAfterTheDeadlineAndCancelable() {
+        var t = OrphanTimers<String>()
+        t.start("a", deadline: 100)
+        t.start("b", deadline: 200)
+        t.start("a", deadline: 500)  // keeps the earlier deadline
+        #expect(t.next == 100)
+        #expect(t.due(now: 99).isEmpty)
+        #expect(t.due(now: 100) == ["a"])
+        t.cancel("b")
+        #expect(t.due(now: 1_000).isEmpty && t.isEmpty)
     }
 }
 

@@ -21,12 +21,17 @@ public final class Membership: Sendable {
     private let swim: Mutex<SWIM.Instance>
     private let clients = Mutex<[String: GRPCClient]>([:])
     private let relayWaiters = Mutex<[String: CheckedContinuation<ClusterPingResponse?, Never>]>([:])
-    private let ringState: Mutex<HashRing>
     private let running = Atomic<Bool>(false)
     public let settings: SWIM.Settings
+    /// Routing state shared with the engine; this shell keeps its ring current.
+    public let topology: Topology
+    /// Called with (old ring, new ring, alive members) after every ring change, in order.
+    private let ringObserver = Mutex<(@Sendable (HashRing, HashRing, Set<String>) -> Void)?>(nil)
+    /// A node with seeds that no seed answered within this long starts a cluster of its own.
+    public let aloneAfter: UInt64 = 3_000_000_000
 
     public init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], group: EventLoopGroup,
-                clusterSecret: [UInt8]?, settings: SWIM.Settings = SWIM.Settings(), logger: Logger) {
+                clusterSecret: [UInt8]?, settings: SWIM.Settings = SWIM.Settings(), topology: Topology? = nil, logger: Logger) {
         self.nodeID = nodeID
         self.addresses = Mutex((peerAddress, clientAddress))
         self.seeds = seeds
@@ -36,7 +41,7 @@ public final class Membership: Sendable {
         self.settings = settings
         self.authHeader = clusterSecret.map { ("cluster-auth", Self.authToken(secret: $0)) }
         swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue)))
-        ringState = Mutex(HashRing(members: [nodeID]))
+        self.topology = topology ?? Topology(me: nodeID, replicationFactor: 1)
     }
 
     /// The value peers must send in `cluster-auth`: HMAC-SHA256(secret, "presence-cluster"), hex.
@@ -57,14 +62,40 @@ public final class Membership: Sendable {
 
     /// What this node knows of every member.
     public var members: [SWIM.Update] { swim.withLock { $0.fullState } }
-    public var ring: HashRing { ringState.withLock { $0 } }
+    public var ring: HashRing { topology.ring }
+
+    /// Sets what runs after each ring change (the engine's handoff and anti-entropy).
+    public func onRingChange(_ observer: @escaping @Sendable (HashRing, HashRing, Set<String>) -> Void) {
+        ringObserver.withLock { $0 = observer }
+    }
+
+    /// Whether `id` is an alive (or suspect) member.
+    public func isMember(_ id: String) -> Bool {
+        swim.withLock { s in s.members[id].map { $0.status == .alive || $0.status == .suspect } ?? false }
+    }
+
+    /// The pooled peer client of a live member; nil for anyone else.
+    public func peerClient(for id: String) -> GRPCClient? {
+        let address = swim.withLock { s -> String? in
+            guard let m = s.members[id], m.status == .alive || m.status == .suspect, id != nodeID else { return nil }
+            return m.address
+        }
+        return address.map(client)
+    }
     public var myIncarnation: UInt64 { swim.withLock { $0.myself.incarnation } }
 
+    /// Recomputes the ring from the alive (and suspect) members. Holding the SWIM lock while the
+    /// topology changes keeps ring changes in the order membership changed.
     private func updateRing() {
-        let alive = swim.withLock { s in s.fullState.filter { $0.status == .alive || $0.status == .suspect }.map(\.id) }
-        ringState.withLock { r in
-            if Set(r.members) != Set(alive) { r = HashRing(members: alive, virtualNodes: r.virtualNodes) }
+        let change = swim.withLock { s -> (HashRing, HashRing, Set<String>)? in
+            let alive = Set(s.fullState.filter { $0.status == .alive || $0.status == .suspect }.map(\.id))
+            let new = HashRing(members: alive)
+            guard let old = topology.update(ring: new, alive: alive) else { return nil }
+            // the observer only queues the change; calling it under the lock keeps changes in order
+            if let observer = ringObserver.withLock({ $0 }) { observer(old, new, alive) }
+            return (old, new, alive)
         }
+        _ = change
     }
 
     // MARK: Running
@@ -77,11 +108,22 @@ public final class Membership: Sendable {
         swim.withLock { $0 = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue)) }
         running.store(true, ordering: .relaxed)
         scheduleTick()
-        guard !seeds.isEmpty else { return }
+        guard seeds.contains(where: { $0.description != peerAddress }) else {
+            topology.markReady()
+            return
+        }
         Task { [self] in
             var attempt = 0
+            let started = MonotonicClock.now()
             while running.load(ordering: .relaxed) {
-                if await joinThroughSeeds() { return }
+                if await joinThroughSeeds() {
+                    topology.markReady()
+                    return
+                }
+                if !topology.isReady && MonotonicClock.now() - started > aloneAfter {
+                    logger.warning("no seed answered: serving as a cluster of one until one does")
+                    topology.markReady()
+                }
                 attempt += 1
                 if attempt == 1 || attempt % 10 == 0 { logger.warning("no seed answered yet; retrying", ["seeds": seeds.map(\.description).joined(separator: ",")]) }
                 try? await Task.sleep(nanoseconds: 500_000_000)
@@ -142,6 +184,7 @@ public final class Membership: Sendable {
             var config = ClientConfiguration(target: HostPort(parsing: address) ?? HostPort(host: "127.0.0.1", port: 0))
             config.http2.keepaliveInterval = 2_000_000_000
             config.http2.keepaliveTimeout = 1_000_000_000
+            config.maxReceiveMessageSize = 64 << 20
             if let h = authHeader { config.metadata = [h] }
             let c = GRPCClient(configuration: config, group: group)
             cs[address] = c

@@ -1,42 +1,94 @@
+import ClusterCore
 import EventLoop
 import PresenceCore
 import PresenceWire
 
-/// Owns a share of the channels outright (no locks): each channel's `ChannelMachine`, and delivery
-/// of the events it computes. One hop to this actor per call on its channels. The actor runs on an
-/// event loop: a call arriving on that loop's connections reaches it without changing threads.
+/// Owns a share of this node's channels outright (no locks), in two roles: the channels it owns
+/// (each a `ChannelMachine` whose sessions' sinks are gateway node ids; it carries out the events
+/// the machine computes, once per gateway, and copies every change to the replicas), and the
+/// copies it holds as a replica (taken over when the ring makes this node their owner). It also
+/// times out the sessions of gateways that died, unless their clients resume them elsewhere.
+/// Runs on an event loop: a call arriving on that loop's connections reaches it without a thread hop.
 actor ChannelShard {
     nonisolated let loop: EventLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-    private var channels: [ChannelKey: ChannelMachine<SessionOutbox>] = [:]
+    private var channels: [ChannelKey: ChannelMachine<String>] = [:]
+    /// Replica copies of channels other nodes own.
+    private var copies: [ChannelKey: ChannelMachine<String>] = [:]
+    /// Copies that arrived as a handoff from their live owner (nothing was lost: no SNAPSHOT on taking over).
+    private var handedOff = Set<ChannelKey>()
     private let maxInstantEvents: Int
     private let intervalNanoseconds: UInt64
+    private let presenceTimeout: UInt64
     private let clock: EngineClock
+    private let fabric: Fabric
     private var intervalChannels = Set<ChannelKey>()
     private var ticker: Task<Void, Never>? = nil
 
-    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, clock: EngineClock, loop: EventLoop) {
+    struct Orphan: Hashable, Sendable {
+        let key: ChannelKey
+        let user: String
+        let session: SessionID
+    }
+    private var orphans = OrphanTimers<Orphan>()
+    private var orphanSweeper: Task<Void, Never>? = nil
+
+    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, presenceTimeout: UInt64, clock: EngineClock, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
         self.maxInstantEvents = maxInstantEvents
         self.intervalNanoseconds = intervalNanoseconds
+        self.presenceTimeout = presenceTimeout
         self.clock = clock
+        self.fabric = fabric
     }
 
-    private func deliver(_ deliveries: [Delivery], in machine: ChannelMachine<SessionOutbox>) {
+    private var me: String { fabric.me }
+
+    // MARK: Deliveries and replication
+
+    private func deliver(_ deliveries: [Delivery], in machine: ChannelMachine<String>) {
         for d in deliveries {
             let bytes = EventEncoding.framed(d.event)
             switch d.to {
             case .session(let id):
-                machine.subscribers[id]?.push(bytes)
+                guard let node = machine.sink(of: id) else { continue }
+                fabric.deliver(to: node, sessions: [id], channel: machine.key, snapshot: d.event.type == .snapshot, framed: bytes)
             case .subscribers(let except):
-                for (id, outbox) in machine.subscribers where id != except { outbox.push(bytes) }
+                for node in machine.subscriberSinks.keys {
+                    fabric.deliver(to: node, channel: machine.key, except: except, framed: bytes)
+                }
             }
         }
     }
 
+    /// Copies the records of `users` to the channel's replicas.
+    private func replicate(_ key: ChannelKey, users: [String]) {
+        let replicas = fabric.topology.owners(of: key).filter { $0 != me }
+        guard !replicas.isEmpty else { return }
+        let m = channels[key]
+        var record = ClusterChannelRecord(channelName: key.name, channelType: key.type, sequence: m?.sequence ?? 0)
+        record.members = users.map { u in ClusterMemberRecord(m?.copy(of: u) ?? MemberCopy(userID: u, sessions: [], state: [])) }
+        for r in replicas { fabric.send(record, to: r) }
+    }
+
+    /// A channel's whole state as records, in chunks (the first replaces what the receiver held).
+    private func fullRecords(_ m: ChannelMachine<String>) -> [ClusterChannelRecord] {
+        let all = m.copies
+        var out: [ClusterChannelRecord] = []
+        var i = 0
+        repeat {
+            let chunk = all[i..<min(all.count, i + 500)]
+            out.append(ClusterChannelRecord(channelName: m.key.name, channelType: m.key.type, sequence: m.sequence, full: i == 0,
+                                            members: chunk.map(ClusterMemberRecord.init)))
+            i += 500
+        } while i < all.count
+        return out
+    }
+
     /// Runs `body` on the channel's machine (created on demand, changed in place), delivers the
-    /// events it computed, and drops the channel once nobody is in it.
-    private func update<R>(_ key: ChannelKey, create: Bool, _ body: (inout ChannelMachine<SessionOutbox>) throws(PresenceError) -> ([Delivery], R)) throws(PresenceError) -> R? {
+    /// events it computed, copies `user`'s record to the replicas, and drops the channel once
+    /// nobody is in it.
+    private func update<R>(_ key: ChannelKey, user: String?, create: Bool, _ body: (inout ChannelMachine<String>) throws(PresenceError) -> ([Delivery], R)) throws(PresenceError) -> R? {
         if channels[key] == nil {
             guard create else { return nil }
             channels[key] = ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
@@ -53,58 +105,199 @@ actor ChannelShard {
         deliver(deliveries, in: machine)
         if machine.isIntervalMode { startTicking(key) } else { intervalChannels.remove(key) }
         if machine.isEmpty { channels[key] = nil }
+        if let user { replicate(key, users: [user]) }
         return result
     }
 
-    func join(_ key: ChannelKey, user: String, session: SessionID, withPresence: Bool, outbox: SessionOutbox, pending: [StateItem]) {
-        let now = clock.wallMilliseconds()
-        _ = try? update(key, create: true) { m in
-            (m.join(user: user, session: session, withPresence: withPresence, sink: outbox, pendingState: pending, now: now), ())
+    // MARK: Calls (this node owns the channel)
+
+    /// Carries out one call on a channel this node owns.
+    func handle(_ call: ClusterChannelCall, key: ChannelKey) -> ClusterChannelResult {
+        do {
+            return try perform(call, key: key)
+        } catch {
+            return ClusterChannelResult(error: error.wire)
         }
     }
 
-    /// Returns true when the user is no longer in the channel (its last session left).
-    func leave(_ key: ChannelKey, user: String, session: SessionID, timedOut: Bool) -> Bool {
-        let now = clock.wallMilliseconds()
-        let gone = try? update(key, create: false) { m in
-            let d = m.leave(user: user, session: session, timedOut: timedOut, now: now)
-            return (d, !m.contains(user: user))
+    private func session(_ call: ClusterChannelCall) throws(PresenceError) -> (SessionID, String, String) {
+        guard let ref = call.session, let id = SessionID(text: ref.sessionID), !ref.gateway.isEmpty else {
+            throw PresenceError(.invalidArgument, "INVALID_SESSION_ID", "the call carries no valid session")
         }
-        return gone ?? true
+        let user = try Validate.userID(ref.userID)
+        return (id, user, ref.gateway)
     }
 
-    func setState(_ key: ChannelKey, user: String, session: SessionID, items: [StateItem]) throws(PresenceError) {
+    private func perform(_ call: ClusterChannelCall, key: ChannelKey) throws(PresenceError) -> ClusterChannelResult {
         let now = clock.wallMilliseconds()
-        _ = try update(key, create: false) { m throws(PresenceError) in
-            (try m.setState(user: user, session: session, items: items, now: now), ())
+        var result = ClusterChannelResult()
+        switch call.op {
+        case .join, .announce:
+            let (id, user, gateway) = try session(call)
+            let withPresence = call.session?.withPresence ?? false
+            let pending = try Validate.stateItems(call.items)
+            orphans.cancel(Orphan(key: key, user: user, session: id))
+            _ = try update(key, user: user, create: true) { m in
+                let d = call.op == .join
+                    ? m.join(user: user, session: id, withPresence: withPresence, sink: gateway, pendingState: pending, now: now)
+                    : m.announce(user: user, session: id, withPresence: withPresence, sink: gateway, now: now)
+                return (d, ())
+            }
+        case .leave:
+            let (id, user, gateway) = try session(call)
+            orphans.cancel(Orphan(key: key, user: user, session: id))
+            // only the session's current gateway may take it out (it may have moved to another)
+            guard channels[key]?.sink(of: id) == gateway else {
+                result.userGone = !(channels[key]?.contains(user: user) ?? false)
+                return result
+            }
+            let gone = try update(key, user: user, create: false) { m in
+                (m.leave(user: user, session: id, timedOut: call.timedOut, now: now), !m.contains(user: user))
+            }
+            result.userGone = gone ?? true
+        case .setState:
+            let (id, user, _) = try session(call)
+            let items = try Validate.stateItems(call.items)
+            _ = try update(key, user: user, create: false) { m throws(PresenceError) in
+                (try m.setState(user: user, session: id, items: items, now: now), ())
+            }
+        case .removeState:
+            let (id, user, _) = try session(call)
+            for k in call.keys { try Validate.stateKey(k) }
+            _ = try update(key, user: user, create: false) { m in
+                (m.removeState(user: user, session: id, keys: call.keys, now: now), ())
+            }
+        case .getState:
+            let user = try Validate.userID(call.userID)
+            if let items = channels[key]?.state(of: user) {
+                result.found = true
+                result.state = items
+            }
+        case .list:
+            let m = channels[key]
+            result.total = UInt32(m?.occupancy ?? 0)
+            if !call.countOnly, let m {
+                let (users, next) = m.page(after: call.after.isEmpty ? nil : call.after, includeState: call.includeState)
+                result.users = users
+                result.next = next ?? ""
+            }
+        case .resnapshot:
+            let (id, _, _) = try session(call)
+            if let m = channels[key], let d = m.resnapshot(for: id, now: now) { deliver([d], in: m) }
+        case .unspecified, .unrecognized:
+            throw PresenceError(.invalidArgument, "UNKNOWN_OPERATION", "unknown channel operation")
+        }
+        return result
+    }
+
+    // MARK: Replicas, handoff, failover
+
+    /// A record from the channel's owner (replication) or its previous owner (handoff).
+    func apply(_ record: ClusterChannelRecord, key: ChannelKey, handoff: Bool) {
+        let owned = channels[key] != nil
+        var m = (owned ? channels[key] : copies[key]) ?? ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
+        if record.full && !owned {
+            m = ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
+        }
+        for r in record.members { if let c = r.copy { m.install(c) } }
+        m.advanceSequence(to: record.sequence)
+        if owned {
+            // a handoff reaching a node already serving the channel: merged in
+            channels[key] = m.isEmpty ? nil : m
+        } else {
+            copies[key] = m.isEmpty ? nil : m
+            if handoff { handedOff.insert(key) }
         }
     }
 
-    func removeState(_ key: ChannelKey, user: String, session: SessionID, keys: [String]) {
+    /// The ring changed: hand off channels that moved away, take over copies this node now owns,
+    /// bring new replicas up to date, and start timing out sessions whose gateway is gone.
+    func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) {
+        let rf = fabric.topology.replicationFactor
+        for (key, m) in channels {
+            let owners = new.owners(of: key, count: rf)
+            if owners.first != me, let newOwner = owners.first {
+                for r in fullRecords(m) { fabric.send(r, to: newOwner) }
+                channels[key] = nil
+                intervalChannels.remove(key)
+                if owners.contains(me) { copies[key] = m }
+            } else {
+                let before = Set(old.owners(of: key, count: rf))
+                for r in owners where r != me && !before.contains(r) {
+                    for rec in fullRecords(m) { fabric.send(rec, to: r) }
+                }
+            }
+        }
         let now = clock.wallMilliseconds()
-        _ = try? update(key, create: false) { m in
-            (m.removeState(user: user, session: session, keys: keys, now: now), ())
+        for (key, m) in copies {
+            let owners = new.owners(of: key, count: rf)
+            if owners.first == me {
+                copies[key] = nil
+                channels[key] = m
+                let previous = old.owner(of: key)
+                if !handedOff.contains(key), previous != me {
+                    // the previous owner died: events may have been lost on the way
+                    deliver(m.snapshotForAll(now: now), in: m)
+                }
+                if m.isIntervalMode { startTicking(key) }
+                let before = Set(old.owners(of: key, count: rf))
+                for r in owners where r != me && !before.contains(r) {
+                    for rec in fullRecords(m) { fabric.send(rec, to: r) }
+                }
+            } else if !owners.contains(me) {
+                copies[key] = nil
+            }
+        }
+        handedOff = []
+        // sessions whose gateway is gone time out unless resumed elsewhere
+        let deadline = clock.monotonicNanoseconds() + presenceTimeout
+        for (key, m) in channels {
+            for sink in m.allSinks where !alive.contains(sink) {
+                for (user, s) in m.sessions(at: sink) { orphans.start(Orphan(key: key, user: user, session: s), deadline: deadline) }
+            }
+        }
+        if !orphans.isEmpty { startSweeping() }
+    }
+
+    /// Hands every channel to the node that owns it once this node is gone (graceful leave).
+    func handOffAll(to ring: HashRing) {
+        for (key, m) in channels {
+            guard let owner = ring.owner(of: key) else { continue }
+            for r in fullRecords(m) { fabric.send(r, to: owner) }
         }
     }
 
-    func resnapshot(_ key: ChannelKey, session: SessionID) {
-        guard let m = channels[key], let d = m.resnapshot(for: session, now: clock.wallMilliseconds()) else { return }
-        deliver([d], in: m)
+    private func startSweeping() {
+        guard orphanSweeper == nil else { return }
+        orphanSweeper = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(nanoseconds: 100_000_000)
+                guard let self, await self.sweepOrphans() else { return }
+            }
+        }
     }
 
-    func state(_ key: ChannelKey, user: String) -> [StateItem]? {
-        channels[key]?.state(of: user)
+    /// Times out orphans whose deadline passed; false once none are left.
+    private func sweepOrphans() -> Bool {
+        let now = clock.wallMilliseconds()
+        for o in orphans.due(now: clock.monotonicNanoseconds()) {
+            guard let m = channels[o.key], let sink = m.sink(of: o.session), !fabric.topology.alive.contains(sink) else { continue }
+            _ = try? update(o.key, user: o.user, create: false) { m in
+                (m.leave(user: o.user, session: o.session, timedOut: true, now: now), ())
+            }
+        }
+        if orphans.isEmpty {
+            orphanSweeper = nil
+            return false
+        }
+        return true
     }
 
-    func page(_ key: ChannelKey, after: String?, includeState: Bool) -> (total: Int, users: [UserState], next: String?) {
-        guard let m = channels[key] else { return (0, [], nil) }
-        let (users, next) = m.page(after: after, includeState: includeState)
-        return (m.occupancy, users, next)
-    }
-
-    func occupancy(_ key: ChannelKey) -> Int { channels[key]?.occupancy ?? 0 }
+    // MARK: Counters
 
     var channelCount: Int { channels.count }
+    var copyCount: Int { copies.count }
+    var orphanCount: Int { orphans.count }
 
     // MARK: Interval mode
 
@@ -124,7 +317,7 @@ actor ChannelShard {
     private func tick() -> Bool {
         let now = clock.wallMilliseconds()
         for key in intervalChannels {
-            _ = try? update(key, create: false) { m in (m.tick(now: now), ()) }
+            _ = try? update(key, user: nil, create: false) { m in (m.tick(now: now), ()) }
         }
         if intervalChannels.isEmpty {
             ticker = nil

@@ -36,6 +36,27 @@ final class GatewayShard: Sendable {
         }
     }
 
+    /// Takes over a session whose client resumed it here from another gateway.
+    func adopt(_ id: SessionID, user: String, channels: [ChannelKey: Bool], watching: Set<String>) -> Opened {
+        let outbox = SessionOutbox(sessionID: id, userID: user)
+        state.withLock { st in
+            _ = st.table.adopt(id, user: user, channels: channels, watching: watching)
+            st.outboxes[id] = outbox
+        }
+        return Opened(id: id, generation: 1, resumed: true, outbox: outbox)
+    }
+
+    /// The outbox of a session here, if it has one.
+    func outbox(_ id: SessionID) -> SessionOutbox? { state.withLock { $0.outboxes[id] } }
+
+    /// Whether the session is here and in `channel` with presence (a SNAPSHOT may subscribe it).
+    func follows(_ id: SessionID, channel: ChannelKey) -> SessionOutbox? {
+        state.withLock { st in st.table[id]?.channels[channel] == true ? st.outboxes[id] : nil }
+    }
+
+    /// Every session here (anti-entropy re-announces them).
+    func allSessions() -> [SessionTable.Session] { state.withLock { Array($0.table.sessions.values) } }
+
     func create(_ id: SessionID, user: String) -> Opened {
         let now = clock.monotonicNanoseconds()
         let outbox = SessionOutbox(sessionID: id, userID: user)

@@ -1,3 +1,4 @@
+import ClusterCore
 import EventLoop
 import PresenceCore
 import PresenceWire
@@ -10,6 +11,9 @@ public struct EngineSettings: Sendable {
     public var presenceIntervalNanoseconds: UInt64
     /// Shard actors per role.
     public var shards = 32
+    /// How long a gateway keeps retrying a call whose owner is moving or unreachable before it
+    /// answers UNAVAILABLE.
+    public var routingRetryNanoseconds: UInt64 = 2_000_000_000
 
     public init(nodeID: String, presenceTimeout: Double, maxInstantEvents: Int, presenceInterval: Double) {
         self.nodeID = nodeID
@@ -19,40 +23,128 @@ public struct EngineSettings: Sendable {
     }
 }
 
-/// Every presence call of API.md on this node. Each call is routed to the shard actor that owns
-/// what it touches, in the three roles of ARCHITECTURE.md: gateway (sessions), channel owner
-/// (channels), user home (users). On one node every role is local; the cluster puts a router here.
+/// Every presence call of API.md on this node, in the three roles of ARCHITECTURE.md: gateway
+/// (the sessions connected here), channel owner and user home (for the keys the ring gives this
+/// node). A call is routed to the owner of what it touches: a shard actor here, or the owning
+/// node over the peer link. While ownership moves the call is retried briefly, then answered
+/// UNAVAILABLE (retryable); it is never answered from state this node does not own.
 public final class PresenceEngine: Sendable {
     public let settings: EngineSettings
     let clock: EngineClock
-    private let gateways: [GatewayShard]
-    private let channelShards: [ChannelShard]
-    private let userHomes: [UserHomeShard]
+    let topology: Topology
+    let link: PeerLink?
+    let gateway: LocalGateway
+    let channelShards: [ChannelShard]
+    let userHomes: [UserHomeShard]
+    private var me: String { settings.nodeID }
 
-    /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count).
-    public init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock = SystemClock()) {
+    /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count). Without a
+    /// `link` the engine is a cluster of one.
+    public init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock = SystemClock(),
+                topology: Topology? = nil, link: PeerLink? = nil) {
         precondition(!loops.isEmpty, "the engine needs at least one event loop")
         self.settings = settings
         self.clock = clock
+        let topology = topology ?? Topology(me: settings.nodeID, replicationFactor: 1)
+        self.topology = topology
+        self.link = link
         let n = max(1, settings.shards)
-        gateways = (0..<n).map { _ in GatewayShard(resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock) }
+        let gateway = LocalGateway(shards: n, resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock)
+        self.gateway = gateway
+        let fabric = Fabric(topology: topology, link: link, gateway: gateway)
         channelShards = (0..<n).map { i in
             ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds,
-                         clock: clock, loop: loops[i % loops.count])
+                         presenceTimeout: settings.presenceTimeoutNanoseconds, clock: clock, fabric: fabric, loop: loops[i % loops.count])
         }
-        userHomes = (0..<n).map { i in UserHomeShard(clock: clock, loop: loops[i % loops.count]) }
+        userHomes = (0..<n).map { i in
+            UserHomeShard(clock: clock, presenceTimeout: settings.presenceTimeoutNanoseconds, fabric: fabric, loop: loops[i % loops.count])
+        }
     }
 
-    private func gateway(_ id: SessionID) -> GatewayShard { gateways[Int(id.raw % UInt64(gateways.count))] }
-    private func owner(_ key: ChannelKey) -> ChannelShard { channelShards[Int(StableHash.of(key) % UInt64(channelShards.count))] }
-    private func homeIndex(_ user: String) -> Int { Int(StableHash.of(user) % UInt64(userHomes.count)) }
-    private func home(_ user: String) -> UserHomeShard { userHomes[homeIndex(user)] }
+    private func gatewayShard(_ id: SessionID) -> GatewayShard { gateway.shard(id) }
+    func channelShard(_ key: ChannelKey) -> ChannelShard { channelShards[Int(StableHash.of(key) % UInt64(channelShards.count))] }
+    func homeShard(_ user: String) -> UserHomeShard { userHomes[Int(StableHash.of(user) % UInt64(userHomes.count))] }
 
-    /// Users grouped by the user-home shard that owns them, one hop per shard.
-    private func byHome(_ users: [String]) -> [(UserHomeShard, [String])] {
+    private func ref(_ id: SessionID, _ user: String, withPresence: Bool = false) -> ClusterSessionRef {
+        ClusterSessionRef(sessionID: id.description, userID: user, gateway: me, withPresence: withPresence)
+    }
+
+    // MARK: Routing
+
+    /// Runs a call at the channel's owner: here, or over the peer link; retried while ownership moves.
+    func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
+        try await retrying { () async throws(PresenceError) in
+            let owner = topology.owner(of: key)
+            if owner == me { return try await localChannel(key, call) }
+            guard let link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(owner)") }
+            return try await link.channel(owner, call)
+        }
+    }
+
+    /// Runs a call at the users' home (all of `call.userIDs` share it).
+    func homeCall(_ home: String, _ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+        try await retrying { () async throws(PresenceError) in
+            let home = call.userIDs.first.map { topology.home(of: $0) } ?? home
+            if home == me { return try await localHome(call) }
+            guard let link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(home)") }
+            return try await link.home(home, call)
+        }
+    }
+
+    private func homeCall(_ user: String, _ op: ClusterHomeOp, _ fill: (inout ClusterHomeCall) -> Void = { _ in }) async throws(PresenceError) -> ClusterHomeResult {
+        var call = ClusterHomeCall(userIDs: [user], op: op)
+        fill(&call)
+        return try await homeCall(topology.home(of: user), call)
+    }
+
+    private func retrying<T>(_ body: () async throws(PresenceError) -> T) async throws(PresenceError) -> T {
+        let deadline = clock.monotonicNanoseconds() + settings.routingRetryNanoseconds
+        var pause: UInt64 = 10_000_000
+        while true {
+            do {
+                return try await body()
+            } catch where error.kind == .unavailable && clock.monotonicNanoseconds() + pause < deadline {
+                try? await Task.sleep(nanoseconds: pause)
+                pause = min(pause * 2, 200_000_000)
+            }
+        }
+    }
+
+    /// A channel call this node must answer as the owner (or refuse while it may not).
+    func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
+        if let why = topology.notServing(keyHash: StableHash.of(key)) {
+            throw PresenceError(.unavailable, "NOT_SERVING", why)
+        }
+        let r = await channelShard(key).handle(call, key: key)
+        if let e = r.error { throw PresenceError(wire: e) }
+        return r
+    }
+
+    /// A home call this node must answer as the users' home; users are split over shards.
+    func localHome(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+        if let u = call.userIDs.first, let why = topology.notServing(keyHash: StableHash.of("user:" + u)) {
+            throw PresenceError(.unavailable, "NOT_SERVING", why)
+        }
         var groups: [Int: [String]] = [:]
-        for u in users { groups[homeIndex(u), default: []].append(u) }
-        return groups.map { (userHomes[$0.key], $0.value) }
+        for u in call.userIDs { groups[Int(StableHash.of(u) % UInt64(userHomes.count)), default: []].append(u) }
+        var merged = ClusterHomeResult()
+        for (i, users) in groups.sorted(by: { $0.key < $1.key }) {
+            var part = call
+            part.userIDs = users
+            let r = await userHomes[i].handle(part, users: users)
+            if let e = r.error { throw PresenceError(wire: e) }
+            merged.channels += r.channels
+            merged.statuses += r.statuses
+            if r.found { merged.found = true; merged.session = r.session }
+        }
+        return merged
+    }
+
+    /// Users grouped by their home node.
+    private func byHome(_ users: [String]) -> [(String, [String])] {
+        var groups: [String: [String]] = [:]
+        for u in users { groups[topology.home(of: u), default: []].append(u) }
+        return groups.sorted { $0.key < $1.key }
     }
 
     // MARK: Sessions
@@ -66,33 +158,71 @@ public final class PresenceEngine: Sendable {
     }
 
     /// Opens (or resumes) a session for `user`; the caller sends `opened`, then attaches its stream.
+    /// A session of another gateway (its node died, or the client moved) is resumed from the
+    /// record its user's home keeps: it keeps its channels, state and watches, with no event.
     public func openSession(user: String, resume: String, initialStatus: UserStatus) async throws(PresenceError) -> OpenedSession {
         let user = try Validate.userID(user)
         switch initialStatus {
         case .unknown, .online, .away, .busy, .offline: break
         case .unrecognized(let v): throw PresenceError(.invalidArgument, "INVALID_STATUS", "initial_status \(v) is not a UserStatus")
         }
-        if !resume.isEmpty, let id = SessionID(text: resume), let o = gateway(id).resume(id, user: user) {
-            if initialStatus != .unknown { await home(user).setStatus(user, initialStatus) }
-            return OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
+        if !resume.isEmpty, let id = SessionID(text: resume) {
+            if let o = gatewayShard(id).resume(id, user: user) {
+                if initialStatus != .unknown { _ = try await homeCall(user, .setStatus) { $0.status = initialStatus } }
+                return OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
+            }
+            if let adopted = try await adopt(id, user: user, initialStatus: initialStatus) { return adopted }
         }
         let id = SessionID.random()
-        let o = gateway(id).create(id, user: user)
-        await home(user).sessionOpened(user, session: id, initial: initialStatus)
+        let o = gatewayShard(id).create(id, user: user)
+        do {
+            _ = try await homeCall(user, .sessionOpened) { c in
+                c.session = ref(id, user)
+                c.status = initialStatus
+            }
+        } catch {
+            _ = gatewayShard(id).close(id)
+            throw error
+        }
         return OpenedSession(id: o.id, generation: o.generation, resumed: false, outbox: o.outbox)
+    }
+
+    /// Takes over a session another gateway held, if the user's home knows it.
+    private func adopt(_ id: SessionID, user: String, initialStatus: UserStatus) async throws(PresenceError) -> OpenedSession? {
+        guard !topology.isAlone else { return nil }
+        let found = try await homeCall(user, .lookupSession) { $0.session = ref(id, user) }
+        guard found.found, let record = found.session, record.gateway != me else { return nil }
+        let r = ClusterHomeSession.record(record)
+        let o = gatewayShard(id).adopt(id, user: user, channels: r.channels, watching: Set(r.watching))
+        _ = try await homeCall(user, .sessionOpened) { c in
+            c.session = ref(id, user)
+            c.announce = true
+            c.status = initialStatus
+            c.channels = record.channels
+            c.watching = r.watching
+        }
+        for (key, withPresence) in r.channels.sorted(by: { $0.key < $1.key }) {
+            _ = try? await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
+                                                               session: ref(id, user, withPresence: withPresence)))
+        }
+        for (home, users) in byHome(r.watching) {
+            _ = try? await homeCall(home, ClusterHomeCall(userIDs: users, op: .watch, session: ref(id, user)))
+        }
+        return OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
     }
 
     /// After a resume that lost events: a fresh SNAPSHOT of every channel the session follows.
     public func resnapshot(_ id: SessionID) async {
-        guard let (s, _) = try? gateway(id).session(id) else { return }
+        guard let (s, _) = try? gatewayShard(id).session(id) else { return }
         for (key, withPresence) in s.channels where withPresence {
-            await owner(key).resnapshot(key, session: id)
+            _ = try? await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .resnapshot,
+                                                               session: ref(id, s.userID, withPresence: true)))
         }
     }
 
     /// The session's stream of `generation` broke: start its resume window; time it out after.
     public func streamBroke(_ id: SessionID, generation: UInt64) async {
-        guard let deadline = gateway(id).disconnect(id, generation: generation) else { return }
+        guard let deadline = gatewayShard(id).disconnect(id, generation: generation) else { return }
         let now = clock.monotonicNanoseconds()
         let wait = deadline > now ? deadline - now : 0
         Task { [self] in
@@ -103,14 +233,14 @@ public final class PresenceEngine: Sendable {
 
     /// Times the session out if its window has passed (and it was not resumed meanwhile).
     func expire(_ id: SessionID) async {
-        guard let s = gateway(id).expireIfDue(id) else { return }
+        guard let s = gatewayShard(id).expireIfDue(id) else { return }
         await endSession(s, timedOut: true)
     }
 
     /// CloseSession: REMOTE_LEAVE where the user has no other session; the stream ends.
     public func closeSession(_ sessionID: String) async throws(PresenceError) {
         let id = try Validate.sessionID(sessionID)
-        guard let (s, outbox) = gateway(id).close(id) else {
+        guard let (s, outbox) = gatewayShard(id).close(id) else {
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(sessionID)")
         }
         await endSession(s, timedOut: false)
@@ -119,21 +249,23 @@ public final class PresenceEngine: Sendable {
 
     private func endSession(_ s: SessionTable.Session, timedOut: Bool) async {
         for key in s.channels.keys.sorted() {
-            if await owner(key).leave(key, user: s.userID, session: s.id, timedOut: timedOut) {
-                await home(s.userID).removeChannel(s.userID, key)
-            }
+            gateway.subscriptions.unsubscribe(key, s.id)
+            _ = try? await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave,
+                                                               session: ref(s.id, s.userID), timedOut: timedOut))
         }
-        await home(s.userID).sessionEnded(s.userID, session: s.id)
-        await unwatch(Array(s.watching), by: s.id)
+        _ = try? await homeCall(s.userID, .sessionEnded) { $0.session = ref(s.id, s.userID) }
+        await unwatch(Array(s.watching), by: s.id, user: s.userID)
     }
 
-    private func unwatch(_ users: [String], by id: SessionID) async {
-        for (shard, us) in byHome(users) { await shard.unwatch(us, by: id) }
+    private func unwatch(_ users: [String], by id: SessionID, user: String) async {
+        for (home, us) in byHome(users) {
+            _ = try? await homeCall(home, ClusterHomeCall(userIDs: us, op: .unwatch, session: ref(id, user)))
+        }
     }
 
     /// Ends every session's stream (node shutdown); the sessions stay, to resume elsewhere.
     public func endAllStreams() async {
-        for g in gateways {
+        for g in gateway.shards {
             for o in g.allOutboxes() { o.end(.shutdown) }
         }
     }
@@ -143,18 +275,31 @@ public final class PresenceEngine: Sendable {
     public func join(_ sessionID: String, channel: String, type: ChannelType, withPresence: Bool) async throws(PresenceError) {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
-        let j = try gateway(id).joined(id, channel: key, withPresence: withPresence)
-        await owner(key).join(key, user: j.user, session: id, withPresence: withPresence, outbox: j.outbox, pending: j.pending)
-        if !j.already { await home(j.user).addChannel(j.user, key) }
+        let j = try gatewayShard(id).joined(id, channel: key, withPresence: withPresence)
+        if !withPresence { gateway.subscriptions.unsubscribe(key, id) }
+        do {
+            _ = try await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .join,
+                                                              session: ref(id, j.user, withPresence: withPresence), items: j.pending))
+        } catch {
+            if !j.already { _ = try? gatewayShard(id).left(id, channel: key) }
+            throw error
+        }
+        _ = try? await homeCall(j.user, .sessionJoined) { c in
+            c.session = ref(id, j.user)
+            c.channel = ClusterSessionChannel(key, withPresence: withPresence)
+        }
     }
 
     public func leave(_ sessionID: String, channel: String, type: ChannelType) async throws(PresenceError) {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
-        let (user, wasIn) = try gateway(id).left(id, channel: key)
+        let (user, wasIn) = try gatewayShard(id).left(id, channel: key)
         guard wasIn else { return }
-        if await owner(key).leave(key, user: user, session: id, timedOut: false) {
-            await home(user).removeChannel(user, key)
+        gateway.subscriptions.unsubscribe(key, id)
+        _ = try await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ref(id, user)))
+        _ = try? await homeCall(user, .sessionLeft) { c in
+            c.session = ref(id, user)
+            c.channel = ClusterSessionChannel(key, withPresence: false)
         }
     }
 
@@ -162,11 +307,12 @@ public final class PresenceEngine: Sendable {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
         let items = try Validate.stateItems(items)
-        let (s, _) = try gateway(id).session(id)
+        let (s, _) = try gatewayShard(id).session(id)
         if s.channels[key] != nil {
-            try await owner(key).setState(key, user: s.userID, session: id, items: items)
+            _ = try await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .setState,
+                                                              session: ref(id, s.userID), items: items))
         } else {
-            try gateway(id).setPendingState(id, channel: key, items: items)
+            try gatewayShard(id).setPendingState(id, channel: key, items: items)
         }
     }
 
@@ -174,21 +320,23 @@ public final class PresenceEngine: Sendable {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
         for k in keys { try Validate.stateKey(k) }
-        let (s, _) = try gateway(id).session(id)
+        let (s, _) = try gatewayShard(id).session(id)
         if s.channels[key] != nil {
-            await owner(key).removeState(key, user: s.userID, session: id, keys: keys)
+            _ = try await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .removeState,
+                                                              session: ref(id, s.userID), keys: keys))
         } else {
-            gateway(id).removePendingState(id, channel: key, keys: keys)
+            gatewayShard(id).removePendingState(id, channel: key, keys: keys)
         }
     }
 
     public func getState(channel: String, type: ChannelType, user: String) async throws(PresenceError) -> UserState {
         let key = try Validate.channel(channel, type)
         let user = try Validate.userID(user)
-        guard let items = await owner(key).state(key, user: user) else {
+        let r = try await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user))
+        guard r.found else {
             throw PresenceError(.notFound, "PRESENCE_USER_NOT_EXIST", "user \(user) is not in channel \(key)")
         }
-        return UserState(userID: user, states: items)
+        return UserState(userID: user, states: r.state)
     }
 
     public func getOnlineUsers(_ r: GetOnlineUsersRequest) async throws(PresenceError) -> GetOnlineUsersResponse {
@@ -198,16 +346,17 @@ public final class PresenceEngine: Sendable {
             throw PresenceError(.invalidArgument, "INVALID_INCLUDE_FLAGS", "include_state needs include_user_id (state is listed per user)")
         }
         let after = r.page.isEmpty ? nil : try PageBookmark.parse(r.page)
-        if !includeUserID {
-            return GetOnlineUsersResponse(totalOccupancy: UInt32(await owner(key).occupancy(key)))
-        }
-        let (total, users, next) = await owner(key).page(key, after: after, includeState: r.includeState)
-        return GetOnlineUsersResponse(totalOccupancy: UInt32(total), users: users, nextPage: next.map(PageBookmark.make(after:)) ?? "")
+        let result = try await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .list,
+                                                                   after: after ?? "", includeState: r.includeState, countOnly: !includeUserID))
+        if !includeUserID { return GetOnlineUsersResponse(totalOccupancy: result.total) }
+        return GetOnlineUsersResponse(totalOccupancy: result.total, users: result.users,
+                                      nextPage: result.next.isEmpty ? "" : PageBookmark.make(after: result.next))
     }
 
     public func getUserChannels(_ user: String) async throws(PresenceError) -> GetUserChannelsResponse {
         let user = try Validate.userID(user)
-        let channels = await home(user).channels(of: user)
+        let r = try await homeCall(user, .channels)
+        let channels = r.channels.compactMap(\.key)
         return GetUserChannelsResponse(channels: channels.map(\.info), totalChannel: UInt32(channels.count))
     }
 
@@ -220,14 +369,16 @@ public final class PresenceEngine: Sendable {
         case .unknown, .unrecognized:
             throw PresenceError(.invalidArgument, "INVALID_STATUS", "status must be ONLINE, AWAY, BUSY or OFFLINE")
         }
-        let (s, _) = try gateway(id).session(id)
-        await home(s.userID).setStatus(s.userID, status)
+        let (s, _) = try gatewayShard(id).session(id)
+        _ = try await homeCall(s.userID, .setStatus) { $0.status = status }
     }
 
     public func getUserStatuses(_ users: [String]) async throws(PresenceError) -> [UserStatusEntry] {
         let users = try Validate.userList(users, field: "user_ids")
         var found: [String: UserStatus] = [:]
-        for (shard, us) in byHome(users) { found.merge(await shard.statuses(us)) { a, _ in a } }
+        for (home, us) in byHome(users) {
+            for e in try await homeCall(home, ClusterHomeCall(userIDs: us, op: .statuses)).statuses { found[e.userID] = e.status }
+        }
         return users.map { UserStatusEntry(userID: $0, status: found[$0] ?? .unknown) }
     }
 
@@ -235,23 +386,42 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         let add = try Validate.userList(add, field: "user_ids")
         let remove = try Validate.userList(remove, field: "unwatch_user_ids")
-        let (_, outbox, added) = try gateway(id).watch(id, add: add, remove: remove)
-        await unwatch(remove.filter { !added.contains($0) }, by: id)
+        let (user, _, added) = try gatewayShard(id).watch(id, add: add, remove: remove)
+        await unwatch(remove.filter { !added.contains($0) }, by: id, user: user)
         var statuses: [String: UserStatus] = [:]
-        for (shard, us) in byHome(added) { statuses.merge(await shard.watch(us, by: id, outbox: outbox)) { a, _ in a } }
+        for (home, us) in byHome(added) {
+            let r = try await homeCall(home, ClusterHomeCall(userIDs: us, op: .watch, session: ref(id, user)))
+            for e in r.statuses { statuses[e.userID] = e.status }
+        }
+        if let (s, _) = try? gatewayShard(id).session(id) {
+            _ = try? await homeCall(user, .sessionWatching) { c in
+                c.session = ref(id, user)
+                c.watching = s.watching.sorted()
+            }
+        }
         return added.map { UserStatusEntry(userID: $0, status: statuses[$0] ?? .unknown) }
     }
 
     /// The user a session belongs to (for permission checks).
     public func owner(ofSession sessionID: String) async -> String? {
-        guard let id = SessionID(text: sessionID), let (s, _) = try? gateway(id).session(id) else { return nil }
+        guard let id = SessionID(text: sessionID), let (s, _) = try? gatewayShard(id).session(id) else { return nil }
         return s.userID
     }
 
     /// Sessions on this node (for metrics and tests).
     public func sessionCount() async -> Int {
         var n = 0
-        for g in gateways { n += g.count }
+        for g in gateway.shards { n += g.count }
         return n
+    }
+
+    /// Channels this node owns, and replica copies it holds (for tests and admin).
+    public func channelCounts() async -> (owned: Int, copies: Int) {
+        var owned = 0, copies = 0
+        for s in channelShards {
+            owned += await s.channelCount
+            copies += await s.copyCount
+        }
+        return (owned, copies)
     }
 }

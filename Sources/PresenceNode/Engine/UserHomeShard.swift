@@ -1,57 +1,236 @@
+import ClusterCore
 import EventLoop
 import PresenceCore
 import PresenceWire
 
-/// Owns a share of the users: the channels each is in, its status, its watchers. Runs on an event loop.
+/// Owns a share of this node's users (the user-home role): each user's sessions and where they
+/// live, the channels each session is in, the status the user chose, and its watchers; plus
+/// replica copies of users homed elsewhere. Status changes go once to each watcher's gateway.
+/// Sessions and watchers on a gateway that died time out unless resumed elsewhere.
 actor UserHomeShard {
     nonisolated let loop: EventLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-    private var directory = UserDirectory<SessionOutbox>()
+    private var directory = UserDirectory<String>()
+    private var copies = UserDirectory<String>()
     private let clock: EngineClock
+    private let fabric: Fabric
+    private let presenceTimeout: UInt64
 
-    init(clock: EngineClock, loop: EventLoop) {
+    struct Orphan: Hashable, Sendable {
+        let user: String
+        let session: SessionID
+        /// A watcher of `user` (else one of its sessions).
+        let watcher: Bool
+    }
+    private var orphans = OrphanTimers<Orphan>()
+    private var orphanSweeper: Task<Void, Never>? = nil
+
+    init(clock: EngineClock, presenceTimeout: UInt64, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
         self.clock = clock
+        self.presenceTimeout = presenceTimeout
+        self.fabric = fabric
     }
 
-    private func notify(_ change: UserDirectory<SessionOutbox>.StatusChange?) {
+    private var me: String { fabric.me }
+
+    private func notify(_ change: UserDirectory<String>.StatusChange?) {
         guard let change, !change.watchers.isEmpty else { return }
         let bytes = EventEncoding.framed(status: change.userID, change.status, at: clock.wallMilliseconds())
-        for (_, outbox) in change.watchers { outbox.push(bytes) }
+        var byNode: [String: [SessionID]] = [:]
+        for (id, node) in change.watchers { byNode[node, default: []].append(id) }
+        for (node, ids) in byNode { fabric.deliver(to: node, sessions: ids.sorted(), channel: nil, snapshot: false, framed: bytes) }
     }
 
-    func sessionOpened(_ user: String, session: SessionID, initial: UserStatus) {
-        notify(directory.sessionOpened(user, session: session, initial: initial))
-    }
-
-    func sessionEnded(_ user: String, session: SessionID) {
-        notify(directory.sessionEnded(user, session: session))
-    }
-
-    func setStatus(_ user: String, _ status: UserStatus) {
-        notify(directory.setStatus(user, status))
-    }
-
-    func addChannel(_ user: String, _ key: ChannelKey) { directory.addChannel(user, key) }
-    func removeChannel(_ user: String, _ key: ChannelKey) { directory.removeChannel(user, key) }
-    func channels(of user: String) -> [ChannelKey] { directory.channels(of: user) }
-
-    func statuses(_ users: [String]) -> [String: UserStatus] {
-        var out: [String: UserStatus] = [:]
-        for u in users { out[u] = directory.visibleStatus(u) }
-        return out
-    }
-
-    func watch(_ users: [String], by session: SessionID, outbox: SessionOutbox) -> [String: UserStatus] {
-        var out: [String: UserStatus] = [:]
+    private func replicate(_ users: [String]) {
         for u in users {
-            directory.watch(u, by: session, sink: outbox)
-            out[u] = directory.visibleStatus(u)
+            let replicas = fabric.topology.homes(of: u).filter { $0 != me }
+            guard !replicas.isEmpty else { continue }
+            let record = ClusterUserRecord(directory.copy(of: u))
+            for r in replicas { fabric.send(record, to: r) }
+        }
+    }
+
+    // MARK: Calls (this node is the users' home)
+
+    func handle(_ call: ClusterHomeCall, users: [String]) -> ClusterHomeResult {
+        do {
+            return try perform(call, users: users)
+        } catch {
+            return ClusterHomeResult(error: error.wire)
+        }
+    }
+
+    private func session(_ call: ClusterHomeCall) throws(PresenceError) -> (SessionID, String) {
+        guard let ref = call.session, let id = SessionID(text: ref.sessionID), !ref.gateway.isEmpty else {
+            throw PresenceError(.invalidArgument, "INVALID_SESSION_ID", "the call carries no valid session")
+        }
+        return (id, ref.gateway)
+    }
+
+    private func perform(_ call: ClusterHomeCall, users: [String]) throws(PresenceError) -> ClusterHomeResult {
+        var result = ClusterHomeResult()
+        guard let user = users.first else { return result }
+        switch call.op {
+        case .sessionOpened:
+            let (id, gateway) = try session(call)
+            orphans.cancel(Orphan(user: user, session: id, watcher: false))
+            if call.announce {
+                var channels: [ChannelKey: Bool] = [:]
+                for c in call.channels { if let k = c.key { channels[k] = c.withPresence } }
+                let record = UserDirectory<String>.SessionRecord(sink: gateway, channels: channels, watching: call.watching)
+                notify(directory.announce(user, session: id, record: record))
+            } else {
+                notify(directory.sessionOpened(user, session: id, sink: gateway, initial: call.status))
+            }
+            if call.status != .unknown && call.announce { notify(directory.setStatus(user, call.status)) }
+            replicate([user])
+        case .sessionEnded:
+            let (id, gateway) = try session(call)
+            // only the session's current gateway may end it (it may have moved to another)
+            if directory.session(user, id)?.sink == gateway {
+                orphans.cancel(Orphan(user: user, session: id, watcher: false))
+                notify(directory.sessionEnded(user, session: id))
+                replicate([user])
+            }
+        case .setStatus:
+            notify(directory.setStatus(user, call.status))
+            replicate([user])
+        case .sessionJoined, .sessionLeft:
+            let (id, _) = try session(call)
+            guard let c = call.channel, let key = c.key else {
+                throw PresenceError(.invalidArgument, "INVALID_CHANNEL", "the call carries no valid channel")
+            }
+            if call.op == .sessionJoined {
+                directory.sessionJoined(user, session: id, channel: key, withPresence: c.withPresence)
+            } else {
+                directory.sessionLeft(user, session: id, channel: key)
+            }
+            replicate([user])
+        case .sessionWatching:
+            let (id, _) = try session(call)
+            directory.sessionWatching(user, session: id, watching: call.watching)
+            replicate([user])
+        case .channels:
+            result.channels = directory.channels(of: user).map { ClusterSessionChannel($0, withPresence: false) }
+        case .statuses:
+            result.statuses = users.map { UserStatusEntry(userID: $0, status: directory.visibleStatus($0)) }
+        case .watch:
+            let (id, gateway) = try session(call)
+            for u in users {
+                orphans.cancel(Orphan(user: u, session: id, watcher: true))
+                directory.watch(u, by: id, sink: gateway)
+            }
+            result.statuses = users.map { UserStatusEntry(userID: $0, status: directory.visibleStatus($0)) }
+            replicate(users)
+        case .unwatch:
+            let (id, _) = try session(call)
+            for u in users { directory.unwatch(u, by: id) }
+            replicate(users)
+        case .lookupSession:
+            let (id, _) = try session(call)
+            if let r = directory.session(user, id) {
+                result.found = true
+                result.session = ClusterHomeSession(sessionID: id.description, gateway: r.sink,
+                                                    channels: r.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
+                                                    watching: r.watching)
+            }
+        case .unspecified, .unrecognized:
+            throw PresenceError(.invalidArgument, "UNKNOWN_OPERATION", "unknown home operation")
+        }
+        return result
+    }
+
+    // MARK: Replicas, handoff, failover
+
+    func apply(_ record: ClusterUserRecord) {
+        guard let c = record.copy else { return }
+        if fabric.topology.home(of: c.userID) == me {
+            directory.install(c)  // a handoff reaching a home already serving the user
+        } else {
+            copies.install(c)
+        }
+    }
+
+    func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) {
+        let rf = fabric.topology.replicationFactor
+        for u in directory.allUserIDs {
+            let homes = new.homes(ofUser: u, count: rf)
+            let record = ClusterUserRecord(directory.copy(of: u))
+            if homes.first != me, let newHome = homes.first {
+                fabric.send(record, to: newHome)
+                if homes.contains(me) { copies.install(directory.copy(of: u)) }
+                directory.remove(u)
+            } else {
+                let before = Set(old.homes(ofUser: u, count: rf))
+                for r in homes where r != me && !before.contains(r) { fabric.send(record, to: r) }
+            }
+        }
+        for u in copies.allUserIDs {
+            let homes = new.homes(ofUser: u, count: rf)
+            if homes.first == me {
+                directory.install(copies.copy(of: u))
+                copies.remove(u)
+                let before = Set(old.homes(ofUser: u, count: rf))
+                let record = ClusterUserRecord(directory.copy(of: u))
+                for r in homes where r != me && !before.contains(r) { fabric.send(record, to: r) }
+            } else if !homes.contains(me) {
+                copies.remove(u)
+            }
+        }
+        let deadline = clock.monotonicNanoseconds() + presenceTimeout
+        for node in Set(old.members).union(new.members).union(gatewaysInUse()) where !alive.contains(node) {
+            for (u, s) in directory.sessions(at: node) { orphans.start(Orphan(user: u, session: s, watcher: false), deadline: deadline) }
+            for (u, s) in directory.watchers(at: node) { orphans.start(Orphan(user: u, session: s, watcher: true), deadline: deadline) }
+        }
+        if !orphans.isEmpty { startSweeping() }
+    }
+
+    /// Gateways of sessions and watchers here (a promoted copy may name a node this one never saw).
+    private func gatewaysInUse() -> Set<String> {
+        var out = Set<String>()
+        for u in directory.allUserIDs {
+            let c = directory.copy(of: u)
+            for r in c.sessions.values { out.insert(r.sink) }
+            for w in c.watchers.values { out.insert(w) }
         }
         return out
     }
 
-    func unwatch(_ users: [String], by session: SessionID) {
-        for u in users { directory.unwatch(u, by: session) }
+    func handOffAll(to ring: HashRing) {
+        for u in directory.allUserIDs {
+            guard let home = ring.home(ofUser: u) else { continue }
+            fabric.send(ClusterUserRecord(directory.copy(of: u)), to: home)
+        }
     }
+
+    private func startSweeping() {
+        guard orphanSweeper == nil else { return }
+        orphanSweeper = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(nanoseconds: 100_000_000)
+                guard let self, await self.sweepOrphans() else { return }
+            }
+        }
+    }
+
+    private func sweepOrphans() -> Bool {
+        let alive = fabric.topology.alive
+        for o in orphans.due(now: clock.monotonicNanoseconds()) {
+            if o.watcher {
+                directory.unwatch(o.user, by: o.session)
+            } else {
+                guard let r = directory.session(o.user, o.session), !alive.contains(r.sink) else { continue }
+                notify(directory.sessionEnded(o.user, session: o.session))
+            }
+            replicate([o.user])
+        }
+        if orphans.isEmpty {
+            orphanSweeper = nil
+            return false
+        }
+        return true
+    }
+
+    var userCount: Int { directory.userCount }
 }

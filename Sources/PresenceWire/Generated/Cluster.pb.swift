@@ -36,6 +36,107 @@ public enum ClusterMemberStatus: Sendable, Hashable, CaseIterable {
     }
 }
 
+/// `presence.cluster.v1.ChannelOp` (proto enum); `unrecognized` keeps a value this build does not know.
+public enum ClusterChannelOp: Sendable, Hashable, CaseIterable {
+    case unspecified // = 0
+    case join // = 1
+    case leave // = 2
+    case setState // = 3
+    case removeState // = 4
+    case getState // = 5
+    case list // = 6
+    case resnapshot // = 7
+    case announce // = 8
+    case unrecognized(Int32)
+
+    public static var allCases: [ClusterChannelOp] { [.unspecified, .join, .leave, .setState, .removeState, .getState, .list, .resnapshot, .announce] }
+
+    public init(rawValue: Int32) {
+        switch rawValue {
+        case 0: self = .unspecified
+        case 1: self = .join
+        case 2: self = .leave
+        case 3: self = .setState
+        case 4: self = .removeState
+        case 5: self = .getState
+        case 6: self = .list
+        case 7: self = .resnapshot
+        case 8: self = .announce
+        default: self = .unrecognized(rawValue)
+        }
+    }
+
+    public var rawValue: Int32 {
+        switch self {
+        case .unspecified: return 0
+        case .join: return 1
+        case .leave: return 2
+        case .setState: return 3
+        case .removeState: return 4
+        case .getState: return 5
+        case .list: return 6
+        case .resnapshot: return 7
+        case .announce: return 8
+        case .unrecognized(let value): return value
+        }
+    }
+}
+
+/// `presence.cluster.v1.HomeOp` (proto enum); `unrecognized` keeps a value this build does not know.
+public enum ClusterHomeOp: Sendable, Hashable, CaseIterable {
+    case unspecified // = 0
+    case sessionOpened // = 1
+    case sessionEnded // = 2
+    case setStatus // = 3
+    case sessionJoined // = 4
+    case sessionLeft // = 5
+    case channels // = 6
+    case statuses // = 7
+    case watch // = 8
+    case unwatch // = 9
+    case lookupSession // = 10
+    case sessionWatching // = 11
+    case unrecognized(Int32)
+
+    public static var allCases: [ClusterHomeOp] { [.unspecified, .sessionOpened, .sessionEnded, .setStatus, .sessionJoined, .sessionLeft, .channels, .statuses, .watch, .unwatch, .lookupSession, .sessionWatching] }
+
+    public init(rawValue: Int32) {
+        switch rawValue {
+        case 0: self = .unspecified
+        case 1: self = .sessionOpened
+        case 2: self = .sessionEnded
+        case 3: self = .setStatus
+        case 4: self = .sessionJoined
+        case 5: self = .sessionLeft
+        case 6: self = .channels
+        case 7: self = .statuses
+        case 8: self = .watch
+        case 9: self = .unwatch
+        case 10: self = .lookupSession
+        case 11: self = .sessionWatching
+        default: self = .unrecognized(rawValue)
+        }
+    }
+
+    public var rawValue: Int32 {
+        switch self {
+        case .unspecified: return 0
+        case .sessionOpened: return 1
+        case .sessionEnded: return 2
+        case .setStatus: return 3
+        case .sessionJoined: return 4
+        case .sessionLeft: return 5
+        case .channels: return 6
+        case .statuses: return 7
+        case .watch: return 8
+        case .unwatch: return 9
+        case .lookupSession: return 10
+        case .sessionWatching: return 11
+        case .unrecognized(let value): return value
+        }
+    }
+}
+
 /// `presence.cluster.v1.MemberUpdate` (proto message).
 public struct ClusterMemberUpdate: ProtoMessage, Sendable, Hashable {
     public var nodeID: String = ""
@@ -326,6 +427,794 @@ extension ClusterJoinResponse: CMessageBridge {
     }
 }
 
+/// `presence.cluster.v1.SessionRef` (proto message).
+public struct ClusterSessionRef: ProtoMessage, Sendable, Hashable {
+    public var sessionID: String = ""
+    public var userID: String = ""
+    public var gateway: String = ""
+    public var withPresence: Bool = false
+
+    public init() {}
+
+    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false) {
+        self.sessionID = sessionID
+        self.userID = userID
+        self.gateway = gateway
+        self.withPresence = withPresence
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterSessionRef.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterSessionRef: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__SessionRef
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_ref__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_ref__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_ref__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_ref__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.sessionID = try WireCodec.readString(c.pointee.session_id)
+        self.userID = try WireCodec.readString(c.pointee.user_id)
+        self.gateway = try WireCodec.readString(c.pointee.gateway)
+        self.withPresence = c.pointee.with_presence != 0
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__session_ref__init(c)
+        if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
+        if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
+        if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
+        c.pointee.with_presence = self.withPresence ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.CallError` (proto message).
+public struct ClusterCallError: ProtoMessage, Sendable, Hashable {
+    public var kind: UInt32 = 0
+    public var code: String = ""
+    public var detail: String = ""
+
+    public init() {}
+
+    public init(kind: UInt32 = 0, code: String = "", detail: String = "") {
+        self.kind = kind
+        self.code = code
+        self.detail = detail
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterCallError.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterCallError: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__CallError
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__call_error__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__call_error__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__call_error__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__call_error__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.kind = c.pointee.kind
+        self.code = try WireCodec.readString(c.pointee.code)
+        self.detail = try WireCodec.readString(c.pointee.detail)
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__call_error__init(c)
+        c.pointee.kind = self.kind
+        if !self.code.isEmpty { c.pointee.code = arena.cString(self.code) }
+        if !self.detail.isEmpty { c.pointee.detail = arena.cString(self.detail) }
+    }
+}
+
+/// `presence.cluster.v1.ChannelCall` (proto message).
+public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
+    public var channelName: String = ""
+    public var channelType: ChannelType = ChannelType(rawValue: 0)
+    public var op: ClusterChannelOp = ClusterChannelOp(rawValue: 0)
+    public var hops: UInt32 = 0
+    public var session: ClusterSessionRef? = nil
+    public var items: [StateItem] = []
+    public var keys: [String] = []
+    public var userID: String = ""
+    public var after: String = ""
+    public var includeState: Bool = false
+    public var countOnly: Bool = false
+    public var timedOut: Bool = false
+
+    public init() {}
+
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false) {
+        self.channelName = channelName
+        self.channelType = channelType
+        self.op = op
+        self.hops = hops
+        self.session = session
+        self.items = items
+        self.keys = keys
+        self.userID = userID
+        self.after = after
+        self.includeState = includeState
+        self.countOnly = countOnly
+        self.timedOut = timedOut
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterChannelCall.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterChannelCall: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ChannelCall
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_call__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_call__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_call__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_call__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.channelName = try WireCodec.readString(c.pointee.channel_name)
+        self.channelType = ChannelType(rawValue: Int32(truncatingIfNeeded: c.pointee.channel_type.rawValue))
+        self.op = ClusterChannelOp(rawValue: Int32(truncatingIfNeeded: c.pointee.op.rawValue))
+        self.hops = c.pointee.hops
+        if let sub = c.pointee.session { self.session = try ClusterSessionRef(cStruct: sub) }
+        self.items = try WireCodec.readArray(c.pointee.items, c.pointee.n_items) { try StateItem(cStruct: $0!) }
+        self.keys = try WireCodec.readArray(c.pointee.keys, c.pointee.n_keys) { try WireCodec.readString($0) }
+        self.userID = try WireCodec.readString(c.pointee.user_id)
+        self.after = try WireCodec.readString(c.pointee.after)
+        self.includeState = c.pointee.include_state != 0
+        self.countOnly = c.pointee.count_only != 0
+        self.timedOut = c.pointee.timed_out != 0
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__channel_call__init(c)
+        if !self.channelName.isEmpty { c.pointee.channel_name = arena.cString(self.channelName) }
+        c.pointee.channel_type = .init(rawValue: .init(truncatingIfNeeded: self.channelType.rawValue))
+        c.pointee.op = .init(rawValue: .init(truncatingIfNeeded: self.op.rawValue))
+        c.pointee.hops = self.hops
+        if let sub = self.session { c.pointee.session = arena.message(sub) }
+        (c.pointee.n_items, c.pointee.items) = arena.messageArray(self.items)
+        (c.pointee.n_keys, c.pointee.keys) = arena.stringArray(self.keys)
+        if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
+        if !self.after.isEmpty { c.pointee.after = arena.cString(self.after) }
+        c.pointee.include_state = self.includeState ? 1 : 0
+        c.pointee.count_only = self.countOnly ? 1 : 0
+        c.pointee.timed_out = self.timedOut ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.ChannelResult` (proto message).
+public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
+    public var error: ClusterCallError? = nil
+    public var userGone: Bool = false
+    public var found: Bool = false
+    public var state: [StateItem] = []
+    public var total: UInt32 = 0
+    public var users: [UserState] = []
+    public var next: String = ""
+
+    public init() {}
+
+    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "") {
+        self.error = error
+        self.userGone = userGone
+        self.found = found
+        self.state = state
+        self.total = total
+        self.users = users
+        self.next = next
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterChannelResult.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterChannelResult: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ChannelResult
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_result__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_result__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_result__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_result__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        if let sub = c.pointee.error { self.error = try ClusterCallError(cStruct: sub) }
+        self.userGone = c.pointee.user_gone != 0
+        self.found = c.pointee.found != 0
+        self.state = try WireCodec.readArray(c.pointee.state, c.pointee.n_state) { try StateItem(cStruct: $0!) }
+        self.total = c.pointee.total
+        self.users = try WireCodec.readArray(c.pointee.users, c.pointee.n_users) { try UserState(cStruct: $0!) }
+        self.next = try WireCodec.readString(c.pointee.next)
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__channel_result__init(c)
+        if let sub = self.error { c.pointee.error = arena.message(sub) }
+        c.pointee.user_gone = self.userGone ? 1 : 0
+        c.pointee.found = self.found ? 1 : 0
+        (c.pointee.n_state, c.pointee.state) = arena.messageArray(self.state)
+        c.pointee.total = self.total
+        (c.pointee.n_users, c.pointee.users) = arena.messageArray(self.users)
+        if !self.next.isEmpty { c.pointee.next = arena.cString(self.next) }
+    }
+}
+
+/// `presence.cluster.v1.SessionChannel` (proto message).
+public struct ClusterSessionChannel: ProtoMessage, Sendable, Hashable {
+    public var channelName: String = ""
+    public var channelType: ChannelType = ChannelType(rawValue: 0)
+    public var withPresence: Bool = false
+
+    public init() {}
+
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), withPresence: Bool = false) {
+        self.channelName = channelName
+        self.channelType = channelType
+        self.withPresence = withPresence
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterSessionChannel.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterSessionChannel: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__SessionChannel
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_channel__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_channel__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_channel__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_channel__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.channelName = try WireCodec.readString(c.pointee.channel_name)
+        self.channelType = ChannelType(rawValue: Int32(truncatingIfNeeded: c.pointee.channel_type.rawValue))
+        self.withPresence = c.pointee.with_presence != 0
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__session_channel__init(c)
+        if !self.channelName.isEmpty { c.pointee.channel_name = arena.cString(self.channelName) }
+        c.pointee.channel_type = .init(rawValue: .init(truncatingIfNeeded: self.channelType.rawValue))
+        c.pointee.with_presence = self.withPresence ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.HomeSession` (proto message).
+public struct ClusterHomeSession: ProtoMessage, Sendable, Hashable {
+    public var sessionID: String = ""
+    public var gateway: String = ""
+    public var channels: [ClusterSessionChannel] = []
+    public var watching: [String] = []
+
+    public init() {}
+
+    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = []) {
+        self.sessionID = sessionID
+        self.gateway = gateway
+        self.channels = channels
+        self.watching = watching
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterHomeSession.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterHomeSession: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__HomeSession
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_session__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_session__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_session__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_session__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.sessionID = try WireCodec.readString(c.pointee.session_id)
+        self.gateway = try WireCodec.readString(c.pointee.gateway)
+        self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterSessionChannel(cStruct: $0!) }
+        self.watching = try WireCodec.readArray(c.pointee.watching, c.pointee.n_watching) { try WireCodec.readString($0) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__home_session__init(c)
+        if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
+        if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
+        (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
+        (c.pointee.n_watching, c.pointee.watching) = arena.stringArray(self.watching)
+    }
+}
+
+/// `presence.cluster.v1.HomeCall` (proto message).
+public struct ClusterHomeCall: ProtoMessage, Sendable, Hashable {
+    public var userIDs: [String] = []
+    public var op: ClusterHomeOp = ClusterHomeOp(rawValue: 0)
+    public var hops: UInt32 = 0
+    public var session: ClusterSessionRef? = nil
+    public var status: UserStatus = UserStatus(rawValue: 0)
+    public var channel: ClusterSessionChannel? = nil
+    public var announce: Bool = false
+    public var channels: [ClusterSessionChannel] = []
+    public var watching: [String] = []
+
+    public init() {}
+
+    public init(userIDs: [String] = [], op: ClusterHomeOp = ClusterHomeOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, status: UserStatus = UserStatus(rawValue: 0), channel: ClusterSessionChannel? = nil, announce: Bool = false, channels: [ClusterSessionChannel] = [], watching: [String] = []) {
+        self.userIDs = userIDs
+        self.op = op
+        self.hops = hops
+        self.session = session
+        self.status = status
+        self.channel = channel
+        self.announce = announce
+        self.channels = channels
+        self.watching = watching
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterHomeCall.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterHomeCall: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__HomeCall
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_call__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_call__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_call__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_call__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.userIDs = try WireCodec.readArray(c.pointee.user_ids, c.pointee.n_user_ids) { try WireCodec.readString($0) }
+        self.op = ClusterHomeOp(rawValue: Int32(truncatingIfNeeded: c.pointee.op.rawValue))
+        self.hops = c.pointee.hops
+        if let sub = c.pointee.session { self.session = try ClusterSessionRef(cStruct: sub) }
+        self.status = UserStatus(rawValue: Int32(truncatingIfNeeded: c.pointee.status.rawValue))
+        if let sub = c.pointee.channel { self.channel = try ClusterSessionChannel(cStruct: sub) }
+        self.announce = c.pointee.announce != 0
+        self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterSessionChannel(cStruct: $0!) }
+        self.watching = try WireCodec.readArray(c.pointee.watching, c.pointee.n_watching) { try WireCodec.readString($0) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__home_call__init(c)
+        (c.pointee.n_user_ids, c.pointee.user_ids) = arena.stringArray(self.userIDs)
+        c.pointee.op = .init(rawValue: .init(truncatingIfNeeded: self.op.rawValue))
+        c.pointee.hops = self.hops
+        if let sub = self.session { c.pointee.session = arena.message(sub) }
+        c.pointee.status = .init(rawValue: .init(truncatingIfNeeded: self.status.rawValue))
+        if let sub = self.channel { c.pointee.channel = arena.message(sub) }
+        c.pointee.announce = self.announce ? 1 : 0
+        (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
+        (c.pointee.n_watching, c.pointee.watching) = arena.stringArray(self.watching)
+    }
+}
+
+/// `presence.cluster.v1.HomeResult` (proto message).
+public struct ClusterHomeResult: ProtoMessage, Sendable, Hashable {
+    public var error: ClusterCallError? = nil
+    public var channels: [ClusterSessionChannel] = []
+    public var statuses: [UserStatusEntry] = []
+    public var found: Bool = false
+    public var session: ClusterHomeSession? = nil
+
+    public init() {}
+
+    public init(error: ClusterCallError? = nil, channels: [ClusterSessionChannel] = [], statuses: [UserStatusEntry] = [], found: Bool = false, session: ClusterHomeSession? = nil) {
+        self.error = error
+        self.channels = channels
+        self.statuses = statuses
+        self.found = found
+        self.session = session
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterHomeResult.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterHomeResult: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__HomeResult
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_result__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_result__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_result__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_result__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        if let sub = c.pointee.error { self.error = try ClusterCallError(cStruct: sub) }
+        self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterSessionChannel(cStruct: $0!) }
+        self.statuses = try WireCodec.readArray(c.pointee.statuses, c.pointee.n_statuses) { try UserStatusEntry(cStruct: $0!) }
+        self.found = c.pointee.found != 0
+        if let sub = c.pointee.session { self.session = try ClusterHomeSession(cStruct: sub) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__home_result__init(c)
+        if let sub = self.error { c.pointee.error = arena.message(sub) }
+        (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
+        (c.pointee.n_statuses, c.pointee.statuses) = arena.messageArray(self.statuses)
+        c.pointee.found = self.found ? 1 : 0
+        if let sub = self.session { c.pointee.session = arena.message(sub) }
+    }
+}
+
+/// `presence.cluster.v1.MemberRecord` (proto message).
+public struct ClusterMemberRecord: ProtoMessage, Sendable, Hashable {
+    public var userID: String = ""
+    public var sessions: [ClusterSessionRef] = []
+    public var state: [StateItem] = []
+
+    public init() {}
+
+    public init(userID: String = "", sessions: [ClusterSessionRef] = [], state: [StateItem] = []) {
+        self.userID = userID
+        self.sessions = sessions
+        self.state = state
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterMemberRecord.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterMemberRecord: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__MemberRecord
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__member_record__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__member_record__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__member_record__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__member_record__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.userID = try WireCodec.readString(c.pointee.user_id)
+        self.sessions = try WireCodec.readArray(c.pointee.sessions, c.pointee.n_sessions) { try ClusterSessionRef(cStruct: $0!) }
+        self.state = try WireCodec.readArray(c.pointee.state, c.pointee.n_state) { try StateItem(cStruct: $0!) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__member_record__init(c)
+        if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
+        (c.pointee.n_sessions, c.pointee.sessions) = arena.messageArray(self.sessions)
+        (c.pointee.n_state, c.pointee.state) = arena.messageArray(self.state)
+    }
+}
+
+/// `presence.cluster.v1.ChannelRecord` (proto message).
+public struct ClusterChannelRecord: ProtoMessage, Sendable, Hashable {
+    public var channelName: String = ""
+    public var channelType: ChannelType = ChannelType(rawValue: 0)
+    public var sequence: UInt64 = 0
+    public var full: Bool = false
+    public var members: [ClusterMemberRecord] = []
+    public var dropped: Bool = false
+
+    public init() {}
+
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sequence: UInt64 = 0, full: Bool = false, members: [ClusterMemberRecord] = [], dropped: Bool = false) {
+        self.channelName = channelName
+        self.channelType = channelType
+        self.sequence = sequence
+        self.full = full
+        self.members = members
+        self.dropped = dropped
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterChannelRecord.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterChannelRecord: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ChannelRecord
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_record__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_record__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_record__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_record__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.channelName = try WireCodec.readString(c.pointee.channel_name)
+        self.channelType = ChannelType(rawValue: Int32(truncatingIfNeeded: c.pointee.channel_type.rawValue))
+        self.sequence = c.pointee.sequence
+        self.full = c.pointee.full != 0
+        self.members = try WireCodec.readArray(c.pointee.members, c.pointee.n_members) { try ClusterMemberRecord(cStruct: $0!) }
+        self.dropped = c.pointee.dropped != 0
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__channel_record__init(c)
+        if !self.channelName.isEmpty { c.pointee.channel_name = arena.cString(self.channelName) }
+        c.pointee.channel_type = .init(rawValue: .init(truncatingIfNeeded: self.channelType.rawValue))
+        c.pointee.sequence = self.sequence
+        c.pointee.full = self.full ? 1 : 0
+        (c.pointee.n_members, c.pointee.members) = arena.messageArray(self.members)
+        c.pointee.dropped = self.dropped ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.UserRecord` (proto message).
+public struct ClusterUserRecord: ProtoMessage, Sendable, Hashable {
+    public var userID: String = ""
+    public var chosen: UserStatus = UserStatus(rawValue: 0)
+    public var everOpened: Bool = false
+    public var sessions: [ClusterHomeSession] = []
+    public var watchers: [ClusterSessionRef] = []
+
+    public init() {}
+
+    public init(userID: String = "", chosen: UserStatus = UserStatus(rawValue: 0), everOpened: Bool = false, sessions: [ClusterHomeSession] = [], watchers: [ClusterSessionRef] = []) {
+        self.userID = userID
+        self.chosen = chosen
+        self.everOpened = everOpened
+        self.sessions = sessions
+        self.watchers = watchers
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterUserRecord.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterUserRecord: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__UserRecord
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__user_record__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__user_record__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__user_record__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__user_record__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.userID = try WireCodec.readString(c.pointee.user_id)
+        self.chosen = UserStatus(rawValue: Int32(truncatingIfNeeded: c.pointee.chosen.rawValue))
+        self.everOpened = c.pointee.ever_opened != 0
+        self.sessions = try WireCodec.readArray(c.pointee.sessions, c.pointee.n_sessions) { try ClusterHomeSession(cStruct: $0!) }
+        self.watchers = try WireCodec.readArray(c.pointee.watchers, c.pointee.n_watchers) { try ClusterSessionRef(cStruct: $0!) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__user_record__init(c)
+        if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
+        c.pointee.chosen = .init(rawValue: .init(truncatingIfNeeded: self.chosen.rawValue))
+        c.pointee.ever_opened = self.everOpened ? 1 : 0
+        (c.pointee.n_sessions, c.pointee.sessions) = arena.messageArray(self.sessions)
+        (c.pointee.n_watchers, c.pointee.watchers) = arena.messageArray(self.watchers)
+    }
+}
+
+/// `presence.cluster.v1.Delivery` (proto message).
+public struct ClusterDelivery: ProtoMessage, Sendable, Hashable {
+    public var channelName: String = ""
+    public var channelType: ChannelType = ChannelType(rawValue: 0)
+    public var exceptSession: String = ""
+    public var toSessions: [String] = []
+    public var framed: [UInt8] = []
+    public var snapshot: Bool = false
+
+    public init() {}
+
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), exceptSession: String = "", toSessions: [String] = [], framed: [UInt8] = [], snapshot: Bool = false) {
+        self.channelName = channelName
+        self.channelType = channelType
+        self.exceptSession = exceptSession
+        self.toSessions = toSessions
+        self.framed = framed
+        self.snapshot = snapshot
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterDelivery.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterDelivery: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__Delivery
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__delivery__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__delivery__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__delivery__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__delivery__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.channelName = try WireCodec.readString(c.pointee.channel_name)
+        self.channelType = ChannelType(rawValue: Int32(truncatingIfNeeded: c.pointee.channel_type.rawValue))
+        self.exceptSession = try WireCodec.readString(c.pointee.except_session)
+        self.toSessions = try WireCodec.readArray(c.pointee.to_sessions, c.pointee.n_to_sessions) { try WireCodec.readString($0) }
+        self.framed = WireCodec.readBytes(c.pointee.framed)
+        self.snapshot = c.pointee.snapshot != 0
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__delivery__init(c)
+        if !self.channelName.isEmpty { c.pointee.channel_name = arena.cString(self.channelName) }
+        c.pointee.channel_type = .init(rawValue: .init(truncatingIfNeeded: self.channelType.rawValue))
+        if !self.exceptSession.isEmpty { c.pointee.except_session = arena.cString(self.exceptSession) }
+        (c.pointee.n_to_sessions, c.pointee.to_sessions) = arena.stringArray(self.toSessions)
+        c.pointee.framed = arena.binary(self.framed)
+        c.pointee.snapshot = self.snapshot ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.PushBatch` (proto message).
+public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
+    public var fromNodeID: String = ""
+    public var deliveries: [ClusterDelivery] = []
+    public var channels: [ClusterChannelRecord] = []
+    public var users: [ClusterUserRecord] = []
+    public var handoffDone: Bool = false
+    public var announces: [ClusterChannelCall] = []
+    public var homeAnnounces: [ClusterHomeCall] = []
+    public var ringFingerprint: UInt64 = 0
+
+    public init() {}
+
+    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, announces: [ClusterChannelCall] = [], homeAnnounces: [ClusterHomeCall] = [], ringFingerprint: UInt64 = 0) {
+        self.fromNodeID = fromNodeID
+        self.deliveries = deliveries
+        self.channels = channels
+        self.users = users
+        self.handoffDone = handoffDone
+        self.announces = announces
+        self.homeAnnounces = homeAnnounces
+        self.ringFingerprint = ringFingerprint
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterPushBatch.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterPushBatch: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__PushBatch
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__push_batch__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__push_batch__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__push_batch__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__push_batch__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.fromNodeID = try WireCodec.readString(c.pointee.from_node_id)
+        self.deliveries = try WireCodec.readArray(c.pointee.deliveries, c.pointee.n_deliveries) { try ClusterDelivery(cStruct: $0!) }
+        self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterChannelRecord(cStruct: $0!) }
+        self.users = try WireCodec.readArray(c.pointee.users, c.pointee.n_users) { try ClusterUserRecord(cStruct: $0!) }
+        self.handoffDone = c.pointee.handoff_done != 0
+        self.announces = try WireCodec.readArray(c.pointee.announces, c.pointee.n_announces) { try ClusterChannelCall(cStruct: $0!) }
+        self.homeAnnounces = try WireCodec.readArray(c.pointee.home_announces, c.pointee.n_home_announces) { try ClusterHomeCall(cStruct: $0!) }
+        self.ringFingerprint = c.pointee.ring_fingerprint
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__push_batch__init(c)
+        if !self.fromNodeID.isEmpty { c.pointee.from_node_id = arena.cString(self.fromNodeID) }
+        (c.pointee.n_deliveries, c.pointee.deliveries) = arena.messageArray(self.deliveries)
+        (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
+        (c.pointee.n_users, c.pointee.users) = arena.messageArray(self.users)
+        c.pointee.handoff_done = self.handoffDone ? 1 : 0
+        (c.pointee.n_announces, c.pointee.announces) = arena.messageArray(self.announces)
+        (c.pointee.n_home_announces, c.pointee.home_announces) = arena.messageArray(self.homeAnnounces)
+        c.pointee.ring_fingerprint = self.ringFingerprint
+    }
+}
+
+/// `presence.cluster.v1.PushAck` (proto message).
+public struct ClusterPushAck: ProtoMessage, Sendable, Hashable {
+
+    public init() {
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterPushAck.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterPushAck: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__PushAck
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__push_ack__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__push_ack__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__push_ack__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__push_ack__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__push_ack__init(c)
+    }
+}
+
 /// The methods of gRPC service `presence.cluster.v1.Membership`.
 public enum MembershipMethods {
     public static let serviceName = "presence.cluster.v1.Membership"
@@ -333,5 +1222,14 @@ public enum MembershipMethods {
     public static let indirectPing = MethodDescriptor<ClusterIndirectPingRequest, ClusterPingResponse>(path: "/presence.cluster.v1.Membership/IndirectPing", kind: .unary)
     public static let join = MethodDescriptor<ClusterJoinRequest, ClusterJoinResponse>(path: "/presence.cluster.v1.Membership/Join", kind: .unary)
     public static let allPaths: [String] = ["/presence.cluster.v1.Membership/Ping", "/presence.cluster.v1.Membership/IndirectPing", "/presence.cluster.v1.Membership/Join"]
+}
+
+/// The methods of gRPC service `presence.cluster.v1.PeerPresence`.
+public enum PeerPresenceMethods {
+    public static let serviceName = "presence.cluster.v1.PeerPresence"
+    public static let channel = MethodDescriptor<ClusterChannelCall, ClusterChannelResult>(path: "/presence.cluster.v1.PeerPresence/Channel", kind: .unary)
+    public static let home = MethodDescriptor<ClusterHomeCall, ClusterHomeResult>(path: "/presence.cluster.v1.PeerPresence/Home", kind: .unary)
+    public static let push = MethodDescriptor<ClusterPushBatch, ClusterPushAck>(path: "/presence.cluster.v1.PeerPresence/Push", kind: .unary)
+    public static let allPaths: [String] = ["/presence.cluster.v1.PeerPresence/Channel", "/presence.cluster.v1.PeerPresence/Home", "/presence.cluster.v1.PeerPresence/Push"]
 }
 

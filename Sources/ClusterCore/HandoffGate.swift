@@ -1,0 +1,49 @@
+/// Whether this node may serve a key it owns, while ownership moves (ARCHITECTURE.md, "Handoff").
+/// When the ring changes, a key this node now owns may still have its state at the key's previous
+/// owner. If that node is alive, it hands the state off and then says it is done; until it does
+/// (or `limit` passes), calls for its keys must get a retryable error rather than an answer from
+/// empty state. Keys whose previous owner died are served at once, from the replica copies.
+/// A plain value: rings, "done" messages and clock readings in; answers out.
+public struct HandoffGate: Sendable {
+    public let me: String
+    /// How long to wait for a previous owner's handoff before serving anyway (it may be stuck).
+    public let limit: UInt64
+    private var previous: HashRing?
+    private var current: HashRing?
+    private var waitingFor: Set<String> = []
+    private var deadline: UInt64 = 0
+    /// "Done" messages, by the ring fingerprint they were sent for (they can arrive before this
+    /// node has computed that ring itself).
+    private var done: [UInt64: Set<String>] = [:]
+
+    public init(me: String, limit: UInt64) {
+        self.me = me
+        self.limit = limit
+    }
+
+    /// The ring changed from `old` to `new`; `alive` are members that can still hand off.
+    public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64) {
+        previous = old
+        current = new
+        let said = done[new.fingerprint] ?? []
+        waitingFor = Set(old.members.filter { $0 != me && alive.contains($0) && new.members.contains($0) && !said.contains($0) })
+        deadline = now &+ limit
+        // keep only what can still matter
+        done = done.filter { $0.key == new.fingerprint }
+    }
+
+    /// `node` has handed off everything it owned that this node owns under ring `fingerprint`.
+    public mutating func handoffDone(from node: String, fingerprint: UInt64) {
+        done[fingerprint, default: []].insert(node)
+        if fingerprint == current?.fingerprint { waitingFor.remove(node) }
+    }
+
+    /// May this node answer for a key with this hash (which it owns under the current ring)?
+    public func mayServe(keyHash: UInt64, now: UInt64) -> Bool {
+        guard !waitingFor.isEmpty, now < deadline, let previous, let before = previous.owner(ofHash: keyHash) else { return true }
+        return !waitingFor.contains(before)
+    }
+
+    /// Previous owners not done yet (for logs and tests).
+    public var pending: Set<String> { waitingFor }
+}

@@ -1,0 +1,29 @@
+/// Sessions whose gateway node died or left: each times out at its deadline unless its client
+/// resumes it on another node first (which cancels the timer). A plain value; the owner of the
+/// records asks what is `due` at a clock reading.
+public struct OrphanTimers<Key: Hashable>: Sendable where Key: Sendable {
+    private var deadlines: [Key: UInt64] = [:]
+
+    public init() {}
+
+    public var isEmpty: Bool { deadlines.isEmpty }
+    public var count: Int { deadlines.count }
+    /// The earliest deadline.
+    public var next: UInt64? { deadlines.values.min() }
+
+    /// Starts `key`'s timer; a running timer keeps its earlier deadline.
+    public mutating func start(_ key: Key, deadline: UInt64) {
+        if deadlines[key] == nil { deadlines[key] = deadline }
+    }
+
+    public mutating func cancel(_ key: Key) { deadlines[key] = nil }
+
+    public func contains(_ key: Key) -> Bool { deadlines[key] != nil }
+
+    /// Keys whose deadline has passed, removed.
+    public mutating func due(now: UInt64) -> [Key] {
+        let keys = deadlines.filter { $0.value <= now }.map(\.key)
+        for k in keys { deadlines[k] = nil }
+        return keys
+    }
+}

@@ -1,0 +1,229 @@
+import EventLoop
+import GRPCTransport
+import PresenceCore
+import PresenceWire
+import Synchronization
+
+/// Presence traffic between nodes over the peer link: calls to a key's owner or a user's home
+/// (request/response), and one ordered push queue per destination node for everything that flows
+/// one way (deliveries to gateways, replica updates, handoffs, anti-entropy announces). A queue
+/// has at most one Push in flight and sends whatever accumulated meanwhile as the next batch, so a
+/// gateway receives an owner's events in the order the owner computed them, batched under load.
+public final class PeerLink: Sendable {
+    public let me: String
+    /// The peer client for a live member; nil when the node is not (or no longer) a live member.
+    private let clientFor: @Sendable (String) -> GRPCClient?
+    private let queues = Mutex<[String: PushQueue]>([:])
+    /// Calls and pushes sent, and their bytes (for benchmarks and `presencectl`).
+    let sent = PeerTraffic()
+
+    /// Items per Push at most; a batch also stops growing past `maxBatchBytes`.
+    static let maxBatchItems = 2_000
+    static let maxBatchBytes = 2 << 20
+    /// Items queued for one node at most; beyond, the oldest deliveries are dropped (the node is
+    /// too slow or unreachable; its sessions get fresh snapshots when it recovers or resumes).
+    static let maxQueuedItems = 200_000
+    /// Timeout of one peer call.
+    static let callTimeout = Duration.seconds(2)
+
+    public init(me: String, clientFor: @escaping @Sendable (String) -> GRPCClient?) {
+        self.me = me
+        self.clientFor = clientFor
+    }
+
+    // MARK: Calls
+
+    public func channel(_ node: String, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
+        let r = try await unary(node, PeerPresenceMethods.channel, call)
+        if let e = r.error { throw PresenceError(wire: e) }
+        return r
+    }
+
+    public func home(_ node: String, _ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+        let r = try await unary(node, PeerPresenceMethods.home, call)
+        if let e = r.error { throw PresenceError(wire: e) }
+        return r
+    }
+
+    private func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ node: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req) async throws(PresenceError) -> Resp {
+        guard let client = clientFor(node) else {
+            throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")
+        }
+        sent.count(bytes: 0)
+        do {
+            return try await client.unary(method, request, timeout: Self.callTimeout)
+        } catch let s as GRPCStatus where s.code == .unavailable || s.code == .failedPrecondition {
+            throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node): \(s.message)")
+        } catch {
+            throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer: \(error)")
+        }
+    }
+
+    // MARK: Pushes
+
+    /// Queues something for `node`, after everything queued for it before. Never waits.
+    public func push(to node: String, bytes: Int = 64, _ add: (inout ClusterPushBatch) -> Void) {
+        let q = queues.withLock { qs in
+            if let q = qs[node] { return q }
+            let q = PushQueue(node: node)
+            qs[node] = q
+            return q
+        }
+        if q.enqueue(bytes: bytes, add) { startSending(q) }
+    }
+
+    /// Waits (up to `timeout` ns) until everything queued so far for every node was sent.
+    public func drain(timeout: UInt64) async {
+        let all = queues.withLock { Array($0.values) }
+        let deadline = MonotonicClock.now() + timeout
+        for q in all {
+            while q.busy && MonotonicClock.now() < deadline {
+                try? await Task.sleep(nanoseconds: 2_000_000)
+            }
+        }
+    }
+
+    /// Forgets a node's queue (it died or left): what was queued for it is dropped.
+    public func forget(_ node: String) {
+        queues.withLock { $0.removeValue(forKey: node) }?.clear()
+    }
+
+    private func startSending(_ q: PushQueue) {
+        Task { [self] in
+            while let batch = q.take(me: me) {
+                var attempt = 0
+                while true {
+                    guard let client = clientFor(q.node) else { break }  // not a live member: drop
+                    do {
+                        _ = try await client.unary(PeerPresenceMethods.push, batch, timeout: .seconds(5))
+                        sent.count(bytes: batch.approximateBytes)
+                        break
+                    } catch {
+                        attempt += 1
+                        if attempt >= 40 { break }
+                        try? await Task.sleep(nanoseconds: 50_000_000)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One destination's queue of pushes: batches in order, each closed once it is big enough.
+final class PushQueue: Sendable {
+    let node: String
+    private struct State {
+        var batches: [ClusterPushBatch] = []
+        /// Items and bytes in the last (open) batch.
+        var items = 0
+        var bytes = 0
+        var queued = 0
+        var sending = false
+    }
+    private let state = Mutex(State())
+
+    init(node: String) { self.node = node }
+
+    /// Adds to the open batch (after everything queued before); true when a sender must start.
+    func enqueue(bytes: Int, _ add: (inout ClusterPushBatch) -> Void) -> Bool {
+        state.withLock { s in
+            if s.queued >= PeerLink.maxQueuedItems, !s.batches.isEmpty, s.batches[0].deliveries.count > 0 {
+                s.batches[0].deliveries.removeFirst()  // overloaded destination: shed the oldest event
+                s.queued -= 1
+            }
+            if s.batches.isEmpty || s.items >= PeerLink.maxBatchItems || s.bytes >= PeerLink.maxBatchBytes || s.batches[s.batches.count - 1].handoffDone {
+                s.batches.append(ClusterPushBatch())
+                s.items = 0
+                s.bytes = 0
+            }
+            add(&s.batches[s.batches.count - 1])
+            s.items += 1
+            s.bytes += bytes
+            s.queued += 1
+            if s.sending { return false }
+            s.sending = true
+            return true
+        }
+    }
+
+    /// The next batch to send, or nil (and the sender stops) when nothing is pending.
+    func take(me: String) -> ClusterPushBatch? {
+        state.withLock { s in
+            guard !s.batches.isEmpty else {
+                s.sending = false
+                return nil
+            }
+            var batch = s.batches.removeFirst()
+            if s.batches.isEmpty {
+                s.items = 0
+                s.bytes = 0
+                s.queued = 0
+            } else {
+                s.queued -= batch.itemCount
+            }
+            batch.fromNodeID = me
+            return batch
+        }
+    }
+
+    var busy: Bool { state.withLock { $0.sending } }
+
+    func clear() {
+        state.withLock { s in
+            s.batches = []
+            s.items = 0
+            s.bytes = 0
+            s.queued = 0
+        }
+    }
+}
+
+/// Counters of peer traffic sent.
+final class PeerTraffic: Sendable {
+    private let messages = Atomic<Int>(0)
+    private let byteCount = Atomic<Int>(0)
+    func count(bytes: Int) {
+        messages.add(1, ordering: .relaxed)
+        byteCount.add(bytes, ordering: .relaxed)
+    }
+    var snapshot: (messages: Int, bytes: Int) { (messages.load(ordering: .relaxed), byteCount.load(ordering: .relaxed)) }
+}
+
+extension ClusterPushBatch {
+    var itemCount: Int { deliveries.count + channels.count + users.count + announces.count + homeAnnounces.count + (handoffDone ? 1 : 0) }
+
+    /// Roughly the encoded size (deliveries dominate).
+    var approximateBytes: Int {
+        deliveries.reduce(0) { $0 + $1.framed.count + 32 } + (channels.count + users.count + announces.count + homeAnnounces.count) * 96
+    }
+}
+
+extension PresenceError {
+    init(wire e: ClusterCallError) {
+        let kind: Kind
+        switch e.kind {
+        case 1: kind = .invalidArgument
+        case 2: kind = .notFound
+        case 3: kind = .permissionDenied
+        case 4: kind = .unauthenticated
+        case 5: kind = .resourceExhausted
+        case 7: kind = .failedPrecondition
+        default: kind = .unavailable
+        }
+        self.init(kind, e.code.isEmpty ? "PEER_ERROR" : e.code, e.detail)
+    }
+
+    var wire: ClusterCallError {
+        let k: UInt32
+        switch kind {
+        case .invalidArgument: k = 1
+        case .notFound: k = 2
+        case .permissionDenied: k = 3
+        case .unauthenticated: k = 4
+        case .resourceExhausted: k = 5
+        case .unavailable: k = 6
+        case .failedPrecondition: k = 7
+        }
+        return ClusterCallError(kind: k, code: name, detail: detail)
+    }
+}

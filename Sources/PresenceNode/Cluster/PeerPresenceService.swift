@@ -1,0 +1,31 @@
+import GRPCTransport
+import PresenceWire
+
+/// `presence.cluster.v1.PeerPresence` on the peer port: calls routed to this node as a channel
+/// owner or user home, and pushes (deliveries, replicas, handoffs, announces). Every call must
+/// carry the cluster secret when the node has one.
+struct PeerPresenceService {
+    let engine: PresenceEngine
+    let membership: Membership
+
+    func register(in registry: inout ServiceRegistry) {
+        let engine = self.engine
+        let membership = self.membership
+        registry.unary(PeerPresenceMethods.channel) { req, ctx in
+            try membership.authorize(ctx)
+            return await engine.peerChannel(req)
+        }
+        registry.unary(PeerPresenceMethods.home) { req, ctx in
+            try membership.authorize(ctx)
+            return await engine.peerHome(req)
+        }
+        registry.unary(PeerPresenceMethods.push) { req, ctx in
+            try membership.authorize(ctx)
+            guard membership.isMember(req.fromNodeID) else {
+                throw GRPCStatus(.failedPrecondition, "NOT_A_MEMBER: \(req.fromNodeID) is not a live member here")
+            }
+            await engine.peerPush(req)
+            return ClusterPushAck()
+        }
+    }
+}

@@ -1,0 +1,68 @@
+import ClusterCore
+import EventLoop
+import PresenceCore
+import Synchronization
+
+/// What routing needs to know, shared by every actor of the node: this node's id, the ring of
+/// alive members (owner first, then replicas), the replication factor, and whether a key this node
+/// owns may be served yet (`HandoffGate`). Updated by the membership shell on every ring change.
+public final class Topology: Sendable {
+    public let me: String
+    /// Nodes holding each channel's (and user home's) state, owner included.
+    public let replicationFactor: Int
+    private struct State {
+        var ring: HashRing
+        var alive: Set<String>
+        var gate: HandoffGate
+        /// False until this node has joined its seeds (it owns nothing it could answer for).
+        var ready: Bool
+    }
+    private let state: Mutex<State>
+
+    public init(me: String, replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000, ready: Bool = true) {
+        self.me = me
+        self.replicationFactor = max(1, replicationFactor)
+        state = Mutex(State(ring: HashRing(members: [me]), alive: [me], gate: HandoffGate(me: me, limit: handoffLimit), ready: ready))
+    }
+
+    public var ring: HashRing { state.withLock { $0.ring } }
+    public var alive: Set<String> { state.withLock { $0.alive } }
+    public var isReady: Bool { state.withLock { $0.ready } }
+    public var isAlone: Bool { state.withLock { $0.ring.members.count == 1 } }
+
+    public func owner(of key: ChannelKey) -> String { state.withLock { $0.ring.owner(of: key) } ?? me }
+    public func owners(of key: ChannelKey) -> [String] { state.withLock { $0.ring.owners(of: key, count: replicationFactor) } }
+    public func home(of user: String) -> String { state.withLock { $0.ring.home(ofUser: user) } ?? me }
+    public func homes(of user: String) -> [String] { state.withLock { $0.ring.homes(ofUser: user, count: replicationFactor) } }
+
+    /// Why this node may not answer for a key it owns right now, or nil when it may.
+    public func notServing(keyHash: UInt64) -> String? {
+        state.withLock { s in
+            if !s.ready { return "NOT_READY: this node has not joined the cluster yet" }
+            if !s.gate.mayServe(keyHash: keyHash, now: MonotonicClock.now()) {
+                return "HANDOFF_IN_PROGRESS: this key is moving to this node; retry"
+            }
+            return nil
+        }
+    }
+
+    /// Installs a new ring; returns the one it replaces (nil when nothing changed).
+    public func update(ring new: HashRing, alive: Set<String>) -> HashRing? {
+        state.withLock { s in
+            s.alive = alive
+            guard new != s.ring else { return nil }
+            let old = s.ring
+            s.ring = new
+            s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: alive, now: MonotonicClock.now())
+            return old
+        }
+    }
+
+    public func markReady() { state.withLock { $0.ready = true } }
+
+    public func handoffDone(from node: String, fingerprint: UInt64) {
+        state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint) }
+    }
+
+    public var pendingHandoffs: Set<String> { state.withLock { $0.gate.pending } }
+}
