@@ -90,20 +90,23 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: Any thread
 
-    /// Runs `task` on the loop thread, soon. Safe from any thread. Dropped once the loop has stopped.
-    public func execute(_ task: @escaping @Sendable () -> Void) {
+    /// Runs `task` on the loop thread, soon. Safe from any thread. Dropped once the loop has
+    /// stopped: returns false then, so a caller holding a continuation can resume it itself.
+    @discardableResult
+    public func execute(_ task: @escaping @Sendable () -> Void) -> Bool {
         if inEventLoop {
             localTasks.append(task)
-            return
-        }
-        let wake = inbox.withLock { inbox -> Bool in
-            if inbox.closed { return false }
-            inbox.tasks.append(task)
-            if inbox.wakePending { return false }
-            inbox.wakePending = true
             return true
         }
+        let (accepted, wake) = inbox.withLock { inbox -> (Bool, Bool) in
+            if inbox.closed { return (false, false) }
+            inbox.tasks.append(task)
+            if inbox.wakePending { return (true, false) }
+            inbox.wakePending = true
+            return (true, true)
+        }
         if wake { signalWake() }
+        return accepted
     }
 
     /// Asks the loop to return from `run()` after its current batch.

@@ -57,9 +57,10 @@ public final class GRPCClient: Sendable {
         let maxSize = configuration.maxReceiveMessageSize
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (c: CheckedContinuation<[UInt8], Error>) in
-                slot.loop.execute {
+                let accepted = slot.loop.execute {
                     slot.start(ClientCall(path: path, body: framedRequest, timeout: timeout, handle: handle, sink: .unary(c), maxMessageSize: maxSize))
                 }
+                if !accepted { c.resume(throwing: GRPCStatus(.unavailable, "CLIENT_STOPPED: the client's event loop has stopped")) }
             }
         } onCancel: {
             handle.cancel()
@@ -89,9 +90,10 @@ public final class GRPCClient: Sendable {
                 handle.cancel()
                 slot.loop.execute { slot.cancel(handle) }
             })
-        slot.loop.execute {
+        let accepted = slot.loop.execute {
             slot.start(ClientCall(path: path, body: framedRequest, timeout: timeout, handle: handle, sink: .stream(state), maxMessageSize: maxSize))
         }
+        if !accepted { state.finish(GRPCStatus(.unavailable, "CLIENT_STOPPED: the client's event loop has stopped")) }
         return state
     }
 
@@ -104,10 +106,11 @@ public final class GRPCClient: Sendable {
         let slot = nextSlot()
         let handle = CallHandle()
         let maxSize = configuration.maxReceiveMessageSize
-        slot.loop.execute {
+        let accepted = slot.loop.execute {
             slot.start(ClientCall(path: path, body: framedRequest, timeout: nil, handle: handle,
                                   sink: .callback(onMessage, onEnd), maxMessageSize: maxSize))
         }
+        if !accepted { onEnd(GRPCStatus(.unavailable, "CLIENT_STOPPED: the client's event loop has stopped")) }
         return {
             handle.cancel()
             slot.loop.execute { slot.cancel(handle) }

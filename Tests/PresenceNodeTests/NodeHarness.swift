@@ -15,11 +15,12 @@ final class TestNode: Sendable {
     var address: HostPort { HostPort(host: "127.0.0.1", port: node.clientPort) }
 
     init(presenceTimeout: Double = 0.5, maxInstantEvents: Int = 50, presenceInterval: Double = 0.2, authSecretFile: String? = nil,
-         nodeID: String = "test-node", seeds: [HostPort] = [], clusterSecretFile: String? = nil) throws {
+         nodeID: String = "test-node", seeds: [HostPort] = [], clusterSecretFile: String? = nil, replicationFactor: Int = 2) throws {
         var c = NodeConfiguration(nodeID: nodeID)
         c.listen = HostPort(host: "127.0.0.1", port: 0)
         c.peerListen = HostPort(host: "127.0.0.1", port: 0)
         c.seeds = seeds
+        c.replicationFactor = replicationFactor
         c.clusterSecretFile = clusterSecretFile
         c.presenceTimeout = presenceTimeout
         c.maxInstantEvents = maxInstantEvents

@@ -16,6 +16,9 @@ public final class Topology: Sendable {
         var gate: HandoffGate
         /// False until this node has joined its seeds (it owns nothing it could answer for).
         var ready: Bool
+        /// False between a ring change and the end of the engine's handoff and takeover for it:
+        /// the shards may not hold yet what the new ring says this node owns.
+        var settled = true
     }
     private let state: Mutex<State>
 
@@ -39,6 +42,7 @@ public final class Topology: Sendable {
     public func notServing(keyHash: UInt64) -> String? {
         state.withLock { s in
             if !s.ready { return "NOT_READY: this node has not joined the cluster yet" }
+            if !s.settled { return "RING_CHANGING: ownership is moving; retry" }
             if !s.gate.mayServe(keyHash: keyHash, now: MonotonicClock.now()) {
                 return "HANDOFF_IN_PROGRESS: this key is moving to this node; retry"
             }
@@ -53,9 +57,15 @@ public final class Topology: Sendable {
             guard new != s.ring else { return nil }
             let old = s.ring
             s.ring = new
+            s.settled = false
             s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: alive, now: MonotonicClock.now())
             return old
         }
+    }
+
+    /// The engine has carried out the change to the ring with this fingerprint.
+    public func settled(_ fingerprint: UInt64) {
+        state.withLock { s in if s.ring.fingerprint == fingerprint { s.settled = true } }
     }
 
     public func markReady() { state.withLock { $0.ready = true } }

@@ -192,9 +192,10 @@ actor ChannelShard {
 
     // MARK: Replicas, handoff, failover
 
-    /// A record from the channel's owner (replication) or its previous owner (handoff).
+    /// A record from the channel's owner (replication) or its previous owner (handoff). When the
+    /// ring already makes this node the owner, it is merged into the channel served here.
     func apply(_ record: ClusterChannelRecord, key: ChannelKey, handoff: Bool) {
-        let owned = channels[key] != nil
+        let owned = channels[key] != nil || fabric.topology.owner(of: key) == me
         var m = (owned ? channels[key] : copies[key]) ?? ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
         if record.full && !owned {
             m = ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
@@ -202,8 +203,9 @@ actor ChannelShard {
         for r in record.members { if let c = r.copy { m.install(c) } }
         m.advanceSequence(to: record.sequence)
         if owned {
-            // a handoff reaching a node already serving the channel: merged in
             channels[key] = m.isEmpty ? nil : m
+            if m.isIntervalMode { startTicking(key) }
+            if !m.isEmpty { replicate(key, users: record.members.map(\.userID)) }
         } else {
             copies[key] = m.isEmpty ? nil : m
             if handoff { handedOff.insert(key) }

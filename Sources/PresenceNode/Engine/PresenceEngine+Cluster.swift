@@ -91,6 +91,7 @@ extension PresenceEngine {
     func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) async {
         for s in channelShards { await s.ringChanged(from: old, to: new, alive: alive) }
         for s in userHomes { await s.ringChanged(from: old, to: new, alive: alive) }
+        topology.settled(new.fingerprint)
         guard let link else { return }
         for node in new.members where node != topology.me {
             link.push(to: node) { b in

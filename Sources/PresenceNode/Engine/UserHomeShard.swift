@@ -147,6 +147,7 @@ actor UserHomeShard {
         guard let c = record.copy else { return }
         if fabric.topology.home(of: c.userID) == me {
             directory.install(c)  // a handoff reaching a home already serving the user
+            replicate([c.userID])
         } else {
             copies.install(c)
         }

@@ -1,0 +1,201 @@
+import ClusterCore
+import EventLoop
+import Foundation
+import GRPCTransport
+@testable import PresenceClient
+import PresenceCore
+@testable import PresenceNode
+import PresenceWire
+import Testing
+
+/// Several nodes in one process, each with its own ports and loops, talking over loopback.
+@Suite(.serialized) struct ClusterTests {
+    static let channels = (0..<8).map { "room-\($0)" }
+
+    /// Starts `count` nodes seeded by the first and waits until every one sees all as alive.
+    func cluster(_ count: Int, presenceTimeout: Double = 1.5) async throws -> [TestNode] {
+        let first = try TestNode(presenceTimeout: presenceTimeout, nodeID: "n0")
+        let seed = HostPort(host: "127.0.0.1", port: first.node.peerPort)
+        var nodes = [first]
+        for i in 1..<count { nodes.append(try TestNode(presenceTimeout: presenceTimeout, nodeID: "n\(i)", seeds: [seed])) }
+        try await converge(nodes)
+        return nodes
+    }
+
+    func converge(_ nodes: [TestNode]) async throws {
+        let ids = Set(nodes.map { $0.node.configuration.nodeID })
+        try await waitUntil("the ring converges on \(ids.sorted())", within: 10) {
+            nodes.allSatisfy { Set($0.node.membership.ring.members) == ids && $0.node.engine.topology.isReady }
+        }
+    }
+
+    /// Every node lists exactly `users` (with `state` for each) in every channel.
+    func expectEveryNodeLists(_ nodes: [TestNode], _ users: [String: [String: String]], within: Double = 6) async throws {
+        for n in nodes {
+            let probe = n.client("probe-\(n.node.configuration.nodeID)")
+            for ch in Self.channels {
+                var got: [String: [String: String]]? = nil
+                do {
+                    try await waitUntil("\(ch) on \(n.node.configuration.nodeID) lists \(users)", within: within) {
+                        guard let listed = try? await probe.allOnlineUsers(ch, includeState: true) else { return false }
+                        got = Dictionary(uniqueKeysWithValues: listed.map { u in (u.userID, Dictionary(uniqueKeysWithValues: u.states.map { ($0.key, $0.value) })) })
+                        return got == users
+                    }
+                } catch {
+                    Issue.record("\(error); it lists \(got.map { "\($0)" } ?? "nothing (calls failed)")")
+                    throw error
+                }
+            }
+        }
+    }
+
+    @Test func anyNodeServesEveryCallAndEventsCrossNodes() async throws {
+        let nodes = try await cluster(3)
+        let ann = nodes[0].client("ann"), bob = nodes[1].client("bob"), cy = nodes[2].client("cy")
+        let inbox = Inbox(ann)
+        for c in [ann, bob, cy] { try await c.connect() }
+        for ch in Self.channels { try await ann.join(ch, withPresence: true) }
+        for ch in Self.channels {
+            try await bob.join(ch, withPresence: false)
+            try await cy.setState(ch, ["mic": "on"])  // before joining, applied on join
+            try await cy.join(ch, withPresence: false)
+        }
+        try await inbox.waitFor(.remoteJoin, publisher: "bob", count: Self.channels.count)
+        try await inbox.waitFor(.remoteStateChanged, publisher: "cy", count: Self.channels.count)
+        // each channel's events arrive in sequence order, SNAPSHOT first
+        for ch in Self.channels {
+            let events = inbox.presence.filter { $0.channelName == ch }
+            #expect(events.first?.type == .snapshot)
+            #expect(events.map(\.sequence) == events.map(\.sequence).sorted())
+        }
+        // the channels are spread over the owners
+        var owners = Set<String>()
+        for ch in Self.channels { owners.insert(nodes[0].node.engine.topology.owner(of: ChannelKey(name: ch, type: .message))) }
+        #expect(owners.count > 1)
+        try await expectEveryNodeLists(nodes, ["ann": [:], "bob": [:], "cy": ["mic": "on"]])
+        // user homes answer through any node
+        #expect(try await ann.userChannels("cy").count == Self.channels.count)
+        _ = try await ann.watch(["cy", "bob"])
+        try await cy.setStatus(.busy)
+        try await inbox.waitForStatus("cy", .busy)
+        #expect(try await bob.statuses(["cy", "ann", "nobody"]).map(\.status) == [.busy, .online, .unknown])
+        // errors from the owner come back unchanged
+        let many = Dictionary(uniqueKeysWithValues: (0..<33).map { ("k\($0)", "v") })
+        await expectError(.resourceExhausted, "STATE_KEY_LIMIT") { try await bob.setState("room-3", many) }
+        try await bob.leave("room-3")
+        try await inbox.waitFor(.remoteLeave, publisher: "bob")
+        for c in [ann, bob, cy] { await c.close() }
+        for n in nodes { await n.stop() }
+    }
+
+    @Test func aKilledNodeLosesNothingOfLiveSessionsAndItsOwnTimeOut() async throws {
+        let nodes = try await cluster(3)
+        let ann = nodes[0].client("ann"), bob = nodes[1].client("bob"), cy = nodes[2].client("cy")
+        let inbox = Inbox(ann)
+        for c in [ann, bob, cy] { try await c.connect() }
+        for ch in Self.channels {
+            try await ann.join(ch, withPresence: true)
+            try await bob.join(ch, withPresence: false)
+            try await bob.setState(ch, ["score": "7"])
+            try await cy.join(ch, withPresence: false)
+        }
+        try await inbox.waitFor(.remoteJoin, publisher: "cy", count: Self.channels.count)
+        let killedAt = MonotonicClock.now()
+        await nodes[2].node.crashForTesting()
+        // cy's session lived on the dead node: it times out everywhere, once
+        try await inbox.waitFor(.remoteTimeout, publisher: "cy", count: Self.channels.count, within: 1.5 + 4)
+        let took = Double(MonotonicClock.now() - killedAt) / 1e9
+        #expect(took < 1.5 + 2.5, "kill to REMOTE_TIMEOUT took \(took) s")
+        // the living keep their membership and state on both surviving nodes
+        try await expectEveryNodeLists(Array(nodes[0...1]), ["ann": [:], "bob": ["score": "7"]])
+        #expect(!inbox.presence.contains { $0.publisher == "bob" && $0.type != .remoteJoin && $0.type != .remoteStateChanged })
+        try await waitUntil("cy reads OFFLINE") { (try? await ann.statuses(["cy"]).first?.status) == .offline }
+        for c in [ann, bob] { await c.close() }
+        for n in nodes[0...1] { await n.stop() }
+    }
+
+    @Test func aSessionOfAKilledNodeResumesOnAnotherWithNoEvent() async throws {
+        let nodes = try await cluster(3, presenceTimeout: 3)
+        let ann = nodes[0].client("ann")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        for ch in Self.channels { try await ann.join(ch, withPresence: true) }
+        let onC = nodes[2].raw()
+        let first = onC.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "dave"))
+        var it = first.makeAsyncIterator()
+        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        for ch in Self.channels {
+            _ = try await onC.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: ch, channelType: .message, withPresence: true))
+            _ = try await onC.unary(PresenceMethods.setState, SetStateRequest(sessionID: o.sessionID, channelName: ch, channelType: .message, items: [StateItem(key: "mic", value: "on")]))
+        }
+        _ = try await onC.unary(PresenceMethods.watch, WatchRequest(sessionID: o.sessionID, userIDs: ["ann"]))
+        try await inbox.waitFor(.remoteStateChanged, publisher: "dave", count: Self.channels.count)
+        await nodes[2].node.crashForTesting()
+        first.cancel()
+        onC.close()
+        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.alive.contains("n2") }
+        // dave's client reconnects to n0 and resumes
+        let onA = nodes[0].raw()
+        let second = onA.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "dave", resumeSessionID: o.sessionID))
+        var it2 = second.makeAsyncIterator()
+        guard case .opened(let again)? = try await it2.next()?.event else { Issue.record("no opened"); return }
+        #expect(again.sessionID == o.sessionID && again.resumed && again.nodeID == "n0")
+        // fresh SNAPSHOTs of the channels it follows, then live events
+        var snapshots = Set<String>()
+        while snapshots.count < Self.channels.count, let e = try await it2.next() {
+            if case .presence(let p) = e.event, p.type == .snapshot {
+                snapshots.insert(p.channelName)
+                #expect(p.snapshot.first { $0.userID == "dave" }?.states == [StateItem(key: "mic", value: "on")])
+            }
+        }
+        try await ann.setStatus(.away)
+        var sawStatus = false
+        while !sawStatus, let e = try await it2.next() {
+            if case .status(let s) = e.event, s.userID == "ann", s.status == .away { sawStatus = true }
+        }
+        // well past the timeout: dave never left anywhere, and keeps its state
+        try await Task.sleep(nanoseconds: 3_500_000_000)
+        #expect(!inbox.presence.contains { $0.publisher == "dave" && ($0.type == .remoteTimeout || $0.type == .remoteLeave) })
+        for ch in Self.channels { #expect(try await ann.getState(ch, user: "dave") == [StateItem(key: "mic", value: "on")]) }
+        #expect(try await ann.statuses(["dave"]).first?.status == .online)
+        second.cancel()
+        onA.close()
+        await ann.close()
+        for n in nodes[0...1] { await n.stop() }
+    }
+
+    @Test func aJoiningNodeTakesItsChannelsWithTheirStateAndALeavingOneHandsThemOff() async throws {
+        var nodes = try await cluster(2)
+        let ann = nodes[0].client("ann"), bob = nodes[1].client("bob")
+        let inbox = Inbox(ann)
+        for c in [ann, bob] { try await c.connect() }
+        for ch in Self.channels {
+            try await ann.join(ch, withPresence: true)
+            try await bob.join(ch, withPresence: false)
+            try await bob.setState(ch, ["x": "1"])
+        }
+        try await inbox.waitFor(.remoteStateChanged, publisher: "bob", count: Self.channels.count)
+        let seed = HostPort(host: "127.0.0.1", port: nodes[0].node.peerPort)
+        nodes.append(try TestNode(presenceTimeout: 1.5, nodeID: "n2", seeds: [seed]))
+        try await converge(nodes)
+        try await waitUntil("n2 owns some channels") { await nodes[2].node.engine.channelCounts().owned > 0 }
+        try await expectEveryNodeLists(nodes, ["ann": [:], "bob": ["x": "1"]])
+        // events keep flowing through the new owner
+        for ch in Self.channels { try await bob.setState(ch, ["x": "2"]) }
+        try await inbox.waitFor(.remoteStateChanged, publisher: "bob", count: 2 * Self.channels.count)
+        // n1 (bob's gateway) leaves gracefully: bob's session will time out, but n1's channels are handed off first
+        let owned1 = await nodes[1].node.engine.channelCounts().owned
+        let carol = nodes[2].client("carol")
+        try await carol.connect()
+        for ch in Self.channels { try await carol.join(ch, withPresence: false) }
+        try await inbox.waitFor(.remoteJoin, publisher: "carol", count: Self.channels.count)
+        await nodes[1].stop()
+        try await converge([nodes[0], nodes[2]])
+        try await expectEveryNodeLists([nodes[0], nodes[2]], ["ann": [:], "carol": [:]], within: 8)
+        #expect(owned1 >= 0)
+        #expect(!inbox.presence.contains { $0.publisher == "carol" && $0.type != .remoteJoin })
+        for c in [ann, carol] { await c.close() }
+        await bob.close()
+        for n in [nodes[0], nodes[2]] { await n.stop() }
+    }
+}
