@@ -18,7 +18,7 @@ def _generate_stubs():
     import grpc_tools
 
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    for proto in ("presence.proto", "health.proto"):
+    for proto in ("presence.proto", "health.proto", "cluster.proto", "admin.proto"):
         rc = protoc.main(["protoc", f"-I{os.path.join(ROOT, 'Protos')}", f"-I{well_known}",
                           f"--python_out={GEN}", f"--grpc_python_out={GEN}", proto])
         assert rc == 0, f"protoc failed for {proto}"
@@ -43,12 +43,13 @@ def free_port():
 class Node:
     """A presenced process on loopback ports, stopped at the end of the test."""
 
-    def __init__(self, *args, env=None):
-        self.port = free_port()
-        self.peer_port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="presenced-", suffix=".log", delete=False)
+    def __init__(self, *args, env=None, node_id="interop-1", port=None, peer_port=None):
+        self.port = port or free_port()
+        self.peer_port = peer_port or free_port()
+        self.node_id = node_id
+        self.log = tempfile.NamedTemporaryFile(prefix=f"presenced-{node_id}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [presenced_binary(), "--node-id", "interop-1", "--listen", f"127.0.0.1:{self.port}",
+            [presenced_binary(), "--node-id", node_id, "--listen", f"127.0.0.1:{self.port}",
              "--peer-listen", f"127.0.0.1:{self.peer_port}", *args],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.address = f"127.0.0.1:{self.port}"

@@ -61,15 +61,33 @@ public final class PeerLink: Sendable {
 
     // MARK: Pushes
 
+    /// Something queued for a node: `waitSent` resumes once the node acknowledged it.
+    public struct Ticket: Sendable {
+        let queue: PushQueue
+        let sequence: UInt64
+    }
+
     /// Queues something for `node`, after everything queued for it before. Never waits.
-    public func push(to node: String, bytes: Int = 64, _ add: (inout ClusterPushBatch) -> Void) {
+    @discardableResult
+    public func push(to node: String, bytes: Int = 64, _ add: (inout ClusterPushBatch) -> Void) -> Ticket {
         let q = queues.withLock { qs in
             if let q = qs[node] { return q }
             let q = PushQueue(node: node)
             qs[node] = q
             return q
         }
-        if q.enqueue(bytes: bytes, add) { startSending(q) }
+        let (sequence, start) = q.enqueue(bytes: bytes, add)
+        if start { startSending(q) }
+        return Ticket(queue: q, sequence: sequence)
+    }
+
+    /// Waits until the nodes acknowledged what the tickets stand for, or gave up on it (the node
+    /// died or left), or `timeout` ns passed.
+    public func waitSent(_ tickets: [Ticket], timeout: UInt64) async {
+        let deadline = MonotonicClock.now() + timeout
+        for t in tickets {
+            await t.queue.waitAcked(t.sequence, deadline: deadline)
+        }
     }
 
     /// Waits (up to `timeout` ns) until everything queued so far for every node was sent.
@@ -90,7 +108,7 @@ public final class PeerLink: Sendable {
 
     private func startSending(_ q: PushQueue) {
         Task { [self] in
-            while let batch = q.take(me: me) {
+            while let (batch, last) = q.take(me: me) {
                 var attempt = 0
                 while true {
                     guard let client = clientFor(q.node) else { break }  // not a live member: drop
@@ -104,28 +122,37 @@ public final class PeerLink: Sendable {
                         try? await Task.sleep(nanoseconds: 50_000_000)
                     }
                 }
+                q.acked(through: last)
             }
         }
     }
 }
 
 /// One destination's queue of pushes: batches in order, each closed once it is big enough.
+/// Items are numbered; `acked(through:)` releases whoever waits for an item to have been sent.
 final class PushQueue: Sendable {
     let node: String
     private struct State {
         var batches: [ClusterPushBatch] = []
+        /// The sequence number of the last item of each batch.
+        var lastOfBatch: [UInt64] = []
         /// Items and bytes in the last (open) batch.
         var items = 0
         var bytes = 0
         var queued = 0
+        var sequence: UInt64 = 0
+        var acked: UInt64 = 0
+        var waiters: [(sequence: UInt64, deadline: UInt64, continuation: CheckedContinuation<Void, Never>)] = []
+        var watchdog = false
         var sending = false
     }
     private let state = Mutex(State())
 
     init(node: String) { self.node = node }
 
-    /// Adds to the open batch (after everything queued before); true when a sender must start.
-    func enqueue(bytes: Int, _ add: (inout ClusterPushBatch) -> Void) -> Bool {
+    /// Adds to the open batch (after everything queued before). Returns the item's sequence
+    /// number, and true when a sender must start.
+    func enqueue(bytes: Int, _ add: (inout ClusterPushBatch) -> Void) -> (UInt64, Bool) {
         state.withLock { s in
             if s.queued >= PeerLink.maxQueuedItems, !s.batches.isEmpty, s.batches[0].deliveries.count > 0 {
                 s.batches[0].deliveries.removeFirst()  // overloaded destination: shed the oldest event
@@ -133,27 +160,31 @@ final class PushQueue: Sendable {
             }
             if s.batches.isEmpty || s.items >= PeerLink.maxBatchItems || s.bytes >= PeerLink.maxBatchBytes || s.batches[s.batches.count - 1].handoffDone {
                 s.batches.append(ClusterPushBatch())
+                s.lastOfBatch.append(0)
                 s.items = 0
                 s.bytes = 0
             }
             add(&s.batches[s.batches.count - 1])
+            s.sequence += 1
+            s.lastOfBatch[s.lastOfBatch.count - 1] = s.sequence
             s.items += 1
             s.bytes += bytes
             s.queued += 1
-            if s.sending { return false }
+            if s.sending { return (s.sequence, false) }
             s.sending = true
-            return true
+            return (s.sequence, true)
         }
     }
 
-    /// The next batch to send, or nil (and the sender stops) when nothing is pending.
-    func take(me: String) -> ClusterPushBatch? {
+    /// The next batch to send and its last item, or nil (and the sender stops) when nothing is pending.
+    func take(me: String) -> (ClusterPushBatch, UInt64)? {
         state.withLock { s in
             guard !s.batches.isEmpty else {
                 s.sending = false
                 return nil
             }
             var batch = s.batches.removeFirst()
+            let last = s.lastOfBatch.removeFirst()
             if s.batches.isEmpty {
                 s.items = 0
                 s.bytes = 0
@@ -162,19 +193,68 @@ final class PushQueue: Sendable {
                 s.queued -= batch.itemCount
             }
             batch.fromNodeID = me
-            return batch
+            return (batch, last)
+        }
+    }
+
+    /// Everything up to `sequence` was sent (or given up on).
+    func acked(through sequence: UInt64) {
+        let ready = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+            s.acked = max(s.acked, sequence)
+            let done = s.waiters.filter { $0.sequence <= s.acked }.map(\.continuation)
+            s.waiters.removeAll { $0.sequence <= s.acked }
+            return done
+        }
+        for c in ready { c.resume() }
+    }
+
+    func waitAcked(_ sequence: UInt64, deadline: UInt64) async {
+        guard MonotonicClock.now() < deadline else { return }
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let (waiting, startWatchdog) = state.withLock { s -> (Bool, Bool) in
+                guard s.acked < sequence else { return (false, false) }
+                s.waiters.append((sequence, deadline, c))
+                if s.watchdog { return (true, false) }
+                s.watchdog = true
+                return (true, true)
+            }
+            if !waiting { c.resume() }
+            if startWatchdog { watch() }
+        }
+    }
+
+    /// Releases waiters whose deadline passed (the destination is stuck), every 50 ms while any wait.
+    private func watch() {
+        Task { [self] in
+            while true {
+                try? await Task.sleep(nanoseconds: 50_000_000)
+                let now = MonotonicClock.now()
+                let (expired, more) = state.withLock { s -> ([CheckedContinuation<Void, Never>], Bool) in
+                    let e = s.waiters.filter { $0.deadline <= now }.map(\.continuation)
+                    s.waiters.removeAll { $0.deadline <= now }
+                    if s.waiters.isEmpty { s.watchdog = false }
+                    return (e, !s.waiters.isEmpty)
+                }
+                for c in expired { c.resume() }
+                if !more { return }
+            }
         }
     }
 
     var busy: Bool { state.withLock { $0.sending } }
 
     func clear() {
-        state.withLock { s in
+        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
             s.batches = []
+            s.lastOfBatch = []
             s.items = 0
             s.bytes = 0
             s.queued = 0
+            s.acked = s.sequence
+            defer { s.waiters = [] }
+            return s.waiters.map(\.continuation)
         }
+        for c in waiters { c.resume() }
     }
 }
 

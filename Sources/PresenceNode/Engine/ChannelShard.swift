@@ -31,6 +31,8 @@ actor ChannelShard {
         let session: SessionID
     }
     private var orphans = OrphanTimers<Orphan>()
+    /// Replica copies sent by the call being handled: the call answers once they arrived.
+    private var replicaTickets: [PeerLink.Ticket] = []
     private var orphanSweeper: Task<Void, Never>? = nil
 
     init(maxInstantEvents: Int, intervalNanoseconds: UInt64, presenceTimeout: UInt64, clock: EngineClock, fabric: Fabric, loop: EventLoop) {
@@ -68,7 +70,9 @@ actor ChannelShard {
         let m = channels[key]
         var record = ClusterChannelRecord(channelName: key.name, channelType: key.type, sequence: m?.sequence ?? 0)
         record.members = users.map { u in ClusterMemberRecord(m?.copy(of: u) ?? MemberCopy(userID: u, sessions: [], state: [])) }
-        for r in replicas { fabric.send(record, to: r) }
+        for r in replicas {
+            if let t = fabric.send(record, to: r) { replicaTickets.append(t) }
+        }
     }
 
     /// A channel's whole state as records, in chunks (the first replaces what the receiver held).
@@ -111,12 +115,16 @@ actor ChannelShard {
 
     // MARK: Calls (this node owns the channel)
 
-    /// Carries out one call on a channel this node owns.
-    func handle(_ call: ClusterChannelCall, key: ChannelKey) -> ClusterChannelResult {
+    /// Carries out one call on a channel this node owns. The tickets are the replica copies of
+    /// what it changed: the caller answers once they arrived, so an acknowledged change survives
+    /// this node's death.
+    func handle(_ call: ClusterChannelCall, key: ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket]) {
+        replicaTickets = []
+        defer { replicaTickets = [] }
         do {
-            return try perform(call, key: key)
+            return (try perform(call, key: key), replicaTickets)
         } catch {
-            return ClusterChannelResult(error: error.wire)
+            return (ClusterChannelResult(error: error.wire), replicaTickets)
         }
     }
 

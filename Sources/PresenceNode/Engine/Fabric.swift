@@ -75,14 +75,16 @@ final class Fabric: Sendable {
         }
     }
 
-    /// Sends a channel record (replication or handoff) to `node`.
-    func send(_ record: ClusterChannelRecord, to node: String) {
-        guard node != me else { return }
-        link?.push(to: node, bytes: 96 * max(1, record.members.count)) { $0.channels.append(record) }
+    /// Sends a channel record (replication or handoff) to `node`; the ticket tells when it arrived.
+    @discardableResult
+    func send(_ record: ClusterChannelRecord, to node: String) -> PeerLink.Ticket? {
+        guard node != me else { return nil }
+        return link?.push(to: node, bytes: 96 * max(1, record.members.count)) { $0.channels.append(record) }
     }
 
-    func send(_ record: ClusterUserRecord, to node: String) {
-        guard node != me else { return }
-        link?.push(to: node, bytes: 96 * max(1, record.sessions.count + 1)) { $0.users.append(record) }
+    @discardableResult
+    func send(_ record: ClusterUserRecord, to node: String) -> PeerLink.Ticket? {
+        guard node != me else { return nil }
+        return link?.push(to: node, bytes: 96 * max(1, record.sessions.count + 1)) { $0.users.append(record) }
     }
 }

@@ -110,12 +110,17 @@ public final class PresenceEngine: Sendable {
         }
     }
 
+    /// How long a change waits for its replica copies before it is answered anyway (a replica
+    /// that does not acknowledge by then is stuck, and about to be declared dead).
+    static let replicationWait: UInt64 = 1_000_000_000
+
     /// A channel call this node must answer as the owner (or refuse while it may not).
     func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
         if let why = topology.notServing(keyHash: StableHash.of(key)) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
-        let r = await channelShard(key).handle(call, key: key)
+        let (r, tickets) = await channelShard(key).handle(call, key: key)
+        if !tickets.isEmpty, let link { await link.waitSent(tickets, timeout: Self.replicationWait) }
         if let e = r.error { throw PresenceError(wire: e) }
         return r
     }
@@ -131,7 +136,8 @@ public final class PresenceEngine: Sendable {
         for (i, users) in groups.sorted(by: { $0.key < $1.key }) {
             var part = call
             part.userIDs = users
-            let r = await userHomes[i].handle(part, users: users)
+            let (r, tickets) = await userHomes[i].handle(part, users: users)
+            if !tickets.isEmpty, let link { await link.waitSent(tickets, timeout: Self.replicationWait) }
             if let e = r.error { throw PresenceError(wire: e) }
             merged.channels += r.channels
             merged.statuses += r.statuses

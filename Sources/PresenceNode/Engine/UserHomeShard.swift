@@ -24,6 +24,8 @@ actor UserHomeShard {
     }
     private var orphans = OrphanTimers<Orphan>()
     private var orphanSweeper: Task<Void, Never>? = nil
+    /// Replica copies sent by the call being handled.
+    private var replicaTickets: [PeerLink.Ticket] = []
 
     init(clock: EngineClock, presenceTimeout: UInt64, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
@@ -47,17 +49,22 @@ actor UserHomeShard {
             let replicas = fabric.topology.homes(of: u).filter { $0 != me }
             guard !replicas.isEmpty else { continue }
             let record = ClusterUserRecord(directory.copy(of: u))
-            for r in replicas { fabric.send(record, to: r) }
+            for r in replicas {
+                if let t = fabric.send(record, to: r) { replicaTickets.append(t) }
+            }
         }
     }
 
     // MARK: Calls (this node is the users' home)
 
-    func handle(_ call: ClusterHomeCall, users: [String]) -> ClusterHomeResult {
+    /// Carries out one call for users homed here; the tickets are the replica copies it sent.
+    func handle(_ call: ClusterHomeCall, users: [String]) -> (ClusterHomeResult, [PeerLink.Ticket]) {
+        replicaTickets = []
+        defer { replicaTickets = [] }
         do {
-            return try perform(call, users: users)
+            return (try perform(call, users: users), replicaTickets)
         } catch {
-            return ClusterHomeResult(error: error.wire)
+            return (ClusterHomeResult(error: error.wire), replicaTickets)
         }
     }
 
