@@ -353,7 +353,7 @@ const ProtobufCMessageDescriptor presence__admin__v1__member__descriptor =
   (ProtobufCMessageInit) presence__admin__v1__member__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__admin__v1__members_response__field_descriptors[1] =
+static const ProtobufCFieldDescriptor presence__admin__v1__members_response__field_descriptors[5] =
 {
   {
     "members",
@@ -367,14 +367,66 @@ static const ProtobufCFieldDescriptor presence__admin__v1__members_response__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "peer_requests_received",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Admin__V1__MembersResponse, peer_requests_received),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "peer_bytes_received",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Admin__V1__MembersResponse, peer_bytes_received),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channels_owned",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Admin__V1__MembersResponse, channels_owned),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_copies",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Admin__V1__MembersResponse, channel_copies),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__admin__v1__members_response__field_indices_by_name[] = {
+  4,   /* field[4] = channel_copies */
+  3,   /* field[3] = channels_owned */
   0,   /* field[0] = members */
+  2,   /* field[2] = peer_bytes_received */
+  1,   /* field[1] = peer_requests_received */
 };
 static const ProtobufCIntRange presence__admin__v1__members_response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor presence__admin__v1__members_response__descriptor =
 {
@@ -384,7 +436,7 @@ const ProtobufCMessageDescriptor presence__admin__v1__members_response__descript
   "Presence__Admin__V1__MembersResponse",
   "presence.admin.v1",
   sizeof(Presence__Admin__V1__MembersResponse),
-  1,
+  5,
   presence__admin__v1__members_response__field_descriptors,
   presence__admin__v1__members_response__field_indices_by_name,
   1,  presence__admin__v1__members_response__number_ranges,

@@ -45,6 +45,8 @@ public final class GRPCServer: Sendable {
 
     /// Connections open now.
     public var connections: Int { counter.count }
+    /// Requests and bytes this server has received since it started.
+    public var traffic: (requests: Int, bytes: Int) { counter.traffic }
 
     /// Binds and starts accepting.
     public func start() throws {
@@ -105,9 +107,14 @@ final class SharedListener: Sendable {
     }
 }
 
-/// Connections open across all loops, against the limit.
+/// Connections open across all loops, against the limit; requests and bytes received.
 final class ConnectionCounter: Sendable {
     private let value = Atomic<Int>(0)
+    private let requests = Atomic<Int>(0)
+    private let bytesIn = Atomic<Int>(0)
+    func requested() { requests.add(1, ordering: .relaxed) }
+    func received(bytes: Int) { bytesIn.add(bytes, ordering: .relaxed) }
+    var traffic: (requests: Int, bytes: Int) { (requests.load(ordering: .relaxed), bytesIn.load(ordering: .relaxed)) }
     let limit: Int
     init(limit: Int) { self.limit = limit }
     var count: Int { value.load(ordering: .relaxed) }
@@ -123,7 +130,7 @@ final class ServerCore: FileDescriptorHandler {
     var listener: Int32 { shared.fd }
     let configuration: ServerConfiguration
     let methods: [String: ServerMethod]
-    private let counter: ConnectionCounter
+    let counter: ConnectionCounter
     private var connections: [ObjectIdentifier: ServerConnection] = [:]
     private var listening = false
 

@@ -154,9 +154,15 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
                 return
             }
         }
-        if total > 0 { keepalive.bytesRead(now: MonotonicClock.now()) }
+        if total > 0 {
+            keepalive.bytesRead(now: MonotonicClock.now())
+            received(bytes: total)
+        }
         markDirty()
     }
+
+    /// Bytes read from the socket (a server counts them).
+    func received(bytes: Int) {}
 
     /// Asks for a flush at the end of the loop's current batch.
     public func markDirty() {

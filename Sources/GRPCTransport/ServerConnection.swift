@@ -228,9 +228,12 @@ final class ServerConnection: HTTP2Connection {
         finish(s, status)
     }
 
+    override func received(bytes: Int) { core.counter.received(bytes: bytes) }
+
     private func dispatch(_ s: ServerStream) {
         guard !s.dispatched, s.status == nil else { return }
         s.dispatched = true
+        core.counter.requested()
         guard let method = core.methods[s.path] else {
             finish(s, GRPCStatus(.unimplemented, "UNIMPLEMENTED: method \(s.path) is not served here"))
             return

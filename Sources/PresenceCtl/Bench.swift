@@ -9,7 +9,7 @@ struct Bench {
     let ctx: Context
 
     func run(_ rest: [String]) async throws {
-        try ctx.args.check(allowed: ["server", "token", "clients", "duration", "subscribers", "connections", "rate", "publishers"])
+        try ctx.args.check(allowed: ["server", "token", "clients", "duration", "subscribers", "connections", "rate", "publishers", "channel"])
         guard let what = rest.first else { throw UsageError("bench wants setstate, online-users or fanout") }
         switch what {
         case "setstate": try await setState()
@@ -124,10 +124,11 @@ struct Bench {
         let duration = try ctx.args.double("duration", default: 5)
         let rate = ctx.args.value("rate").flatMap(Double.init)
         let grpc = client(connections: try ctx.args.int("connections", default: 4))
-        let s = try await sessions(grpc, count: clients, prefix: "bench-u", channel: "bench-setstate", withPresence: false)
+        let channel = ctx.args.value("channel") ?? "bench-setstate"
+        let s = try await sessions(grpc, count: clients, prefix: "bench-u", channel: channel, withPresence: false)
         let ids = s.map(\.0)
         let result = try await drive(clients: clients, duration: duration, rate: rate) { c, n in
-            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: ids[c], channelName: "bench-setstate", channelType: .message,
+            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: ids[c], channelName: channel, channelType: .message,
                                                                               items: [StateItem(key: "mic", value: n % 2 == 0 ? "on" : "off")]))
         }
         Output.line("bench=setstate clients=\(clients) \(result)")

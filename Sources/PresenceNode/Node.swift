@@ -4,6 +4,7 @@ import GRPCTransport
 import ClusterCore
 import PresenceCore
 import PresenceWire
+import Synchronization
 
 /// One presenced node: its event loops, its client-facing gRPC server and its services.
 public final class Node: Sendable {
@@ -50,13 +51,16 @@ public final class Node: Sendable {
         var registry = ServiceRegistry()
         health.register(in: &registry)
         PresenceService(engine: engine, verifier: verifier).register(in: &registry)
-        AdminService(membership: membership).register(in: &registry)
+        let peerTrafficBox = PeerServerBox()
+        AdminService(membership: membership, engine: engine, peerTraffic: { peerTrafficBox.traffic }).register(in: &registry)
         var peerRegistry = ServiceRegistry()
         membership.register(in: &peerRegistry)
         PeerPresenceService(engine: engine, membership: membership).register(in: &peerRegistry)
         var peerConfig = ServerConfiguration(address: configuration.peerListen)
         peerConfig.maxReceiveMessageSize = 64 << 20
-        peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
+        let peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
+        self.peerServer = peerServer
+        peerTrafficBox.server.withLock { $0 = peerServer }
         server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
     }
 
@@ -108,4 +112,10 @@ extension Node {
         ringChanges.finish()
         group.shutdown()
     }
+}
+
+/// Lets the admin service read the peer server's counters (the server is built after the service).
+final class PeerServerBox: Sendable {
+    let server = Mutex<GRPCServer?>(nil)
+    var traffic: (requests: Int, bytes: Int) { server.withLock { $0?.traffic } ?? (0, 0) }
 }

@@ -57,10 +57,20 @@ struct  Presence__Admin__V1__MembersResponse
   ProtobufCMessage base;
   size_t n_members;
   Presence__Admin__V1__Member **members;
+  /*
+   * Peer-link requests and bytes this node has received since it started (SWIM and presence).
+   */
+  uint64_t peer_requests_received;
+  uint64_t peer_bytes_received;
+  /*
+   * Channels this node owns, and replica copies it holds.
+   */
+  uint64_t channels_owned;
+  uint64_t channel_copies;
 };
 #define PRESENCE__ADMIN__V1__MEMBERS_RESPONSE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__admin__v1__members_response__descriptor) \
-    , 0,NULL }
+    , 0,NULL, 0, 0, 0, 0 }
 
 
 struct  Presence__Admin__V1__RingRequest

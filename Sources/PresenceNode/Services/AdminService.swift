@@ -6,21 +6,29 @@ import PresenceWire
 /// `presence.admin.v1.Admin`: the members this node knows and who owns what on its ring.
 public struct AdminService: Sendable {
     let membership: Membership
+    let engine: PresenceEngine
+    /// Requests and bytes the peer server received.
+    let peerTraffic: @Sendable () -> (requests: Int, bytes: Int)
 
     public func register(in registry: inout ServiceRegistry) {
         let membership = self.membership
+        let engine = self.engine
+        let peerTraffic = self.peerTraffic
         registry.unary(AdminMethods.members) { _, _ in
-            AdminMembersResponse(members: membership.members.map { u in
+            let traffic = peerTraffic()
+            let counts = await engine.channelCounts()
+            return AdminMembersResponse(members: membership.members.map { u in
                 AdminMember(nodeID: u.id, peerAddress: u.address, clientAddress: u.id == membership.nodeID ? membership.clientAddress : "",
                             status: membership.wire(u).status, incarnation: u.incarnation, isSelf: u.id == membership.nodeID)
-            })
+            }, peerRequestsReceived: UInt64(traffic.requests), peerBytesReceived: UInt64(traffic.bytes),
+               channelsOwned: UInt64(counts.owned), channelCopies: UInt64(counts.copies))
         }
         registry.unary(AdminMethods.ring) { req, _ in
             let ring = membership.ring
             var resp = AdminRingResponse(ringMembers: ring.members)
             if !req.channelName.isEmpty {
                 let type = ChannelType(rawValue: req.channelType == 0 ? 1 : req.channelType)
-                resp.channelOwners = ring.owners(of: ChannelKey(name: req.channelName, type: type), count: 3)
+                resp.channelOwners = ring.owners(of: ChannelKey(name: req.channelName, type: type), count: membership.topology.replicationFactor)
             }
             if !req.userID.isEmpty { resp.userHome = ring.home(ofUser: req.userID) ?? "" }
             return resp

@@ -97,11 +97,19 @@ extension AdminMember: CMessageBridge {
 /// `presence.admin.v1.MembersResponse` (proto message).
 public struct AdminMembersResponse: ProtoMessage, Sendable, Hashable {
     public var members: [AdminMember] = []
+    public var peerRequestsReceived: UInt64 = 0
+    public var peerBytesReceived: UInt64 = 0
+    public var channelsOwned: UInt64 = 0
+    public var channelCopies: UInt64 = 0
 
     public init() {}
 
-    public init(members: [AdminMember] = []) {
+    public init(members: [AdminMember] = [], peerRequestsReceived: UInt64 = 0, peerBytesReceived: UInt64 = 0, channelsOwned: UInt64 = 0, channelCopies: UInt64 = 0) {
         self.members = members
+        self.peerRequestsReceived = peerRequestsReceived
+        self.peerBytesReceived = peerBytesReceived
+        self.channelsOwned = channelsOwned
+        self.channelCopies = channelCopies
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -125,11 +133,19 @@ extension AdminMembersResponse: CMessageBridge {
     init(cStruct c: UnsafePointer<CStruct>) throws {
         self.init()
         self.members = try WireCodec.readArray(c.pointee.members, c.pointee.n_members) { try AdminMember(cStruct: $0!) }
+        self.peerRequestsReceived = c.pointee.peer_requests_received
+        self.peerBytesReceived = c.pointee.peer_bytes_received
+        self.channelsOwned = c.pointee.channels_owned
+        self.channelCopies = c.pointee.channel_copies
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
         presence__admin__v1__members_response__init(c)
         (c.pointee.n_members, c.pointee.members) = arena.messageArray(self.members)
+        c.pointee.peer_requests_received = self.peerRequestsReceived
+        c.pointee.peer_bytes_received = self.peerBytesReceived
+        c.pointee.channels_owned = self.channelsOwned
+        c.pointee.channel_copies = self.channelCopies
     }
 }
 
