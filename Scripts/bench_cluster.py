@@ -110,7 +110,13 @@ def kills(n_kills, presence_timeout):
         stream = sub_stub.OpenSession(p.OpenSessionRequest(user_id="subscriber"))
         sid = next(stream).opened.session_id
         events = queue.Queue()
-        threading.Thread(target=lambda: [events.put(e) for e in stream], daemon=True).start()
+        def read():
+            try:
+                for e in stream:
+                    events.put(e)
+            except grpc.RpcError:
+                pass  # the cluster stopped
+        threading.Thread(target=read, daemon=True).start()
         for k in range(n_kills):
             channel = f"bench-kill-{k}"
             sub_stub.Join(p.JoinRequest(session_id=sid, channel_name=channel, channel_type=1, with_presence=True), timeout=5)

@@ -72,6 +72,15 @@ public enum SWIM {
         public var retransmitMultiplier = 3
 
         public init() {}
+
+        /// Settings for another protocol period, keeping the defaults' proportions (probe timeout
+        /// 0.4 periods, suspicion 2 to 6 periods).
+        public init(probeInterval: UInt64) {
+            self.probeInterval = probeInterval
+            probeTimeout = probeInterval * 2 / 5
+            suspicionMin = probeInterval * 2
+            suspicionMax = probeInterval * 6
+        }
     }
 
     /// What the shell must do.

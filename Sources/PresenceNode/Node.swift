@@ -29,7 +29,8 @@ public final class Node: Sendable {
                                 ready: !configuration.seeds.contains { $0 != configuration.peerListen })
         let membership = Membership(nodeID: configuration.nodeID, peerAddress: configuration.peerListen.description,
                                     clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
-                                    clusterSecret: clusterSecret, topology: topology, logger: self.logger)
+                                    clusterSecret: clusterSecret, settings: SWIM.Settings(probeInterval: UInt64(configuration.probeInterval * 1e9)),
+                                    topology: topology, logger: self.logger)
         self.membership = membership
         let link = PeerLink(me: configuration.nodeID) { [weak membership] id in membership?.peerClient(for: id) }
         let engine = PresenceEngine(settings: EngineSettings(

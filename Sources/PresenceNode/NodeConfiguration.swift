@@ -18,7 +18,10 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var maxInstantEvents = 50
     /// Seconds between interval events.
     public var presenceInterval: Double = 1
+    /// Copies of each channel's and user home's state, owner included.
     public var replicationFactor = 2
+    /// SWIM protocol period, seconds; the other membership timeouts scale with it.
+    public var probeInterval: Double = 0.2
     public var authSecretFile: String? = nil
     public var clusterSecretFile: String? = nil
     public var logLevel = LogLevel.info
@@ -64,6 +67,9 @@ public struct NodeConfiguration: Sendable, Equatable {
         },
         Flag(name: "replication-factor", valueName: "N", help: "copies of each channel's state in the cluster (default 2)") { c, v throws(ConfigurationError) in
             c.replicationFactor = try integer("replication-factor", v, min: 1, max: 16)
+        },
+        Flag(name: "probe-interval", valueName: "SECONDS", help: "SWIM protocol period; probe and suspicion timeouts scale with it (default 0.2)") { c, v throws(ConfigurationError) in
+            c.probeInterval = try seconds("probe-interval", v, min: 0.02, max: 60)
         },
         Flag(name: "auth-secret-file", valueName: "PATH", help: "file holding the app secret for HMAC tokens (default: open mode, user ids trusted)") { c, v throws(ConfigurationError) in
             c.authSecretFile = try readableFile("auth-secret-file", v)

@@ -20,6 +20,7 @@ import Testing
         #expect(c.maxInstantEvents == 50)
         #expect(c.presenceInterval == 1)
         #expect(c.replicationFactor == 2)
+        #expect(c.probeInterval == 0.2)
         #expect(c.authSecretFile == nil)
         #expect(c.logLevel == .info && c.logFormat == .text)
     }
@@ -27,7 +28,7 @@ import Testing
     @Test func everyFlag() throws {
         let c = try parse(["--node-id", "n7", "--listen", "0.0.0.0:9000", "--peer-listen=[::1]:9001",
                            "--seeds", "10.0.0.1:7401,h2:7401", "--presence-timeout", "2.5",
-                           "--max-instant-events", "3", "--presence-interval", "0.25", "--replication-factor", "3",
+                           "--max-instant-events", "3", "--presence-interval", "0.25", "--replication-factor", "3", "--probe-interval", "0.5",
                            "--auth-secret-file", "/dev/null", "--cluster-secret-file", "/dev/null",
                            "--log-level", "debug", "--log-format", "json"])
         #expect(c.nodeID == "n7")
@@ -38,6 +39,7 @@ import Testing
         #expect(c.maxInstantEvents == 3)
         #expect(c.presenceInterval == 0.25)
         #expect(c.replicationFactor == 3)
+        #expect(c.probeInterval == 0.5)
         #expect(c.authSecretFile == "/dev/null" && c.clusterSecretFile == "/dev/null")
         #expect(c.logLevel == .debug && c.logFormat == .json)
     }
@@ -54,7 +56,7 @@ import Testing
         let cases: [([String], String)] = [
             (["--listen", "x"], "--listen"), (["--presence-timeout", "0"], "--presence-timeout"),
             (["--presence-timeout", "nan"], "--presence-timeout"), (["--max-instant-events", "0"], "--max-instant-events"),
-            (["--replication-factor", "x"], "--replication-factor"), (["--node-id", "has space"], "--node-id"),
+            (["--replication-factor", "x"], "--replication-factor"), (["--probe-interval", "0"], "--probe-interval"), (["--node-id", "has space"], "--node-id"),
             (["--seeds", "a:1,b"], "--seeds"), (["--log-level", "loud"], "--log-level"), (["--nope"], "--nope"),
             (["--listen"], "--listen"), (["stray"], "stray"),
         ]
