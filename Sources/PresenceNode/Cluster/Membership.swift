@@ -20,6 +20,7 @@ public final class Membership: Sendable {
     private let logger: Logger
     private let swim: Mutex<SWIM.Instance>
     private let clients = Mutex<[String: GRPCClient]>([:])
+    private let clientAddresses = Mutex<[String: String]>([:])
     private let relayWaiters = Mutex<[String: CheckedContinuation<ClusterPingResponse?, Never>]>([:])
     private let running = Atomic<Bool>(false)
     public let settings: SWIM.Settings
@@ -139,7 +140,7 @@ public final class Membership: Sendable {
             let now = MonotonicClock.now()
             let ds = swim.withLock { s -> [SWIM.Directive] in
                 var out: [SWIM.Directive] = []
-                for m in resp.members { if let u = Self.update(m) { out += s.receivedJoin(u, now: now) } }
+                for m in resp.members { if let u = self.update(m) { out += s.receivedJoin(u, now: now) } }
                 return out
             }
             carryOut(ds)
@@ -204,7 +205,7 @@ public final class Membership: Sendable {
                 Task { [self] in
                     guard let resp = try? await c.unary(MembershipMethods.ping, req, timeout: timeout) else { return }
                     let now = MonotonicClock.now()
-                    carryOut(swim.withLock { $0.receivedAck(from: to, sequence: resp.sequence, gossip: resp.gossip.compactMap(Self.update), now: now) })
+                    carryOut(swim.withLock { $0.receivedAck(from: to, sequence: resp.sequence, gossip: resp.gossip.compactMap(self.update), now: now) })
                 }
             case .sendAck(let to, _, let seq, let gossip):
                 // acks travel as responses: hand it to the indirect probe that waits for it
@@ -218,7 +219,7 @@ public final class Membership: Sendable {
                 Task { [self] in
                     guard let resp = try? await c.unary(MembershipMethods.indirectPing, req, timeout: timeout) else { return }
                     let now = MonotonicClock.now()
-                    carryOut(swim.withLock { $0.receivedAck(from: target, sequence: seq, gossip: resp.gossip.compactMap(Self.update), now: now) })
+                    carryOut(swim.withLock { $0.receivedAck(from: target, sequence: seq, gossip: resp.gossip.compactMap(self.update), now: now) })
                 }
             case .scheduleProbeTimeout(let seq, let at):
                 loop.execute { [self] in
@@ -246,7 +247,7 @@ public final class Membership: Sendable {
     func handlePing(_ req: ClusterPingRequest) -> ClusterPingResponse {
         let now = MonotonicClock.now()
         var ds = swim.withLock { $0.receivedPing(from: req.fromNodeID, address: req.fromAddress, sequence: req.sequence,
-                                                   gossip: req.gossip.compactMap(Self.update), now: now) }
+                                                   gossip: req.gossip.compactMap(self.update), now: now) }
         var response = ClusterPingResponse(fromNodeID: nodeID, sequence: req.sequence)
         if let i = ds.firstIndex(where: { if case .sendAck(let to, _, let seq, _) = $0 { return to == req.fromNodeID && seq == req.sequence }; return false }),
            case .sendAck(_, _, _, let gossip) = ds[i] {
@@ -265,7 +266,7 @@ public final class Membership: Sendable {
             relayWaiters.withLock { $0[key] = c }
             carryOut(swim.withLock {
                 $0.receivedPingRequest(from: req.fromNodeID, address: req.fromAddress, target: req.targetNodeID, targetAddress: req.targetAddress,
-                                       sequence: req.sequence, gossip: req.gossip.compactMap(Self.update), now: now)
+                                       sequence: req.sequence, gossip: req.gossip.compactMap(self.update), now: now)
             })
             loop.execute { [self] in
                 loop.scheduleTimer(after: wait) { [self] in
@@ -278,7 +279,7 @@ public final class Membership: Sendable {
     }
 
     func handleJoin(_ req: ClusterJoinRequest) throws -> ClusterJoinResponse {
-        guard let m = req.member, let u = Self.update(m) else { throw GRPCStatus(.invalidArgument, "JOIN: no member") }
+        guard let m = req.member, let u = self.update(m) else { throw GRPCStatus(.invalidArgument, "JOIN: no member") }
         let now = MonotonicClock.now()
         carryOut(swim.withLock { $0.receivedJoin(u, now: now) })
         return ClusterJoinResponse(members: swim.withLock { $0.fullState }.map(wire))
@@ -301,6 +302,11 @@ public final class Membership: Sendable {
 
     // MARK: Wire mapping
 
+    /// A member's client address, as it gossiped it ("" while unknown).
+    public func clientAddress(of id: String) -> String {
+        id == nodeID ? clientAddress : clientAddresses.withLock { $0[id] ?? "" }
+    }
+
     func wire(_ u: SWIM.Update) -> ClusterMemberUpdate {
         let status: ClusterMemberStatus
         switch u.status {
@@ -309,10 +315,15 @@ public final class Membership: Sendable {
         case .dead: status = .dead
         case .left: status = .left
         }
-        return ClusterMemberUpdate(nodeID: u.id, address: u.address, status: status, incarnation: u.incarnation)
+        return ClusterMemberUpdate(nodeID: u.id, address: u.address, status: status, incarnation: u.incarnation,
+                                   clientAddress: clientAddress(of: u.id))
     }
 
-    static func update(_ m: ClusterMemberUpdate) -> SWIM.Update? {
+    /// Reads a gossiped update, remembering the member's client address (for admin tools).
+    func update(_ m: ClusterMemberUpdate) -> SWIM.Update? {
+        if !m.clientAddress.isEmpty, !m.nodeID.isEmpty, m.nodeID != nodeID {
+            clientAddresses.withLock { $0[m.nodeID] = m.clientAddress }
+        }
         let status: SWIM.Status
         switch m.status {
         case .alive: status = .alive
