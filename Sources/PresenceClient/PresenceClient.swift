@@ -37,9 +37,10 @@ public enum PresenceClientEvent: Sendable, Equatable {
 public final class PresenceClient: Sendable {
     public let userID: String
     private let token: String
-    private let grpc: GRPCClient
     private let ownGroup: EventLoopGroup?
     private let driver: Driver
+    /// The node the session lives on now (calls naming the session must go there).
+    private var grpc: GRPCClient { driver.current }
 
     /// The session's events. One consumer.
     public let events: AsyncStream<PresenceClientEvent>
@@ -49,26 +50,40 @@ public final class PresenceClient: Sendable {
     /// - Parameters:
     ///   - token: an HMAC token for nodes in token mode (empty in open mode).
     ///   - group: event loops to use; by default the client starts one of its own.
-    public init(server: HostPort, userID: String, token: String = "", group: EventLoopGroup? = nil) {
+    public convenience init(server: HostPort, userID: String, token: String = "", group: EventLoopGroup? = nil) {
+        self.init(servers: [server], userID: userID, token: token, group: group)
+    }
+
+    /// A client of a cluster: it opens its session on the first node, and when a node cannot be
+    /// reached it resumes the session on the next one (the session keeps its presence and state).
+    public init(servers: [HostPort], userID: String, token: String = "", group: EventLoopGroup? = nil) {
+        precondition(!servers.isEmpty, "a client needs at least one server")
         self.userID = userID
         self.token = token
-        ownGroup = group == nil ? EventLoopGroup(count: 1, name: "presence-client") : nil
-        var config = ClientConfiguration(target: server)
-        config.http2.keepaliveInterval = 5_000_000_000
-        config.http2.keepaliveTimeout = 3_000_000_000
-        grpc = GRPCClient(configuration: config, group: group ?? ownGroup!)
+        let own = group == nil ? EventLoopGroup(count: 1, name: "presence-client") : nil
+        ownGroup = own
+        let loops = group ?? own!
+        let clients = servers.map { server in
+            var config = ClientConfiguration(target: server)
+            config.http2.keepaliveInterval = 5_000_000_000
+            config.http2.keepaliveTimeout = 3_000_000_000
+            return GRPCClient(configuration: config, group: loops)
+        }
         let (events, eventSink) = AsyncStream<PresenceClientEvent>.makeStream(bufferingPolicy: .unbounded)
         let (states, stateSink) = AsyncStream<ConnectionState>.makeStream(bufferingPolicy: .unbounded)
         self.events = events
         self.connectionStates = states
-        driver = Driver(grpc: grpc, userID: userID, token: token, events: eventSink, states: stateSink)
+        driver = Driver(clients: clients, userID: userID, token: token, events: eventSink, states: stateSink)
         stateSink.yield(.notInitialized)
     }
 
     deinit {
-        grpc.close()
+        driver.closeAll()
         ownGroup?.shutdown()
     }
+
+    /// The node (address) the session is on, or will be opened on.
+    public var server: HostPort { grpc.configuration.target }
 
     /// The current connection state.
     public var connectionState: ConnectionState { driver.state }
@@ -90,6 +105,13 @@ public final class PresenceClient: Sendable {
 
     /// Drops the connection as a network failure would (tests use it to exercise reconnects).
     public func _dropConnectionForTesting() { grpc.close() }
+
+    /// Moves to the next server and drops the connection, as if the current node died (tests).
+    public func _failOverForTesting() {
+        let old = grpc
+        driver.advance()
+        old.close()
+    }
 
     /// How many times the session stream was reopened after a break.
     public var _reconnects: Int { driver.reconnects }
@@ -204,16 +226,20 @@ final class Driver: Sendable {
         var stopping = false
         var firstOpen: CheckedContinuation<Void, Error>? = nil
         var reconnects = 0
+        /// Index of the server in use.
+        var server = 0
     }
     private let s = Mutex(S())
-    private let grpc: GRPCClient
+    private let clients: [GRPCClient]
+    var current: GRPCClient { clients[s.withLock { $0.server }] }
+    private var grpc: GRPCClient { current }
     private let userID: String
     private let token: String
     private let events: AsyncStream<PresenceClientEvent>.Continuation
     private let states: AsyncStream<ConnectionState>.Continuation
 
-    init(grpc: GRPCClient, userID: String, token: String, events: AsyncStream<PresenceClientEvent>.Continuation, states: AsyncStream<ConnectionState>.Continuation) {
-        self.grpc = grpc
+    init(clients: [GRPCClient], userID: String, token: String, events: AsyncStream<PresenceClientEvent>.Continuation, states: AsyncStream<ConnectionState>.Continuation) {
+        self.clients = clients
         self.userID = userID
         self.token = token
         self.events = events
@@ -221,6 +247,11 @@ final class Driver: Sendable {
     }
 
     var state: ConnectionState { s.withLock { $0.state } }
+
+    /// Uses the next server from now on.
+    func advance() { s.withLock { $0.server = ($0.server + 1) % clients.count } }
+
+    func closeAll() { for c in clients { c.close() } }
     var sessionID: String? { s.withLock { $0.sessionID } }
     var reconnects: Int { s.withLock { $0.reconnects } }
 
@@ -318,7 +349,8 @@ final class Driver: Sendable {
                 }
             } catch {}
             if Task.isCancelled || s.withLock({ $0.stopping }) { break }
-            _ = opened
+            // the node could not be reached (or dropped us before opening): try the next one
+            if !opened { advance() }
             set(s.withLock { $0.firstOpen != nil } ? .connecting : .reconnecting)
             try? await Task.sleep(nanoseconds: backoff)
             backoff = min(backoff * 2, 2_000_000_000)

@@ -164,6 +164,36 @@ import Testing
         for n in nodes[0...1] { await n.stop() }
     }
 
+    @Test func theClientLibraryFailsOverToAnotherNodeAndKeepsItsSession() async throws {
+        let nodes = try await cluster(3, presenceTimeout: 3)
+        let ann = nodes[0].client("ann")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        for ch in Self.channels { try await ann.join(ch, withPresence: true) }
+        let eve = PresenceClient(servers: [nodes[2].address, nodes[1].address], userID: "eve", group: nodes[0].group)
+        try await eve.connect()
+        let first = eve.sessionID
+        for ch in Self.channels {
+            try await eve.join(ch, withPresence: false)
+            try await eve.setState(ch, ["typing": "no"])
+        }
+        try await inbox.waitFor(.remoteStateChanged, publisher: "eve", count: Self.channels.count)
+        await nodes[2].node.crashForTesting()
+        try await waitUntil("eve resumed on n1", within: 8) {
+            eve.connectionState == .connected && eve.server == nodes[1].address && eve._reconnects > 0
+        }
+        #expect(eve.sessionID == first)
+        try await eve.setState(Self.channels[0], ["typing": "yes"])
+        try await inbox.waitFor(.remoteStateChanged, publisher: "eve", count: Self.channels.count + 1)
+        try await Task.sleep(nanoseconds: 3_500_000_000)
+        #expect(!inbox.presence.contains { $0.publisher == "eve" && ($0.type == .remoteTimeout || $0.type == .remoteLeave) })
+        #expect(inbox.presence.filter { $0.publisher == "eve" && $0.type == .remoteJoin }.count == Self.channels.count)
+        #expect(try await ann.getState(Self.channels[1], user: "eve") == [StateItem(key: "typing", value: "no")])
+        await eve.close()
+        await ann.close()
+        for n in nodes[0...1] { await n.stop() }
+    }
+
     @Test func aJoiningNodeTakesItsChannelsWithTheirStateAndALeavingOneHandsThemOff() async throws {
         var nodes = try await cluster(2)
         let ann = nodes[0].client("ann"), bob = nodes[1].client("bob")
