@@ -9,7 +9,10 @@
   Routing cost: presencectl bench setstate through a node that does not own the channel (3 nodes)
       versus one node alone; peer: ../shared/bench/peers redis in the same sitting.
 
-Usage: Scripts/bench-cluster [--kills N] [--runs N] [--idle-seconds S]   (prints a Markdown table)
+  Soak: 3 nodes, both cores saturated for --soak-seconds (default 300): suspicions and deaths logged.
+
+Usage: Scripts/bench-cluster [--kills N] [--runs N] [--idle-seconds S] [--soak-seconds S]
+                             [--only kills|idle|routing|soak]       (prints a Markdown table)
 """
 import argparse
 import os
@@ -40,9 +43,10 @@ def stubs():
 
 
 class Cluster:
-    def __init__(self, size, *extra):
+    def __init__(self, size, *extra, logs=None):
         self.ports = [(free_port(), free_port()) for _ in range(size)]
         self.extra = extra
+        self.logs = logs
         self.procs = {}
         for i in range(size):
             self.start(i)
@@ -52,8 +56,8 @@ class Cluster:
         cp, pp = self.ports[i]
         self.procs[i] = subprocess.Popen(
             [os.path.join(REL, "presenced"), "--node-id", f"node-{i}", "--listen", f"127.0.0.1:{cp}",
-             "--peer-listen", f"127.0.0.1:{pp}", "--seeds", seeds, "--log-level", "error", *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--peer-listen", f"127.0.0.1:{pp}", "--seeds", seeds, "--log-level", "info" if self.logs else "error", *self.extra],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.logs, f"node-{i}.log"), "a") if self.logs else subprocess.DEVNULL)
         wait_for_port(cp, self.procs[i], f"node-{i}")
 
     def address(self, i):
@@ -178,6 +182,39 @@ def idle_traffic(size, seconds):
         c.stop()
 
 
+def soak(seconds):
+    """3 nodes for `seconds` with both cores saturated (two busy loops at normal priority, plus a
+    SetState load through the cluster): counts suspicions and deaths the nodes logged."""
+    import grpc
+    import admin_pb2 as a
+    import admin_pb2_grpc as ag
+    logs = tempfile.mkdtemp(prefix="presenced-soak-")
+    c = Cluster(3, logs=logs)
+    burners = []
+    try:
+        stub = ag.AdminStub(grpc.insecure_channel(c.address(0)))
+        wait("3 nodes alive", lambda: len([1 for s in statuses(stub, a)[0].values() if s == 1]) == 3, 20)
+        time.sleep(2)
+        marks = {f: os.path.getsize(os.path.join(logs, f)) for f in os.listdir(logs)}
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        load = subprocess.Popen([os.path.join(REL, "presencectl"), "--server", c.address(1), "bench", "setstate",
+                                 "--duration", str(seconds), "--clients", "20", "--channel", "soak"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        load.wait(timeout=seconds + 120)
+        suspicions = deaths = 0
+        for f, start in marks.items():
+            with open(os.path.join(logs, f)) as fh:
+                fh.seek(start)
+                text = fh.read()
+            suspicions += text.count("member suspect")
+            deaths += text.count("member dead")
+        return suspicions, deaths
+    finally:
+        for b in burners:
+            b.kill()
+        c.stop()
+
+
 def ctl(address, *args):
     out = subprocess.run([os.path.join(REL, "presencectl"), "--server", address, *args], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
@@ -225,7 +262,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--idle-seconds", type=float, default=10)
     ap.add_argument("--presence-timeout", type=float, default=2)
-    ap.add_argument("--only", choices=["kills", "idle", "routing"])
+    ap.add_argument("--only", choices=["kills", "idle", "routing", "soak"])
+    ap.add_argument("--soak-seconds", type=float, default=300)
     args = ap.parse_args()
     subprocess.run([os.path.join(ROOT, "Scripts", "ensure-deps"), "--bench", "--python"], check=True)
     subprocess.run(["swift", "build", "-c", "release"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -250,6 +288,9 @@ def main():
         rows.append(f"| SetState, one node alone (median of {len(s)}) | {med(s):,.0f}/s | Redis {med(red):,.0f}/s: {med(s) / med(red):.2f} |")
         rows.append(f"| SetState through a non-owner, 3 nodes | {med(r):,.0f}/s | {med(r) / med(s):.2f} of one node; Redis {med(r) / med(red):.2f} |")
         rows.append(f"| SetState at the owner, 3 nodes (1 replica copy per write) | {med(l):,.0f}/s | {med(l) / med(s):.2f} of one node |")
+    if args.only in (None, "soak"):
+        sus, dead = soak(args.soak_seconds)
+        rows.append(f"| false suspicions, 3 nodes, {args.soak_seconds:g} s with both cores saturated (2 busy loops + SetState load) | {sus} suspect, {dead} dead | goal 0 |")
     print("| what | measured | peer / goal |")
     print("|---|---|---|")
     for row in rows:

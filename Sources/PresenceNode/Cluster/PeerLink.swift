@@ -14,8 +14,6 @@ public final class PeerLink: Sendable {
     /// The peer client for a live member; nil when the node is not (or no longer) a live member.
     private let clientFor: @Sendable (String) -> GRPCClient?
     private let queues = Mutex<[String: PushQueue]>([:])
-    /// Calls and pushes sent, and their bytes (for benchmarks and `presencectl`).
-    let sent = PeerTraffic()
 
     /// Items per Push at most; a batch also stops growing past `maxBatchBytes`.
     static let maxBatchItems = 2_000
@@ -49,7 +47,6 @@ public final class PeerLink: Sendable {
         guard let client = clientFor(node) else {
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")
         }
-        sent.count(bytes: 0)
         do {
             return try await client.unary(method, request, timeout: Self.callTimeout)
         } catch let s as GRPCStatus where s.code == .unavailable || s.code == .failedPrecondition {
@@ -114,7 +111,6 @@ public final class PeerLink: Sendable {
                     guard let client = clientFor(q.node) else { break }  // not a live member: drop
                     do {
                         _ = try await client.unary(PeerPresenceMethods.push, batch, timeout: .seconds(5))
-                        sent.count(bytes: batch.approximateBytes)
                         break
                     } catch {
                         attempt += 1
@@ -258,24 +254,8 @@ final class PushQueue: Sendable {
     }
 }
 
-/// Counters of peer traffic sent.
-final class PeerTraffic: Sendable {
-    private let messages = Atomic<Int>(0)
-    private let byteCount = Atomic<Int>(0)
-    func count(bytes: Int) {
-        messages.add(1, ordering: .relaxed)
-        byteCount.add(bytes, ordering: .relaxed)
-    }
-    var snapshot: (messages: Int, bytes: Int) { (messages.load(ordering: .relaxed), byteCount.load(ordering: .relaxed)) }
-}
-
 extension ClusterPushBatch {
     var itemCount: Int { deliveries.count + channels.count + users.count + announces.count + homeAnnounces.count + (handoffDone ? 1 : 0) }
-
-    /// Roughly the encoded size (deliveries dominate).
-    var approximateBytes: Int {
-        deliveries.reduce(0) { $0 + $1.framed.count + 32 } + (channels.count + users.count + announces.count + homeAnnounces.count) * 96
-    }
 }
 
 extension PresenceError {

@@ -73,6 +73,4 @@ public final class Topology: Sendable {
     public func handoffDone(from node: String, fingerprint: UInt64) {
         state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint) }
     }
-
-    public var pendingHandoffs: Set<String> { state.withLock { $0.gate.pending } }
 }

@@ -279,12 +279,7 @@ actor ChannelShard {
 
     private func startSweeping() {
         guard orphanSweeper == nil else { return }
-        orphanSweeper = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(nanoseconds: 100_000_000)
-                guard let self, await self.sweepOrphans() else { return }
-            }
-        }
+        orphanSweeper = periodically(every: 100_000_000) { [weak self] in await self?.sweepOrphans() ?? false }
     }
 
     /// Times out orphans whose deadline passed; false once none are left.
@@ -307,7 +302,6 @@ actor ChannelShard {
 
     var channelCount: Int { channels.count }
     var copyCount: Int { copies.count }
-    var orphanCount: Int { orphans.count }
 
     // MARK: Interval mode
 
@@ -315,12 +309,7 @@ actor ChannelShard {
         intervalChannels.insert(key)
         guard ticker == nil else { return }
         let period = intervalNanoseconds
-        ticker = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(nanoseconds: period)
-                guard let self, await self.tick() else { return }
-            }
-        }
+        ticker = periodically(every: period) { [weak self] in await self?.tick() ?? false }
     }
 
     /// Sends each interval channel's INTERVAL event; false once no channel needs ticking.

@@ -214,12 +214,7 @@ actor UserHomeShard {
 
     private func startSweeping() {
         guard orphanSweeper == nil else { return }
-        orphanSweeper = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(nanoseconds: 100_000_000)
-                guard let self, await self.sweepOrphans() else { return }
-            }
-        }
+        orphanSweeper = periodically(every: 100_000_000) { [weak self] in await self?.sweepOrphans() ?? false }
     }
 
     private func sweepOrphans() -> Bool {
@@ -239,6 +234,4 @@ actor UserHomeShard {
         }
         return true
     }
-
-    var userCount: Int { directory.userCount }
 }
