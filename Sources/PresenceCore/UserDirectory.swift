@@ -136,8 +136,10 @@ public struct UserDirectory<Sink: Hashable> {
         users[userID, default: User()].watchers[session] = sink
     }
 
-    public mutating func unwatch(_ userID: String, by session: SessionID) {
-        guard users[userID]?.watchers.removeValue(forKey: session) != nil else { return }
+    /// Removes a watcher; with `sink`, only if it still lives there (it may have moved on).
+    public mutating func unwatch(_ userID: String, by session: SessionID, at sink: Sink? = nil) {
+        guard let at = users[userID]?.watchers[session], sink == nil || at == sink else { return }
+        users[userID]?.watchers[session] = nil
         dropIfIdle(userID)
     }
 

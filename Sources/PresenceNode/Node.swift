@@ -41,6 +41,10 @@ public final class Node: Sendable {
         // ring changes are carried out one at a time, in the order membership saw them
         let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing, Set<String>).self)
         membership.onRingChange { old, new, alive in queue.yield((old, new, alive)) }
+        membership.onRefute {
+            let ring = topology.ring
+            engine.reannounce(from: HashRing(members: []), to: ring)  // everything, to every owner
+        }
         ringChanges = queue
         let log = self.logger
         Task {

@@ -28,6 +28,10 @@ public final class Membership: Sendable {
     public let topology: Topology
     /// Called with (old ring, new ring, alive members) after every ring change, in order.
     private let ringObserver = Mutex<(@Sendable (HashRing, HashRing, Set<String>) -> Void)?>(nil)
+    /// Called when this node refuted a suspicion or death of itself (others may have timed its
+    /// sessions out meanwhile: its gateway re-announces them).
+    private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
+    private let lastIncarnation = Atomic<UInt64>(0)
     /// A node with seeds that no seed answered within this long starts a cluster of its own.
     public let aloneAfter: UInt64 = 3_000_000_000
 
@@ -68,6 +72,10 @@ public final class Membership: Sendable {
     /// Sets what runs after each ring change (the engine's handoff and anti-entropy).
     public func onRingChange(_ observer: @escaping @Sendable (HashRing, HashRing, Set<String>) -> Void) {
         ringObserver.withLock { $0 = observer }
+    }
+
+    public func onRefute(_ observer: @escaping @Sendable () -> Void) {
+        refuteObserver.withLock { $0 = observer }
     }
 
     /// Whether `id` is an alive (or suspect) member.
@@ -173,7 +181,12 @@ public final class Membership: Sendable {
             loop.scheduleTimer(after: period) { [self] in
                 guard running.load(ordering: .relaxed) else { return }
                 let now = MonotonicClock.now()
-                carryOut(swim.withLock { $0.periodTick(now: now) })
+                let (ds, incarnation) = swim.withLock { s in (s.periodTick(now: now), s.myself.incarnation) }
+                carryOut(ds)
+                if lastIncarnation.exchange(incarnation, ordering: .relaxed) < incarnation {
+                    logger.warning("refuted a suspicion of this node", ["incarnation": String(incarnation)])
+                    refuteObserver.withLock { $0 }?()
+                }
                 scheduleTick()
             }
         }

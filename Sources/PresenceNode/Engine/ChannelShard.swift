@@ -286,7 +286,10 @@ actor ChannelShard {
     private func sweepOrphans() -> Bool {
         let now = clock.wallMilliseconds()
         for o in orphans.due(now: clock.monotonicNanoseconds()) {
-            guard let m = channels[o.key], let sink = m.sink(of: o.session), !fabric.topology.alive.contains(sink) else { continue }
+            // a session resumed elsewhere (or re-announced by a gateway that was wrongly declared
+            // dead) cancelled its timer; what is left has no gateway any more, even if a node
+            // with the same id has restarted since
+            guard channels[o.key]?.sink(of: o.session) != nil else { continue }
             _ = try? update(o.key, user: o.user, create: false) { m in
                 (m.leave(user: o.user, session: o.session, timedOut: true, now: now), ())
             }

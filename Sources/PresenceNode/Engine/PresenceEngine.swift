@@ -175,6 +175,10 @@ public final class PresenceEngine: Sendable {
         if !resume.isEmpty, let id = SessionID(text: resume) {
             if let o = gatewayShard(id).resume(id, user: user) {
                 if initialStatus != .unknown { _ = try await homeCall(user, .setStatus) { $0.status = initialStatus } }
+                // the client may have been on another node meanwhile: make this one its gateway again
+                if !topology.isAlone, let (s, _) = try? gatewayShard(id).session(id) {
+                    try await announce(s, initialStatus: .unknown)
+                }
                 return OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
             }
             if let adopted = try await adopt(id, user: user, initialStatus: initialStatus) { return adopted }
@@ -197,24 +201,33 @@ public final class PresenceEngine: Sendable {
     private func adopt(_ id: SessionID, user: String, initialStatus: UserStatus) async throws(PresenceError) -> OpenedSession? {
         guard !topology.isAlone else { return nil }
         let found = try await homeCall(user, .lookupSession) { $0.session = ref(id, user) }
-        guard found.found, let record = found.session, record.gateway != me else { return nil }
+        // (a record naming this node comes from before a restart: it is adopted like any other)
+        guard found.found, let record = found.session else { return nil }
         let r = ClusterHomeSession.record(record)
         let o = gatewayShard(id).adopt(id, user: user, channels: r.channels, watching: Set(r.watching))
-        _ = try await homeCall(user, .sessionOpened) { c in
-            c.session = ref(id, user)
+        guard let (s, _) = try? gatewayShard(id).session(id) else { return nil }
+        try await announce(s, initialStatus: initialStatus)
+        return OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
+    }
+
+    /// Tells the session's user home, its channels' owners and its watched users' homes that this
+    /// node is now the session's gateway (no event for anyone; SNAPSHOTs for the session).
+    private func announce(_ s: SessionTable.Session, initialStatus: UserStatus) async throws(PresenceError) {
+        let channels = s.channels.sorted { $0.key < $1.key }
+        _ = try await homeCall(s.userID, .sessionOpened) { c in
+            c.session = ref(s.id, s.userID)
             c.announce = true
             c.status = initialStatus
-            c.channels = record.channels
-            c.watching = r.watching
+            c.channels = channels.map { ClusterSessionChannel($0.key, withPresence: $0.value) }
+            c.watching = s.watching.sorted()
         }
-        for (key, withPresence) in r.channels.sorted(by: { $0.key < $1.key }) {
+        for (key, withPresence) in channels {
             _ = try? await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
-                                                               session: ref(id, user, withPresence: withPresence)))
+                                                               session: ref(s.id, s.userID, withPresence: withPresence)))
         }
-        for (home, users) in byHome(r.watching) {
-            _ = try? await homeCall(home, ClusterHomeCall(userIDs: users, op: .watch, session: ref(id, user)))
+        for (home, users) in byHome(s.watching.sorted()) {
+            _ = try? await homeCall(home, ClusterHomeCall(userIDs: users, op: .watch, session: ref(s.id, s.userID)))
         }
-        return OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
     }
 
     /// After a resume that lost events: a fresh SNAPSHOT of every channel the session follows.

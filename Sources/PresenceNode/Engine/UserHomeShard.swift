@@ -131,8 +131,8 @@ actor UserHomeShard {
             result.statuses = users.map { UserStatusEntry(userID: $0, status: directory.visibleStatus($0)) }
             replicate(users)
         case .unwatch:
-            let (id, _) = try session(call)
-            for u in users { directory.unwatch(u, by: id) }
+            let (id, gateway) = try session(call)
+            for u in users { directory.unwatch(u, by: id, at: gateway) }
             replicate(users)
         case .lookupSession:
             let (id, _) = try session(call)
@@ -218,12 +218,11 @@ actor UserHomeShard {
     }
 
     private func sweepOrphans() -> Bool {
-        let alive = fabric.topology.alive
         for o in orphans.due(now: clock.monotonicNanoseconds()) {
             if o.watcher {
                 directory.unwatch(o.user, by: o.session)
             } else {
-                guard let r = directory.session(o.user, o.session), !alive.contains(r.sink) else { continue }
+                guard directory.session(o.user, o.session) != nil else { continue }
                 notify(directory.sessionEnded(o.user, session: o.session))
             }
             replicate([o.user])
