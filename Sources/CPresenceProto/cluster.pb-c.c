@@ -1317,7 +1317,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__join_response__descripto
   (ProtobufCMessageInit) presence__cluster__v1__join_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[4] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[5] =
 {
   {
     "session_id",
@@ -1367,9 +1367,22 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "orphan_ms",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, orphan_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__session_ref__field_indices_by_name[] = {
   2,   /* field[2] = gateway */
+  4,   /* field[4] = orphan_ms */
   0,   /* field[0] = session_id */
   1,   /* field[1] = user_id */
   3,   /* field[3] = with_presence */
@@ -1377,7 +1390,7 @@ static const unsigned presence__cluster__v1__session_ref__field_indices_by_name[
 static const ProtobufCIntRange presence__cluster__v1__session_ref__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor =
 {
@@ -1387,7 +1400,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor 
   "Presence__Cluster__V1__SessionRef",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__SessionRef),
-  4,
+  5,
   presence__cluster__v1__session_ref__field_descriptors,
   presence__cluster__v1__session_ref__field_indices_by_name,
   1,  presence__cluster__v1__session_ref__number_ranges,
@@ -1819,7 +1832,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_channel__descrip
   (ProtobufCMessageInit) presence__cluster__v1__session_channel__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[4] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[5] =
 {
   {
     "session_id",
@@ -1869,17 +1882,30 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "orphan_ms",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeSession, orphan_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__home_session__field_indices_by_name[] = {
   2,   /* field[2] = channels */
   1,   /* field[1] = gateway */
+  4,   /* field[4] = orphan_ms */
   0,   /* field[0] = session_id */
   3,   /* field[3] = watching */
 };
 static const ProtobufCIntRange presence__cluster__v1__home_session__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor =
 {
@@ -1889,7 +1915,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor
   "Presence__Cluster__V1__HomeSession",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__HomeSession),
-  4,
+  5,
   presence__cluster__v1__home_session__field_descriptors,
   presence__cluster__v1__home_session__field_indices_by_name,
   1,  presence__cluster__v1__home_session__number_ranges,

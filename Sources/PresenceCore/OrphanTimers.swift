@@ -19,6 +19,7 @@ public struct OrphanTimers<Key: Hashable>: Sendable where Key: Sendable {
     public mutating func cancel(_ key: Key) { deadlines[key] = nil }
 
     public func contains(_ key: Key) -> Bool { deadlines[key] != nil }
+    public func deadline(_ key: Key) -> UInt64? { deadlines[key] }
 
     /// Keys whose deadline has passed, removed.
     public mutating func due(now: UInt64) -> [Key] {

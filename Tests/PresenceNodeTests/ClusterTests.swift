@@ -164,6 +164,28 @@ import Testing
         for n in nodes[0...1] { await n.stop() }
     }
 
+    @Test func sessionsOfAKilledNodeTimeOutEvenIfItRestartsAtOnce() async throws {
+        let nodes = try await cluster(3, presenceTimeout: 2)
+        let ann = nodes[0].client("ann"), cy = nodes[2].client("cy")
+        let inbox = Inbox(ann)
+        for c in [ann, cy] { try await c.connect() }
+        for ch in Self.channels {
+            try await ann.join(ch, withPresence: true)
+            try await cy.join(ch, withPresence: false)
+        }
+        try await inbox.waitFor(.remoteJoin, publisher: "cy", count: Self.channels.count)
+        await nodes[2].node.crashForTesting()
+        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.alive.contains("n2") }
+        // the same node id comes back (a fresh process: it knows nothing of cy's session)
+        let seed = HostPort(host: "127.0.0.1", port: nodes[0].node.peerPort)
+        let again = try TestNode(presenceTimeout: 2, nodeID: "n2", seeds: [seed])
+        try await converge([nodes[0], nodes[1], again])
+        try await inbox.waitFor(.remoteTimeout, publisher: "cy", count: Self.channels.count, within: 5)
+        try await expectEveryNodeLists([nodes[0], nodes[1], again], ["ann": [:]])
+        await ann.close()
+        for n in [nodes[0], nodes[1], again] { await n.stop() }
+    }
+
     @Test func theClientLibraryFailsOverToAnotherNodeAndKeepsItsSession() async throws {
         let nodes = try await cluster(3, presenceTimeout: 3)
         let ann = nodes[0].client("ann")

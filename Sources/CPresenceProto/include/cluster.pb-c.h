@@ -197,10 +197,14 @@ struct  Presence__Cluster__V1__SessionRef
    */
   char *gateway;
   protobuf_c_boolean with_presence;
+  /*
+   * In a record: the gateway is gone, and the session times out in this many ms unless resumed.
+   */
+  uint64_t orphan_ms;
 };
 #define PRESENCE__CLUSTER__V1__SESSION_REF__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_ref__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0 }
 
 
 /*
@@ -317,10 +321,14 @@ struct  Presence__Cluster__V1__HomeSession
   Presence__Cluster__V1__SessionChannel **channels;
   size_t n_watching;
   char **watching;
+  /*
+   * The gateway is gone, and the session times out in this many ms unless resumed.
+   */
+  uint64_t orphan_ms;
 };
 #define PRESENCE__CLUSTER__V1__HOME_SESSION__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__home_session__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0 }
 
 
 /*

@@ -31,6 +31,8 @@ actor ChannelShard {
         let session: SessionID
     }
     private var orphans = OrphanTimers<Orphan>()
+    /// Orphan deadlines that came with replica copies, started if this node takes the channel over.
+    private var copyOrphans: [Orphan: UInt64] = [:]
     /// Replica copies sent by the call being handled: the call answers once they arrived.
     private var replicaTickets: [PeerLink.Ticket] = []
     private var orphanSweeper: Task<Void, Never>? = nil
@@ -76,17 +78,39 @@ actor ChannelShard {
     }
 
     /// A channel's whole state as records, in chunks (the first replaces what the receiver held).
+    /// Sessions whose gateway is gone carry the time left before they time out.
     private func fullRecords(_ m: ChannelMachine<String>) -> [ClusterChannelRecord] {
-        let all = m.copies
+        let now = clock.monotonicNanoseconds()
+        let all = m.copies.map { c -> ClusterMemberRecord in
+            var r = ClusterMemberRecord(c)
+            for i in r.sessions.indices {
+                guard let id = SessionID(text: r.sessions[i].sessionID),
+                      let deadline = orphans.deadline(Orphan(key: m.key, user: c.userID, session: id)) else { continue }
+                r.sessions[i].orphanMs = max(1, (deadline > now ? deadline - now : 0) / 1_000_000)
+            }
+            return r
+        }
         var out: [ClusterChannelRecord] = []
         var i = 0
         repeat {
-            let chunk = all[i..<min(all.count, i + 500)]
             out.append(ClusterChannelRecord(channelName: m.key.name, channelType: m.key.type, sequence: m.sequence, full: i == 0,
-                                            members: chunk.map(ClusterMemberRecord.init)))
+                                            members: Array(all[i..<min(all.count, i + 500)])))
             i += 500
         } while i < all.count
         return out
+    }
+
+    /// Starts timers for this channel's sessions that no live gateway holds: their gateway died
+    /// or left, or it is this node and it does not know them (they are from before a restart).
+    private func orphanStrays(_ key: ChannelKey, alive: Set<String>) {
+        guard let m = channels[key] else { return }
+        let deadline = clock.monotonicNanoseconds() + presenceTimeout
+        for sink in m.allSinks where !alive.contains(sink) || sink == me {
+            for (user, s) in m.sessions(at: sink) where sink != me || fabric.gateway.shard(s).outbox(s) == nil {
+                orphans.start(Orphan(key: key, user: user, session: s), deadline: deadline)
+            }
+        }
+        if !orphans.isEmpty { startSweeping() }
     }
 
     /// Runs `body` on the channel's machine (created on demand, changed in place), delivers the
@@ -208,12 +232,25 @@ actor ChannelShard {
         if record.full && !owned {
             m = ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
         }
-        for r in record.members { if let c = r.copy { m.install(c) } }
+        let now = clock.monotonicNanoseconds()
+        for r in record.members {
+            guard let c = r.copy else { continue }
+            m.install(c)
+            for s in r.sessions where s.orphanMs > 0 {
+                guard let id = SessionID(text: s.sessionID) else { continue }
+                let o = Orphan(key: key, user: c.userID, session: id)
+                let deadline = now + min(s.orphanMs, presenceTimeout / 1_000_000) * 1_000_000
+                if owned { orphans.start(o, deadline: deadline) } else { copyOrphans[o] = deadline }
+            }
+        }
         m.advanceSequence(to: record.sequence)
         if owned {
             channels[key] = m.isEmpty ? nil : m
             if m.isIntervalMode { startTicking(key) }
-            if !m.isEmpty { replicate(key, users: record.members.map(\.userID)) }
+            if !m.isEmpty {
+                replicate(key, users: record.members.map(\.userID))
+                orphanStrays(key, alive: fabric.topology.alive)
+            }
         } else {
             copies[key] = m.isEmpty ? nil : m
             if handoff { handedOff.insert(key) }
@@ -244,6 +281,7 @@ actor ChannelShard {
             if owners.first == me {
                 copies[key] = nil
                 channels[key] = m
+                for (o, deadline) in copyOrphans where o.key == key { orphans.start(o, deadline: deadline) }
                 let previous = old.owner(of: key)
                 if !handedOff.contains(key), previous != me {
                     // the previous owner died: events may have been lost on the way
@@ -259,14 +297,9 @@ actor ChannelShard {
             }
         }
         handedOff = []
+        copyOrphans = copyOrphans.filter { copies[$0.key.key] != nil }
         // sessions whose gateway is gone time out unless resumed elsewhere
-        let deadline = clock.monotonicNanoseconds() + presenceTimeout
-        for (key, m) in channels {
-            for sink in m.allSinks where !alive.contains(sink) {
-                for (user, s) in m.sessions(at: sink) { orphans.start(Orphan(key: key, user: user, session: s), deadline: deadline) }
-            }
-        }
-        if !orphans.isEmpty { startSweeping() }
+        for key in channels.keys { orphanStrays(key, alive: alive) }
     }
 
     /// Hands every channel to the node that owns it once this node is gone (graceful leave).

@@ -24,6 +24,8 @@ actor UserHomeShard {
     }
     private var orphans = OrphanTimers<Orphan>()
     private var orphanSweeper: Task<Void, Never>? = nil
+    /// Orphan deadlines that came with replica copies, started if this node becomes their home.
+    private var copyOrphans: [Orphan: UInt64] = [:]
     /// Replica copies sent by the call being handled.
     private var replicaTickets: [PeerLink.Ticket] = []
 
@@ -48,7 +50,7 @@ actor UserHomeShard {
         for u in users {
             let replicas = fabric.topology.homes(of: u).filter { $0 != me }
             guard !replicas.isEmpty else { continue }
-            let record = ClusterUserRecord(directory.copy(of: u))
+            let record = record(of: u)
             for r in replicas {
                 if let t = fabric.send(record, to: r) { replicaTickets.append(t) }
             }
@@ -150,21 +152,62 @@ actor UserHomeShard {
 
     // MARK: Replicas, handoff, failover
 
+    /// A user's record for a replica or a new home; sessions and watchers whose gateway is gone
+    /// carry the time left before they time out.
+    private func record(of user: String) -> ClusterUserRecord {
+        var r = ClusterUserRecord(directory.copy(of: user))
+        let now = clock.monotonicNanoseconds()
+        func left(_ o: Orphan) -> UInt64 {
+            guard let d = orphans.deadline(o) else { return 0 }
+            return max(1, (d > now ? d - now : 0) / 1_000_000)
+        }
+        for i in r.sessions.indices {
+            if let id = SessionID(text: r.sessions[i].sessionID) { r.sessions[i].orphanMs = left(Orphan(user: user, session: id, watcher: false)) }
+        }
+        for i in r.watchers.indices {
+            if let id = SessionID(text: r.watchers[i].sessionID) { r.watchers[i].orphanMs = left(Orphan(user: user, session: id, watcher: true)) }
+        }
+        return r
+    }
+
     func apply(_ record: ClusterUserRecord) {
         guard let c = record.copy else { return }
-        if fabric.topology.home(of: c.userID) == me {
+        let home = fabric.topology.home(of: c.userID) == me
+        let now = clock.monotonicNanoseconds()
+        let timers = record.sessions.map { ($0.sessionID, $0.orphanMs, false) } + record.watchers.map { ($0.sessionID, $0.orphanMs, true) }
+        for (text, ms, watcher) in timers where ms > 0 {
+            guard let id = SessionID(text: text) else { continue }
+            let o = Orphan(user: c.userID, session: id, watcher: watcher)
+            let deadline = now + min(ms, presenceTimeout / 1_000_000) * 1_000_000
+            if home { orphans.start(o, deadline: deadline) } else { copyOrphans[o] = deadline }
+        }
+        if home {
             directory.install(c)  // a handoff reaching a home already serving the user
             replicate([c.userID])
+            orphanStrays(c.userID, alive: fabric.topology.alive)
         } else {
             copies.install(c)
         }
+    }
+
+    /// Starts timers for the user's sessions and watchers that no live gateway holds (their
+    /// gateway died or left, or it is this node and it does not know them: from before a restart).
+    private func orphanStrays(_ user: String, alive: Set<String>) {
+        let c = directory.copy(of: user)
+        let deadline = clock.monotonicNanoseconds() + presenceTimeout
+        func stray(_ id: SessionID, _ sink: String) -> Bool {
+            !alive.contains(sink) || (sink == me && fabric.gateway.shard(id).outbox(id) == nil)
+        }
+        for (id, r) in c.sessions where stray(id, r.sink) { orphans.start(Orphan(user: user, session: id, watcher: false), deadline: deadline) }
+        for (id, sink) in c.watchers where stray(id, sink) { orphans.start(Orphan(user: user, session: id, watcher: true), deadline: deadline) }
+        if !orphans.isEmpty { startSweeping() }
     }
 
     func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) {
         let rf = fabric.topology.replicationFactor
         for u in directory.allUserIDs {
             let homes = new.homes(ofUser: u, count: rf)
-            let record = ClusterUserRecord(directory.copy(of: u))
+            let record = record(of: u)
             if homes.first != me, let newHome = homes.first {
                 fabric.send(record, to: newHome)
                 if homes.contains(me) { copies.install(directory.copy(of: u)) }
@@ -179,36 +222,23 @@ actor UserHomeShard {
             if homes.first == me {
                 directory.install(copies.copy(of: u))
                 copies.remove(u)
+                for (o, deadline) in copyOrphans where o.user == u { orphans.start(o, deadline: deadline) }
                 let before = Set(old.homes(ofUser: u, count: rf))
-                let record = ClusterUserRecord(directory.copy(of: u))
+                let record = record(of: u)
                 for r in homes where r != me && !before.contains(r) { fabric.send(record, to: r) }
             } else if !homes.contains(me) {
                 copies.remove(u)
             }
         }
-        let deadline = clock.monotonicNanoseconds() + presenceTimeout
-        for node in Set(old.members).union(new.members).union(gatewaysInUse()) where !alive.contains(node) {
-            for (u, s) in directory.sessions(at: node) { orphans.start(Orphan(user: u, session: s, watcher: false), deadline: deadline) }
-            for (u, s) in directory.watchers(at: node) { orphans.start(Orphan(user: u, session: s, watcher: true), deadline: deadline) }
-        }
-        if !orphans.isEmpty { startSweeping() }
-    }
-
-    /// Gateways of sessions and watchers here (a promoted copy may name a node this one never saw).
-    private func gatewaysInUse() -> Set<String> {
-        var out = Set<String>()
-        for u in directory.allUserIDs {
-            let c = directory.copy(of: u)
-            for r in c.sessions.values { out.insert(r.sink) }
-            for w in c.watchers.values { out.insert(w) }
-        }
-        return out
+        // keep the deadlines of copies still held (watchers are few; they go with their user)
+        copyOrphans = copyOrphans.filter { $0.key.watcher || copies.session($0.key.user, $0.key.session) != nil }
+        for u in directory.allUserIDs { orphanStrays(u, alive: alive) }
     }
 
     func handOffAll(to ring: HashRing) {
         for u in directory.allUserIDs {
             guard let home = ring.home(ofUser: u) else { continue }
-            fabric.send(ClusterUserRecord(directory.copy(of: u)), to: home)
+            fabric.send(record(of: u), to: home)
         }
     }
 

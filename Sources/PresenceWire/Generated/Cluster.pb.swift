@@ -433,14 +433,16 @@ public struct ClusterSessionRef: ProtoMessage, Sendable, Hashable {
     public var userID: String = ""
     public var gateway: String = ""
     public var withPresence: Bool = false
+    public var orphanMs: UInt64 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false) {
+    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false, orphanMs: UInt64 = 0) {
         self.sessionID = sessionID
         self.userID = userID
         self.gateway = gateway
         self.withPresence = withPresence
+        self.orphanMs = orphanMs
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -467,6 +469,7 @@ extension ClusterSessionRef: CMessageBridge {
         self.userID = try WireCodec.readString(c.pointee.user_id)
         self.gateway = try WireCodec.readString(c.pointee.gateway)
         self.withPresence = c.pointee.with_presence != 0
+        self.orphanMs = c.pointee.orphan_ms
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -475,6 +478,7 @@ extension ClusterSessionRef: CMessageBridge {
         if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
         if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
         c.pointee.with_presence = self.withPresence ? 1 : 0
+        c.pointee.orphan_ms = self.orphanMs
     }
 }
 
@@ -724,14 +728,16 @@ public struct ClusterHomeSession: ProtoMessage, Sendable, Hashable {
     public var gateway: String = ""
     public var channels: [ClusterSessionChannel] = []
     public var watching: [String] = []
+    public var orphanMs: UInt64 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = []) {
+    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = [], orphanMs: UInt64 = 0) {
         self.sessionID = sessionID
         self.gateway = gateway
         self.channels = channels
         self.watching = watching
+        self.orphanMs = orphanMs
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -758,6 +764,7 @@ extension ClusterHomeSession: CMessageBridge {
         self.gateway = try WireCodec.readString(c.pointee.gateway)
         self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterSessionChannel(cStruct: $0!) }
         self.watching = try WireCodec.readArray(c.pointee.watching, c.pointee.n_watching) { try WireCodec.readString($0) }
+        self.orphanMs = c.pointee.orphan_ms
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -766,6 +773,7 @@ extension ClusterHomeSession: CMessageBridge {
         if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
         (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
         (c.pointee.n_watching, c.pointee.watching) = arena.stringArray(self.watching)
+        c.pointee.orphan_ms = self.orphanMs
     }
 }
 
