@@ -13,11 +13,13 @@ import Testing
     static let channels = (0..<8).map { "room-\($0)" }
 
     /// Starts `count` nodes seeded by the first and waits until every one sees all as alive.
-    func cluster(_ count: Int, presenceTimeout: Double = 1.5) async throws -> [TestNode] {
-        let first = try TestNode(presenceTimeout: presenceTimeout, nodeID: "n0")
+    func cluster(_ count: Int, presenceTimeout: Double = 1.5, replicationFactor: Int = 2) async throws -> [TestNode] {
+        let first = try TestNode(presenceTimeout: presenceTimeout, nodeID: "n0", replicationFactor: replicationFactor)
         let seed = HostPort(host: "127.0.0.1", port: first.node.peerPort)
         var nodes = [first]
-        for i in 1..<count { nodes.append(try TestNode(presenceTimeout: presenceTimeout, nodeID: "n\(i)", seeds: [seed])) }
+        for i in 1..<count {
+            nodes.append(try TestNode(presenceTimeout: presenceTimeout, nodeID: "n\(i)", seeds: [seed], replicationFactor: replicationFactor))
+        }
         try await converge(nodes)
         return nodes
     }
@@ -216,8 +218,10 @@ import Testing
         for n in nodes[0...1] { await n.stop() }
     }
 
-    @Test func aJoiningNodeTakesItsChannelsWithTheirStateAndALeavingOneHandsThemOff() async throws {
-        var nodes = try await cluster(2)
+    /// With one copy (no replicas) only the handoff itself can carry the state over.
+    @Test(arguments: [1, 2])
+    func aJoiningNodeTakesItsChannelsWithTheirStateAndALeavingOneHandsThemOff(replicationFactor: Int) async throws {
+        var nodes = try await cluster(2, replicationFactor: replicationFactor)
         let ann = nodes[0].client("ann"), bob = nodes[1].client("bob")
         let inbox = Inbox(ann)
         for c in [ann, bob] { try await c.connect() }
@@ -228,7 +232,7 @@ import Testing
         }
         try await inbox.waitFor(.remoteStateChanged, publisher: "bob", count: Self.channels.count)
         let seed = HostPort(host: "127.0.0.1", port: nodes[0].node.peerPort)
-        nodes.append(try TestNode(presenceTimeout: 1.5, nodeID: "n2", seeds: [seed]))
+        nodes.append(try TestNode(presenceTimeout: 1.5, nodeID: "n2", seeds: [seed], replicationFactor: replicationFactor))
         try await converge(nodes)
         try await waitUntil("n2 owns some channels") { await nodes[2].node.engine.channelCounts().owned > 0 }
         try await expectEveryNodeLists(nodes, ["ann": [:], "bob": ["x": "1"]])
@@ -236,7 +240,7 @@ import Testing
         for ch in Self.channels { try await bob.setState(ch, ["x": "2"]) }
         try await inbox.waitFor(.remoteStateChanged, publisher: "bob", count: 2 * Self.channels.count)
         // n1 (bob's gateway) leaves gracefully: bob's session will time out, but n1's channels are handed off first
-        let owned1 = await nodes[1].node.engine.channelCounts().owned
+        #expect(await nodes[1].node.engine.channelCounts().owned > 0)
         let carol = nodes[2].client("carol")
         try await carol.connect()
         for ch in Self.channels { try await carol.join(ch, withPresence: false) }
@@ -244,7 +248,6 @@ import Testing
         await nodes[1].stop()
         try await converge([nodes[0], nodes[2]])
         try await expectEveryNodeLists([nodes[0], nodes[2]], ["ann": [:], "carol": [:]], within: 8)
-        #expect(owned1 >= 0)
         #expect(!inbox.presence.contains { $0.publisher == "carol" && $0.type != .remoteJoin })
         for c in [ann, carol] { await c.close() }
         await bob.close()
