@@ -45,6 +45,40 @@ import Testing
         await a.stop()
     }
 
+    @Test func badPeerInputGetsAClearErrorAndChangesNothing() async throws {
+        let a = try TestNode(nodeID: "a")
+        let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)
+        let bad: [(ClusterChannelCall, String)] = [
+            (ClusterChannelCall(channelName: "has space", channelType: .message, op: .list), "INVALID_CHANNEL_NAME"),
+            (ClusterChannelCall(channelName: "lobby", channelType: .unspecified, op: .list), "INVALID_CHANNEL_TYPE"),
+            (ClusterChannelCall(channelName: "lobby", channelType: .message, op: .join), "INVALID_SESSION_ID"),
+            (ClusterChannelCall(channelName: "lobby", channelType: .message, op: .join,
+                                session: ClusterSessionRef(sessionID: "zz", userID: "ann", gateway: "a")), "INVALID_SESSION_ID"),
+            (ClusterChannelCall(channelName: "lobby", channelType: .message, op: .join,
+                                session: ClusterSessionRef(sessionID: "00000000000000aa", userID: "a b", gateway: "a")), "INVALID_USER_ID"),
+            (ClusterChannelCall(channelName: "lobby", channelType: .message, op: .unrecognized(99)), "UNKNOWN_OPERATION"),
+        ]
+        for (call, code) in bad {
+            let r = try await peer.unary(PeerPresenceMethods.channel, call)
+            #expect(r.error?.code == code && r.error?.kind == 1, "\(call): \(String(describing: r.error))")
+        }
+        let home = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ok", "not ok"], op: .statuses))
+        #expect(home.error?.code == "INVALID_USER_ID")
+        let watch = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ann"], op: .sessionOpened,
+            session: ClusterSessionRef(sessionID: "00000000000000aa", userID: "ann", gateway: "a"), announce: true, watching: ["b@d id"]))
+        #expect(watch.error?.code == "INVALID_USER_ID")
+        // a push from a node that is not a member is refused; malformed records in a member's push are skipped
+        await expectError(.failedPrecondition, "NOT_A_MEMBER") {
+            _ = try await peer.unary(PeerPresenceMethods.push, ClusterPushBatch(fromNodeID: "stranger"))
+        }
+        // nothing changed
+        let list = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list))
+        #expect(list.error == nil && list.total == 0)
+        #expect(await a.node.engine.sessionCount() == 0)
+        peer.close()
+        await a.stop()
+    }
+
     @Test func aNodeWithoutTheClusterSecretCannotJoin() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
@@ -65,6 +99,12 @@ import Testing
         let peer = GRPCClient(target: seed, group: a.group)
         await expectError(.unauthenticated, "CLUSTER_AUTH") {
             _ = try await peer.unary(MembershipMethods.ping, ClusterPingRequest(fromNodeID: "x", fromAddress: "127.0.0.1:1", sequence: 1))
+        }
+        await expectError(.unauthenticated, "CLUSTER_AUTH") {
+            _ = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list))
+        }
+        await expectError(.unauthenticated, "CLUSTER_AUTH") {
+            _ = try await peer.unary(PeerPresenceMethods.push, ClusterPushBatch(fromNodeID: "good"))
         }
         peer.close()
         for n in [none, bad, good, a] { await n.stop() }

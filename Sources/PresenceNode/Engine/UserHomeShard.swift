@@ -77,6 +77,15 @@ actor UserHomeShard {
         return (id, ref.gateway)
     }
 
+    /// A session's list of watched users, as a peer sent it: every id valid, within the limit.
+    private func watching(_ call: ClusterHomeCall) throws(PresenceError) -> [String] {
+        guard call.watching.count <= Limits.maxWatchedPerSession else {
+            throw PresenceError(.resourceExhausted, "WATCH_LIMIT", "a session may watch at most \(Limits.maxWatchedPerSession) users")
+        }
+        for u in call.watching { _ = try Validate.userID(u, field: "watching") }
+        return call.watching
+    }
+
     private func perform(_ call: ClusterHomeCall, users: [String]) throws(PresenceError) -> ClusterHomeResult {
         var result = ClusterHomeResult()
         guard let user = users.first else { return result }
@@ -87,7 +96,7 @@ actor UserHomeShard {
             if call.announce {
                 var channels: [ChannelKey: Bool] = [:]
                 for c in call.channels { if let k = c.key { channels[k] = c.withPresence } }
-                let record = UserDirectory<String>.SessionRecord(sink: gateway, channels: channels, watching: call.watching)
+                let record = UserDirectory<String>.SessionRecord(sink: gateway, channels: channels, watching: try watching(call))
                 notify(directory.announce(user, session: id, record: record))
             } else {
                 notify(directory.sessionOpened(user, session: id, sink: gateway, initial: call.status))
@@ -118,7 +127,7 @@ actor UserHomeShard {
             replicate([user])
         case .sessionWatching:
             let (id, _) = try session(call)
-            directory.sessionWatching(user, session: id, watching: call.watching)
+            directory.sessionWatching(user, session: id, watching: try watching(call))
             replicate([user])
         case .channels:
             result.channels = directory.channels(of: user).map { ClusterSessionChannel($0, withPresence: false) }
