@@ -33,17 +33,27 @@ public final class Topology: Sendable {
     public var isReady: Bool { state.withLock { $0.ready } }
     public var isAlone: Bool { state.withLock { $0.ring.members.count == 1 } }
 
-    public func owner(of key: ChannelKey) -> String { state.withLock { $0.ring.owner(of: key) } ?? me }
-    public func owners(of key: ChannelKey) -> [String] { state.withLock { $0.ring.owners(of: key, count: replicationFactor) } }
-    public func home(of user: String) -> String { state.withLock { $0.ring.home(ofUser: user) } ?? me }
-    public func homes(of user: String) -> [String] { state.withLock { $0.ring.homes(ofUser: user, count: replicationFactor) } }
+    // A ring of one answers without hashing: a node alone pays nothing for routing.
+    public func owner(of key: ChannelKey) -> String {
+        state.withLock { $0.ring.members.count == 1 ? $0.ring.members[0] : $0.ring.owner(of: key) } ?? me
+    }
+    public func owners(of key: ChannelKey) -> [String] {
+        state.withLock { $0.ring.members.count == 1 ? $0.ring.members : $0.ring.owners(of: key, count: replicationFactor) }
+    }
+    public func home(of user: String) -> String {
+        state.withLock { $0.ring.members.count == 1 ? $0.ring.members[0] : $0.ring.home(ofUser: user) } ?? me
+    }
+    public func homes(of user: String) -> [String] {
+        state.withLock { $0.ring.members.count == 1 ? $0.ring.members : $0.ring.homes(ofUser: user, count: replicationFactor) }
+    }
 
     /// Why this node may not answer for a key it owns right now, or nil when it may.
-    public func notServing(keyHash: UInt64) -> String? {
+    public func notServing(keyHash: @autoclosure () -> UInt64) -> String? {
         state.withLock { s in
+            if s.ready && s.settled && s.ring.members.count == 1 { return nil }
             if !s.ready { return "NOT_READY: this node has not joined the cluster yet" }
             if !s.settled { return "RING_CHANGING: ownership is moving; retry" }
-            if !s.gate.mayServe(keyHash: keyHash, now: MonotonicClock.now()) {
+            if !s.gate.mayServe(keyHash: keyHash(), now: MonotonicClock.now()) {
                 return "HANDOFF_IN_PROGRESS: this key is moving to this node; retry"
             }
             return nil
