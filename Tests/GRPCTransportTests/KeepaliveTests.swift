@@ -44,9 +44,10 @@ import Testing
         let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
         #expect(rc == 0)
         let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + [0, 0, 0, 4, 0, 0, 0, 0, 0] // empty SETTINGS
+        // timed from before the server could have read anything (a slow run may notice the accept late)
+        let t0 = MonotonicClock.now()
         _ = preface.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         try await eventually("server accepted") { h.server.connections == 1 }
-        let t0 = MonotonicClock.now()
         try await eventually("server closed the silent connection", within: 3) { h.server.connections == 0 }
         let elapsed = MonotonicClock.now() - t0
         #expect(elapsed >= 250_000_000) // interval + timeout, not sooner
