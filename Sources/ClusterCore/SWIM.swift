@@ -215,8 +215,12 @@ public enum SWIM {
         /// Lifeguard: max − (max − min)·log(C + 1)/log(K + 1), K = expected confirmations.
         func suspicionDeadline(_ id: String) -> UInt64 {
             guard let s = suspicions[id] else { return .max }
-            let k = Double(max(1, settings.indirectProbes))
-            let c = Double(min(s.confirmations.count, settings.indirectProbes))
+            // Lifeguard's K: the confirmations to expect. No more can come than there are other
+            // live members (a small cluster would otherwise always wait the longest timeout).
+            let others = members.values.filter { $0.status == .alive || $0.status == .suspect }.count - 2
+            let expected = max(1, min(settings.indirectProbes, others))
+            let k = Double(expected)
+            let c = Double(min(s.confirmations.count, expected))
             let span = Double(settings.suspicionMax - settings.suspicionMin)
             let timeout = Double(settings.suspicionMax) - span * log(c + 1) / log(k + 1)
             return s.since + UInt64(max(Double(settings.suspicionMin), timeout))
