@@ -1471,7 +1471,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__call_error__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__call_error__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[12] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[13] =
 {
   {
     "channel_name",
@@ -1617,6 +1617,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "ring_fingerprint",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, ring_fingerprint),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_call__field_indices_by_name[] = {
   8,   /* field[8] = after */
@@ -1628,6 +1640,7 @@ static const unsigned presence__cluster__v1__channel_call__field_indices_by_name
   5,   /* field[5] = items */
   6,   /* field[6] = keys */
   2,   /* field[2] = op */
+  12,   /* field[12] = ring_fingerprint */
   4,   /* field[4] = session */
   11,   /* field[11] = timed_out */
   7,   /* field[7] = user_id */
@@ -1635,7 +1648,7 @@ static const unsigned presence__cluster__v1__channel_call__field_indices_by_name
 static const ProtobufCIntRange presence__cluster__v1__channel_call__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 12 }
+  { 0, 13 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor =
 {
@@ -1645,7 +1658,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor
   "Presence__Cluster__V1__ChannelCall",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelCall),
-  12,
+  13,
   presence__cluster__v1__channel_call__field_descriptors,
   presence__cluster__v1__channel_call__field_indices_by_name,
   1,  presence__cluster__v1__channel_call__number_ranges,
@@ -1922,7 +1935,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor
   (ProtobufCMessageInit) presence__cluster__v1__home_session__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__home_call__field_descriptors[9] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_call__field_descriptors[10] =
 {
   {
     "user_ids",
@@ -2032,6 +2045,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__home_call__field_de
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "ring_fingerprint",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeCall, ring_fingerprint),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__home_call__field_indices_by_name[] = {
   6,   /* field[6] = announce */
@@ -2039,6 +2064,7 @@ static const unsigned presence__cluster__v1__home_call__field_indices_by_name[] 
   7,   /* field[7] = channels */
   2,   /* field[2] = hops */
   1,   /* field[1] = op */
+  9,   /* field[9] = ring_fingerprint */
   3,   /* field[3] = session */
   4,   /* field[4] = status */
   0,   /* field[0] = user_ids */
@@ -2047,7 +2073,7 @@ static const unsigned presence__cluster__v1__home_call__field_indices_by_name[] 
 static const ProtobufCIntRange presence__cluster__v1__home_call__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__home_call__descriptor =
 {
@@ -2057,7 +2083,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_call__descriptor =
   "Presence__Cluster__V1__HomeCall",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__HomeCall),
-  9,
+  10,
   presence__cluster__v1__home_call__field_descriptors,
   presence__cluster__v1__home_call__field_indices_by_name,
   1,  presence__cluster__v1__home_call__number_ranges,

@@ -62,6 +62,9 @@ import Testing
             let r = try await peer.unary(PeerPresenceMethods.channel, call)
             #expect(r.error?.code == code && r.error?.kind == 1, "\(call): \(String(describing: r.error))")
         }
+        // a caller routing by another ring is refused (retryable), so it never reads state it does not expect
+        let stale = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list, ringFingerprint: 42))
+        #expect(stale.error?.kind == 6 && stale.error?.detail.hasPrefix("RING_MISMATCH") == true)
         let home = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ok", "not ok"], op: .statuses))
         #expect(home.error?.code == "INVALID_USER_ID")
         let watch = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ann"], op: .sessionOpened,

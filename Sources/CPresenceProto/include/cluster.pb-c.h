@@ -264,10 +264,15 @@ struct  Presence__Cluster__V1__ChannelCall
    * LEAVE: the session timed out (REMOTE_TIMEOUT).
    */
   protobuf_c_boolean timed_out;
+  /*
+   * The ring the sender routed by (HashRing.fingerprint); an owner with another ring refuses the
+   * call (UNAVAILABLE, retried) rather than answer from state the sender does not expect. 0: unchecked.
+   */
+  uint64_t ring_fingerprint;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_CALL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_call__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
 
 
 struct  Presence__Cluster__V1__ChannelResult
@@ -355,10 +360,14 @@ struct  Presence__Cluster__V1__HomeCall
   Presence__Cluster__V1__SessionChannel **channels;
   size_t n_watching;
   char **watching;
+  /*
+   * As in ChannelCall.
+   */
+  uint64_t ring_fingerprint;
 };
 #define PRESENCE__CLUSTER__V1__HOME_CALL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__home_call__descriptor) \
-    , 0,NULL, PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_UNSPECIFIED, 0, NULL, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, NULL, 0, 0,NULL, 0,NULL }
+    , 0,NULL, PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_UNSPECIFIED, 0, NULL, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, NULL, 0, 0,NULL, 0,NULL, 0 }
 
 
 struct  Presence__Cluster__V1__HomeResult

@@ -11,7 +11,10 @@ public final class Topology: Sendable {
     /// Nodes holding each channel's (and user home's) state, owner included.
     public let replicationFactor: Int
     private struct State {
-        var ring: HashRing
+        var ring: HashRing {
+            didSet { fingerprint = ring.fingerprint }
+        }
+        var fingerprint: UInt64
         var alive: Set<String>
         var gate: HandoffGate
         /// False until this node has joined its seeds (it owns nothing it could answer for).
@@ -25,7 +28,8 @@ public final class Topology: Sendable {
     public init(me: String, replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000, ready: Bool = true) {
         self.me = me
         self.replicationFactor = max(1, replicationFactor)
-        state = Mutex(State(ring: HashRing(members: [me]), alive: [me], gate: HandoffGate(me: me, limit: handoffLimit), ready: ready))
+        let ring = HashRing(members: [me])
+        state = Mutex(State(ring: ring, fingerprint: ring.fingerprint, alive: [me], gate: HandoffGate(me: me, limit: handoffLimit), ready: ready))
     }
 
     public var ring: HashRing { state.withLock { $0.ring } }
@@ -45,6 +49,25 @@ public final class Topology: Sendable {
     }
     public func homes(of user: String) -> [String] {
         state.withLock { $0.ring.members.count == 1 ? $0.ring.members : $0.ring.homes(ofUser: user, count: replicationFactor) }
+    }
+
+    /// A key's owner and the fingerprint of the ring that says so (sent along, for the owner to check).
+    public func route(_ key: ChannelKey) -> (String, UInt64) {
+        state.withLock { ($0.ring.owner(of: key) ?? me, $0.fingerprint) }
+    }
+
+    /// A user's home and the ring's fingerprint.
+    public func route(user: String) -> (String, UInt64) {
+        state.withLock { ($0.ring.home(ofUser: user) ?? me, $0.fingerprint) }
+    }
+
+    /// Why a call routed by the ring with `fingerprint` may not be answered here: the rings differ
+    /// (membership is still converging), or nil.
+    public func ringMismatch(_ fingerprint: UInt64) -> String? {
+        guard fingerprint != 0 else { return nil }
+        return state.withLock { s in
+            s.fingerprint == fingerprint ? nil : "RING_MISMATCH: this node's view of the cluster differs from the caller's; retry"
+        }
     }
 
     /// Why this node may not answer for a key it owns right now, or nil when it may.

@@ -13,6 +13,7 @@ extension PresenceEngine {
     func peerChannel(_ call: ClusterChannelCall) async -> ClusterChannelResult {
         do throws(PresenceError) {
             let key = try Validate.channel(call.channelName, call.channelType)
+            if let why = topology.ringMismatch(call.ringFingerprint) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
             let owner = topology.owner(of: key)
             if owner == topology.me { return try await localChannel(key, call) }
             guard call.hops == 0, let link else {
@@ -33,6 +34,7 @@ extension PresenceEngine {
             guard let first = users.first, users.count <= Limits.maxWatchedPerSession else {
                 throw PresenceError(.invalidArgument, "INVALID_USER_ID", "a home call names 1 to \(Limits.maxWatchedPerSession) users")
             }
+            if let why = topology.ringMismatch(call.ringFingerprint) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
             let home = topology.home(of: first)
             guard users.allSatisfy({ topology.home(of: $0) == home }) else {
                 throw PresenceError(.unavailable, "NOT_OWNER", "these users do not share a home here; retry")

@@ -74,9 +74,11 @@ public final class PresenceEngine: Sendable {
     /// Runs a call at the channel's owner: here, or over the peer link; retried while ownership moves.
     func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
         try await retrying { () async throws(PresenceError) in
-            let owner = topology.owner(of: key)
+            let (owner, fingerprint) = topology.route(key)
             if owner == me { return try await localChannel(key, call) }
             guard let link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(owner)") }
+            var call = call
+            call.ringFingerprint = fingerprint
             return try await link.channel(owner, call)
         }
     }
@@ -84,9 +86,11 @@ public final class PresenceEngine: Sendable {
     /// Runs a call at the users' home (all of `call.userIDs` share it).
     func homeCall(_ home: String, _ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
         try await retrying { () async throws(PresenceError) in
-            let home = call.userIDs.first.map { topology.home(of: $0) } ?? home
+            let (home, fingerprint) = call.userIDs.first.map { topology.route(user: $0) } ?? (home, 0)
             if home == me { return try await localHome(call) }
             guard let link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(home)") }
+            var call = call
+            call.ringFingerprint = fingerprint
             return try await link.home(home, call)
         }
     }

@@ -543,10 +543,11 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
     public var includeState: Bool = false
     public var countOnly: Bool = false
     public var timedOut: Bool = false
+    public var ringFingerprint: UInt64 = 0
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false, ringFingerprint: UInt64 = 0) {
         self.channelName = channelName
         self.channelType = channelType
         self.op = op
@@ -559,6 +560,7 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
         self.includeState = includeState
         self.countOnly = countOnly
         self.timedOut = timedOut
+        self.ringFingerprint = ringFingerprint
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -593,6 +595,7 @@ extension ClusterChannelCall: CMessageBridge {
         self.includeState = c.pointee.include_state != 0
         self.countOnly = c.pointee.count_only != 0
         self.timedOut = c.pointee.timed_out != 0
+        self.ringFingerprint = c.pointee.ring_fingerprint
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -609,6 +612,7 @@ extension ClusterChannelCall: CMessageBridge {
         c.pointee.include_state = self.includeState ? 1 : 0
         c.pointee.count_only = self.countOnly ? 1 : 0
         c.pointee.timed_out = self.timedOut ? 1 : 0
+        c.pointee.ring_fingerprint = self.ringFingerprint
     }
 }
 
@@ -788,10 +792,11 @@ public struct ClusterHomeCall: ProtoMessage, Sendable, Hashable {
     public var announce: Bool = false
     public var channels: [ClusterSessionChannel] = []
     public var watching: [String] = []
+    public var ringFingerprint: UInt64 = 0
 
     public init() {}
 
-    public init(userIDs: [String] = [], op: ClusterHomeOp = ClusterHomeOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, status: UserStatus = UserStatus(rawValue: 0), channel: ClusterSessionChannel? = nil, announce: Bool = false, channels: [ClusterSessionChannel] = [], watching: [String] = []) {
+    public init(userIDs: [String] = [], op: ClusterHomeOp = ClusterHomeOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, status: UserStatus = UserStatus(rawValue: 0), channel: ClusterSessionChannel? = nil, announce: Bool = false, channels: [ClusterSessionChannel] = [], watching: [String] = [], ringFingerprint: UInt64 = 0) {
         self.userIDs = userIDs
         self.op = op
         self.hops = hops
@@ -801,6 +806,7 @@ public struct ClusterHomeCall: ProtoMessage, Sendable, Hashable {
         self.announce = announce
         self.channels = channels
         self.watching = watching
+        self.ringFingerprint = ringFingerprint
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -832,6 +838,7 @@ extension ClusterHomeCall: CMessageBridge {
         self.announce = c.pointee.announce != 0
         self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterSessionChannel(cStruct: $0!) }
         self.watching = try WireCodec.readArray(c.pointee.watching, c.pointee.n_watching) { try WireCodec.readString($0) }
+        self.ringFingerprint = c.pointee.ring_fingerprint
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -845,6 +852,7 @@ extension ClusterHomeCall: CMessageBridge {
         c.pointee.announce = self.announce ? 1 : 0
         (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
         (c.pointee.n_watching, c.pointee.watching) = arena.stringArray(self.watching)
+        c.pointee.ring_fingerprint = self.ringFingerprint
     }
 }
 
