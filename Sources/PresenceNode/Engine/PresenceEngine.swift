@@ -273,11 +273,32 @@ public final class PresenceEngine: Sendable {
     private func endSession(_ s: SessionTable.Session, timedOut: Bool) async {
         for key in s.channels.keys.sorted() {
             gateway.subscriptions.unsubscribe(key, s.id)
-            _ = try? await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave,
-                                                               session: ref(s.id, s.userID), timedOut: timedOut))
+            let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ref(s.id, s.userID), timedOut: timedOut)
+            if (try? await channelCall(key, call)) == nil {
+                keepTrying { () async throws(PresenceError) in _ = try await self.channelCall(key, call) }
+            }
         }
-        _ = try? await homeCall(s.userID, .sessionEnded) { $0.session = ref(s.id, s.userID) }
+        let ended = ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: ref(s.id, s.userID))
+        if (try? await homeCall(topology.home(of: s.userID), ended)) == nil {
+            keepTrying { () async throws(PresenceError) in _ = try await self.homeCall(self.topology.home(of: s.userID), ended) }
+        }
         await unwatch(Array(s.watching), by: s.id, user: s.userID)
+    }
+
+    /// A session's end must reach its owners even if they were unreachable for the whole retry
+    /// window (else a live node would keep a ghost): try again every few seconds, for a while.
+    private func keepTrying(_ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
+        Task {
+            for _ in 0..<10 {
+                try? await Task.sleep(nanoseconds: 3_000_000_000)
+                do {
+                    try await body()
+                    return
+                } catch {
+                    continue
+                }
+            }
+        }
     }
 
     private func unwatch(_ users: [String], by id: SessionID, user: String) async {
@@ -319,7 +340,14 @@ public final class PresenceEngine: Sendable {
         let (user, wasIn) = try gatewayShard(id).left(id, channel: key)
         guard wasIn else { return }
         gateway.subscriptions.unsubscribe(key, id)
-        _ = try await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ref(id, user)))
+        let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ref(id, user))
+        do {
+            _ = try await channelCall(key, call)
+        } catch {
+            // the session has left here; its owner must hear of it later rather than keep a ghost
+            keepTrying { () async throws(PresenceError) in _ = try await self.channelCall(key, call) }
+            throw error
+        }
         _ = try? await homeCall(user, .sessionLeft) { c in
             c.session = ref(id, user)
             c.channel = ClusterSessionChannel(key, withPresence: false)
