@@ -32,6 +32,9 @@ public final class Node: Sendable {
                                     clusterSecret: clusterSecret, settings: SWIM.Settings(probeInterval: UInt64(configuration.probeInterval * 1e9)),
                                     topology: topology, logger: self.logger)
         self.membership = membership
+        let health = self.health
+        health.setJoining(true)
+        topology.onReady { health.setJoining(false) }
         let link = PeerLink(me: configuration.nodeID) { [weak membership] id in membership?.peerClient(for: id) }
         let engine = PresenceEngine(settings: EngineSettings(
             nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,

@@ -45,6 +45,20 @@ import Testing
         await a.stop()
     }
 
+    @Test func aNodeReadsNotServingUntilItJoinsOrStartsAlone() async throws {
+        let silent = try Sockets.listen(on: HostPort(host: "127.0.0.1", port: 0), reusePort: false)  // never answers
+        let port = Sockets.localPort(of: silent)
+        let n = try TestNode(nodeID: "lonely", seeds: [HostPort(host: "127.0.0.1", port: port)])
+        let health = n.raw()
+        let first = try await health.unary(HealthMethods.check, HealthCheckRequest())
+        #expect(first.status == .notServing)
+        // no seed answers: after a while it serves as a cluster of one
+        try await waitUntil("SERVING", within: 8) { try await health.unary(HealthMethods.check, HealthCheckRequest()).status == .serving }
+        health.close()
+        close(silent)
+        await n.stop()
+    }
+
     @Test func badPeerInputGetsAClearErrorAndChangesNothing() async throws {
         let a = try TestNode(nodeID: "a")
         let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)

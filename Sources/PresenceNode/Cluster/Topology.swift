@@ -24,6 +24,7 @@ public final class Topology: Sendable {
         var settled = true
     }
     private let state: Mutex<State>
+    private let readyObserver = Mutex<(@Sendable () -> Void)?>(nil)
 
     public init(me: String, replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000, ready: Bool = true) {
         self.me = me
@@ -101,7 +102,20 @@ public final class Topology: Sendable {
         state.withLock { s in if s.ring.fingerprint == fingerprint { s.settled = true } }
     }
 
-    public func markReady() { state.withLock { $0.ready = true } }
+    public func markReady() {
+        let observer = state.withLock { s -> (@Sendable () -> Void)? in
+            guard !s.ready else { return nil }
+            s.ready = true
+            return readyObserver.withLock { $0 }
+        }
+        observer?()
+    }
+
+    /// Runs `observer` once this node becomes ready (at once if it is).
+    public func onReady(_ observer: @escaping @Sendable () -> Void) {
+        readyObserver.withLock { $0 = observer }
+        if isReady { observer() }
+    }
 
     public func handoffDone(from node: String, fingerprint: UInt64) {
         state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint) }

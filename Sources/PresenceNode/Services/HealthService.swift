@@ -2,16 +2,21 @@ import GRPCTransport
 import PresenceWire
 import Synchronization
 
-/// `grpc.health.v1.Health`: SERVING while the node runs, NOT_SERVING once it starts shutting down.
+/// `grpc.health.v1.Health`: SERVING while the node runs and has joined its cluster (a readiness
+/// probe can wait for it), NOT_SERVING before that and once it starts shutting down.
 public final class HealthService: Sendable {
     private let serving = Atomic<Bool>(true)
+    private let joining = Atomic<Bool>(false)
 
     public init() {}
 
     public func setNotServing() { serving.store(false, ordering: .relaxed) }
 
+    /// While true (a node with seeds that has not joined yet) the node reads NOT_SERVING.
+    public func setJoining(_ joining: Bool) { self.joining.store(joining, ordering: .relaxed) }
+
     private var status: HealthCheckResponse.ServingStatus {
-        serving.load(ordering: .relaxed) ? .serving : .notServing
+        serving.load(ordering: .relaxed) && !joining.load(ordering: .relaxed) ? .serving : .notServing
     }
 
     /// Services this node knows: the whole node ("") and each gRPC service name.
