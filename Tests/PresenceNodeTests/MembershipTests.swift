@@ -45,6 +45,25 @@ import Testing
         await a.stop()
     }
 
+    @Test func aSeedListNamingTheNodeItselfDoesNotMakeAClusterOfOne() async throws {
+        let a = try TestNode(nodeID: "a")
+        // b's seeds name b itself (as a DNS seed list would) before a
+        let bPeer = try Sockets.listen(on: HostPort(host: "127.0.0.1", port: 0), reusePort: false)
+        let bPort = Sockets.localPort(of: bPeer)
+        close(bPeer)
+        var c = NodeConfiguration(nodeID: "b")
+        c.listen = HostPort(host: "127.0.0.1", port: 0)
+        c.peerListen = HostPort(host: "127.0.0.1", port: bPort)
+        c.seeds = [HostPort(host: "localhost", port: bPort), HostPort(host: "127.0.0.1", port: a.node.peerPort)]
+        c.threads = 1
+        c.logLevel = .error
+        let b = try Node(configuration: c)
+        try b.start()
+        try await waitUntil("b joined a", within: 6) { a.node.membership.ring.members == ["a", "b"] && b.membership.ring.members == ["a", "b"] }
+        await b.shutdown(gracePeriod: 200_000_000)
+        await a.stop()
+    }
+
     @Test func aNodeReadsNotServingUntilItJoinsOrStartsAlone() async throws {
         let silent = try Sockets.listen(on: HostPort(host: "127.0.0.1", port: 0), reusePort: false)  // never answers
         let port = Sockets.localPort(of: silent)

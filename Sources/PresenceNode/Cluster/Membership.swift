@@ -293,6 +293,8 @@ public final class Membership: Sendable {
 
     func handleJoin(_ req: ClusterJoinRequest) throws -> ClusterJoinResponse {
         guard let m = req.member, let u = self.update(m) else { throw GRPCStatus(.invalidArgument, "JOIN: no member") }
+        // a seed list may name this node itself (by a DNS name): joining yourself is no join
+        guard u.id != nodeID else { throw GRPCStatus(.failedPrecondition, "JOIN_SELF: \(nodeID) cannot join through itself") }
         let now = MonotonicClock.now()
         carryOut(swim.withLock { $0.receivedJoin(u, now: now) })
         return ClusterJoinResponse(members: swim.withLock { $0.fullState }.map(wire))
