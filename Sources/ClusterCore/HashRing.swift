@@ -80,9 +80,11 @@ public struct HashRing: Sendable, Equatable {
     public func owner(of key: ChannelKey) -> String? { owner(ofHash: StableHash.of(key)) }
     public func owners(of key: ChannelKey, count: Int) -> [String] { owners(ofHash: StableHash.of(key), count: count) }
     /// Owner of a user's home.
-    public func home(ofUser user: String) -> String? { owner(ofHash: StableHash.of("user:" + user)) }
+    public func home(ofUser user: String) -> String? { owner(ofHash: Self.hash(ofUser: user)) }
     /// A user's home first, then the nodes holding copies of it.
-    public func homes(ofUser user: String, count: Int) -> [String] { owners(ofHash: StableHash.of("user:" + user), count: count) }
+    public func homes(ofUser user: String, count: Int) -> [String] { owners(ofHash: Self.hash(ofUser: user), count: count) }
+    /// Where a user sits on the ring (apart from channels, which hash by their key).
+    public static func hash(ofUser user: String) -> UInt64 { StableHash.of("user:" + user) }
 
     /// Identifies the member list: nodes that compute the same ring agree on it.
     public var fingerprint: UInt64 { StableHash.of(members.joined(separator: "\n")) }

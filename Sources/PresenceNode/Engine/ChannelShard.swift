@@ -262,37 +262,32 @@ actor ChannelShard {
     func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) {
         let rf = fabric.topology.replicationFactor
         for (key, m) in channels {
-            let owners = new.owners(of: key, count: rf)
-            if owners.first != me, let newOwner = owners.first {
+            switch RingMove.owned(keyHash: StableHash.of(key), from: old, to: new, me: me, copies: rf) {
+            case .handOff(let newOwner, let keepCopy):
                 for r in fullRecords(m) { fabric.send(r, to: newOwner) }
                 channels[key] = nil
                 intervalChannels.remove(key)
-                if owners.contains(me) { copies[key] = m }
-            } else {
-                let before = Set(old.owners(of: key, count: rf))
-                for r in owners where r != me && !before.contains(r) {
-                    for rec in fullRecords(m) { fabric.send(rec, to: r) }
-                }
+                if keepCopy { copies[key] = m }
+            case .keep(let newReplicas):
+                for r in newReplicas { for rec in fullRecords(m) { fabric.send(rec, to: r) } }
             }
         }
         let now = clock.wallMilliseconds()
         for (key, m) in copies {
-            let owners = new.owners(of: key, count: rf)
-            if owners.first == me {
+            switch RingMove.copy(keyHash: StableHash.of(key), from: old, to: new, me: me, copies: rf) {
+            case .takeOver(let previous, let newReplicas):
                 copies[key] = nil
                 channels[key] = m
                 for (o, deadline) in copyOrphans where o.key == key { orphans.start(o, deadline: deadline) }
-                let previous = old.owner(of: key)
                 if !handedOff.contains(key), previous != me {
                     // the previous owner died: events may have been lost on the way
                     deliver(m.snapshotForAll(now: now), in: m)
                 }
                 if m.isIntervalMode { startTicking(key) }
-                let before = Set(old.owners(of: key, count: rf))
-                for r in owners where r != me && !before.contains(r) {
-                    for rec in fullRecords(m) { fabric.send(rec, to: r) }
-                }
-            } else if !owners.contains(me) {
+                for r in newReplicas { for rec in fullRecords(m) { fabric.send(rec, to: r) } }
+            case .keep:
+                break
+            case .drop:
                 copies[key] = nil
             }
         }

@@ -131,7 +131,7 @@ public final class PresenceEngine: Sendable {
 
     /// A home call this node must answer as the users' home; users are split over shards.
     func localHome(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
-        if let u = call.userIDs.first, let why = topology.notServing(keyHash: StableHash.of("user:" + u)) {
+        if let u = call.userIDs.first, let why = topology.notServing(keyHash: HashRing.hash(ofUser: u)) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
         var groups: [Int: [String]] = [:]

@@ -215,27 +215,27 @@ actor UserHomeShard {
     func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) {
         let rf = fabric.topology.replicationFactor
         for u in directory.allUserIDs {
-            let homes = new.homes(ofUser: u, count: rf)
             let record = record(of: u)
-            if homes.first != me, let newHome = homes.first {
+            switch RingMove.owned(keyHash: HashRing.hash(ofUser: u), from: old, to: new, me: me, copies: rf) {
+            case .handOff(let newHome, let keepCopy):
                 fabric.send(record, to: newHome)
-                if homes.contains(me) { copies.install(directory.copy(of: u)) }
+                if keepCopy { copies.install(directory.copy(of: u)) }
                 directory.remove(u)
-            } else {
-                let before = Set(old.homes(ofUser: u, count: rf))
-                for r in homes where r != me && !before.contains(r) { fabric.send(record, to: r) }
+            case .keep(let newReplicas):
+                for r in newReplicas { fabric.send(record, to: r) }
             }
         }
         for u in copies.allUserIDs {
-            let homes = new.homes(ofUser: u, count: rf)
-            if homes.first == me {
+            switch RingMove.copy(keyHash: HashRing.hash(ofUser: u), from: old, to: new, me: me, copies: rf) {
+            case .takeOver(_, let newReplicas):
                 directory.install(copies.copy(of: u))
                 copies.remove(u)
                 for (o, deadline) in copyOrphans where o.user == u { orphans.start(o, deadline: deadline) }
-                let before = Set(old.homes(ofUser: u, count: rf))
                 let record = record(of: u)
-                for r in homes where r != me && !before.contains(r) { fabric.send(record, to: r) }
-            } else if !homes.contains(me) {
+                for r in newReplicas { fabric.send(record, to: r) }
+            case .keep:
+                break
+            case .drop:
                 copies.remove(u)
             }
         }
