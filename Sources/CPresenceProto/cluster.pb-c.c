@@ -2244,7 +2244,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descripto
   (ProtobufCMessageInit) presence__cluster__v1__member_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[7] =
 {
   {
     "channel_name",
@@ -2318,19 +2318,32 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "handoff",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelRecord, handoff),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_record__field_indices_by_name[] = {
   0,   /* field[0] = channel_name */
   1,   /* field[1] = channel_type */
   5,   /* field[5] = dropped */
   3,   /* field[3] = full */
+  6,   /* field[6] = handoff */
   4,   /* field[4] = members */
   2,   /* field[2] = sequence */
 };
 static const ProtobufCIntRange presence__cluster__v1__channel_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor =
 {
@@ -2340,7 +2353,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descript
   "Presence__Cluster__V1__ChannelRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelRecord),
-  6,
+  7,
   presence__cluster__v1__channel_record__field_descriptors,
   presence__cluster__v1__channel_record__field_indices_by_name,
   1,  presence__cluster__v1__channel_record__number_ranges,

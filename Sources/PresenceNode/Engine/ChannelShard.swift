@@ -79,7 +79,7 @@ actor ChannelShard {
 
     /// A channel's whole state as records, in chunks (the first replaces what the receiver held).
     /// Sessions whose gateway is gone carry the time left before they time out.
-    private func fullRecords(_ m: ChannelMachine<String>) -> [ClusterChannelRecord] {
+    private func fullRecords(_ m: ChannelMachine<String>, handoff: Bool = false) -> [ClusterChannelRecord] {
         let now = clock.monotonicNanoseconds()
         let all = m.copies.map { c -> ClusterMemberRecord in
             var r = ClusterMemberRecord(c)
@@ -94,7 +94,7 @@ actor ChannelShard {
         var i = 0
         repeat {
             out.append(ClusterChannelRecord(channelName: m.key.name, channelType: m.key.type, sequence: m.sequence, full: i == 0,
-                                            members: Array(all[i..<min(all.count, i + 500)])))
+                                            members: Array(all[i..<min(all.count, i + 500)]), handoff: handoff))
             i += 500
         } while i < all.count
         return out
@@ -264,7 +264,7 @@ actor ChannelShard {
         for (key, m) in channels {
             switch RingMove.owned(keyHash: StableHash.of(key), from: old, to: new, me: me, copies: rf) {
             case .handOff(let newOwner, let keepCopy):
-                for r in fullRecords(m) { fabric.send(r, to: newOwner) }
+                for r in fullRecords(m, handoff: true) { fabric.send(r, to: newOwner) }
                 channels[key] = nil
                 intervalChannels.remove(key)
                 if keepCopy { copies[key] = m }
@@ -301,7 +301,7 @@ actor ChannelShard {
     func handOffAll(to ring: HashRing) {
         for (key, m) in channels {
             guard let owner = ring.owner(of: key) else { continue }
-            for r in fullRecords(m) { fabric.send(r, to: owner) }
+            for r in fullRecords(m, handoff: true) { fabric.send(r, to: owner) }
         }
     }
 

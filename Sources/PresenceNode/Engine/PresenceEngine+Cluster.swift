@@ -55,7 +55,7 @@ extension PresenceEngine {
     func peerPush(_ batch: ClusterPushBatch) async {
         for r in batch.channels {
             guard let key = try? Validate.channel(r.channelName, r.channelType) else { continue }
-            await channelShard(key).apply(r, key: key, handoff: r.full && topology.owner(of: key) != batch.fromNodeID)
+            await channelShard(key).apply(r, key: key, handoff: r.handoff)
         }
         for r in batch.users {
             guard (try? Validate.userID(r.userID)) != nil else { continue }
