@@ -70,6 +70,9 @@ public enum SWIM {
         /// Updates carried per message, and how many times each is sent: mult * ceil(log2(n + 1)).
         public var gossipPerMessage = 8
         public var retransmitMultiplier = 3
+        /// Every this many periods, one member believed dead is pinged with what we believe of it, so
+        /// that the two sides of a healed partition (each sure the other is dead) find each other.
+        public var reconnectEvery = 10
 
         public init() {}
 
@@ -105,6 +108,7 @@ public enum SWIM {
         public private(set) var localHealth = 0
         private var probeOrder: [String] = []
         private var probeIndex = 0
+        private var periods = 0
         private var sequence: UInt64 = 0
         private var probes: [UInt64: Probe] = [:]
         private var relays: [UInt64: (requester: String, requesterSequence: UInt64)] = [:]
@@ -255,6 +259,8 @@ public enum SWIM {
         /// The protocol period elapsed: probe the next member.
         public mutating func periodTick(now: UInt64) -> [Directive] {
             var out: [Directive] = []
+            periods += 1
+            if settings.reconnectEvery > 0, periods % settings.reconnectEvery == 0 { reconnect(into: &out) }
             probeOrder.removeAll { members[$0].map { $0.status == .dead || $0.status == .left } ?? true }
             guard !probeOrder.isEmpty else { return out }
             if probeIndex >= probeOrder.count {
@@ -269,6 +275,17 @@ public enum SWIM {
             out.append(.sendPing(to: target, address: t.address, sequence: sequence, gossip: takeGossip()))
             out.append(.scheduleProbeTimeout(sequence: sequence, at: now + settings.probeTimeout * scale))
             return out
+        }
+
+        /// Pings one member believed dead, telling it so (and who we are): if it is alive (a healed
+        /// partition, or a node wrongly declared dead that no one probes any more) it refutes, and
+        /// its ack tells us. Nothing is concluded from silence.
+        private mutating func reconnect(into out: inout [Directive]) {
+            let dead = members.values.filter { $0.status == .dead && $0.id != myself.id }.sorted { $0.id < $1.id }
+            guard !dead.isEmpty else { return }
+            let target = dead[Int(rng.next() % UInt64(dead.count))]
+            sequence += 1
+            out.append(.sendPing(to: target.id, address: target.address, sequence: sequence, gossip: [target, myself] + takeGossip()))
         }
 
         /// A probe's timer fired: after the direct wait, ask others; after the indirect wait, suspect.
@@ -304,7 +321,10 @@ public enum SWIM {
             if members[from] == nil {
                 apply(Update(id: from, address: address, status: .alive, incarnation: 0), from: nil, now: now, into: &out)
             }
-            out.append(.sendAck(to: from, address: address, sequence: seq, gossip: takeGossip()))
+            var reply = takeGossip()
+            // a member we hold dead is talking to us: tell it, so it refutes and we learn it is back
+            if let sender = members[from], sender.status == .dead { reply.append(sender) }
+            out.append(.sendAck(to: from, address: address, sequence: seq, gossip: reply))
             return out
         }
 

@@ -44,6 +44,8 @@ struct Simulation {
     var queue: [(at: UInt64, order: Int, action: Action)] = []
     var order = 0
     var down = Set<String>()
+    /// Side of a network partition each node is on (messages across sides are lost); none: one side.
+    var side: [String: Int] = [:]
     var latency: UInt64 = 500_000           // 0.5 ms, loopback-ish
     var jitter: UInt64 = 0                  // extra random delay, up to this
     var rng = SplitMix64(seed: 7)
@@ -110,6 +112,11 @@ struct Simulation {
                 carryOut(n, ds)
             case .deliver(let to, let m):
                 if down.contains(to) { continue }
+                let sender: String
+                switch m {
+                case .ping(let f, _, _), .ack(let f, _, _), .pingRequest(let f, _, _, _): sender = f
+                }
+                if side[sender, default: 0] != side[to, default: 0] { continue }
                 delivered += 1
                 var ds: [SWIM.Directive]
                 switch m {
@@ -168,6 +175,24 @@ struct Simulation {
         // every node probed every period: 5 nodes x 1,500 periods x (ping + ack)
         #expect(sim.delivered >= 5 * 1_500 * 2)
         for o in ids { #expect(sim.nodes[o]!.liveMembers.count == 4) }
+    }
+
+    @Test func aHealedPartitionMergesBack() {
+        let ids = ["a", "b", "c", "d", "e"]
+        var sim = Simulation(ids: ids)
+        sim.run(for: 500 * ms)
+        sim.side = ["d": 1, "e": 1]  // {a, b, c} | {d, e}
+        sim.run(for: 4_000 * ms)
+        #expect(sim.status(of: "d", seenBy: "a") == .dead && sim.status(of: "a", seenBy: "d") == .dead)
+        sim.side = [:]
+        let healed = sim.now
+        sim.run(for: 10_000 * ms)
+        for o in ids {
+            for m in ids where m != o { #expect(sim.status(of: m, seenBy: o) == .alive, "\(o) sees \(m) as \(String(describing: sim.status(of: m, seenBy: o)))") }
+        }
+        let back = sim.firstSeen("d", .alive, after: healed)
+        #expect(back.count == 3, "\(back)")
+        if let last = back.values.max() { #expect(last - healed <= 6_000 * ms, "took \(Double(last - healed) / 1e6) ms") }
     }
 
     @Test func aSuspectedNodeRefutesWithAHigherIncarnation() {
