@@ -2180,7 +2180,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_result__descriptor 
   (ProtobufCMessageInit) presence__cluster__v1__home_result__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__member_record__field_descriptors[3] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__member_record__field_descriptors[4] =
 {
   {
     "user_id",
@@ -2218,16 +2218,29 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__member_record__fiel
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "state_at_ms",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__MemberRecord, state_at_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__member_record__field_indices_by_name[] = {
   1,   /* field[1] = sessions */
   2,   /* field[2] = state */
+  3,   /* field[3] = state_at_ms */
   0,   /* field[0] = user_id */
 };
 static const ProtobufCIntRange presence__cluster__v1__member_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descriptor =
 {
@@ -2237,7 +2250,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descripto
   "Presence__Cluster__V1__MemberRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__MemberRecord),
-  3,
+  4,
   presence__cluster__v1__member_record__field_descriptors,
   presence__cluster__v1__member_record__field_indices_by_name,
   1,  presence__cluster__v1__member_record__number_ranges,

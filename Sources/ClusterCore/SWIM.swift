@@ -172,9 +172,13 @@ public enum SWIM {
         private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive]) {
             if u.id == myself.id {
                 // Someone thinks we are suspect or dead: refute with a higher incarnation.
-                if (u.status == .suspect || u.status == .dead) && u.incarnation >= myself.incarnation && myself.status == .alive {
-                    myself.incarnation = u.incarnation + 1
-                    members[myself.id] = myself
+                if (u.status == .suspect || u.status == .dead) && myself.status == .alive {
+                    if u.incarnation >= myself.incarnation {
+                        myself.incarnation = u.incarnation + 1
+                        members[myself.id] = myself
+                    }
+                    // refute, or repeat an earlier refutation to a node that missed it (its
+                    // gossip may have been lost with a connection): our reply carries it
                     enqueue(myself)
                 }
                 return

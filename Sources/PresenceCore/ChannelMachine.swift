@@ -26,6 +26,9 @@ public struct ChannelMachine<Sink: Hashable> {
     struct Member {
         var sessions: SessionList
         var state: StateItems
+        /// When the state last changed (wall ms; 0: never set). Decides between two versions of a
+        /// user after a partition (the later change wins).
+        var stateAt: Int64 = 0
     }
 
     enum Mode: Equatable { case realtime, interval }
@@ -70,6 +73,7 @@ public struct ChannelMachine<Sink: Hashable> {
                 var changed = false
                 if !pendingState.isEmpty, m.state.countAfterMerging(pendingState) <= Limits.maxStateKeys {
                     changed = m.state.merge(pendingState)
+                    if changed { m.stateAt = now }
                 }
                 members[user] = m
                 if changed { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
@@ -77,7 +81,7 @@ public struct ChannelMachine<Sink: Hashable> {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            members[user] = Member(sessions: SessionList(session), state: state)
+            members[user] = Member(sessions: SessionList(session), state: state, stateAt: state.isEmpty ? 0 : now)
             let at = insertionIndex(for: user)
             order.insert(user, at: at)
             updateMode(now: now, into: &out)
@@ -164,6 +168,7 @@ public struct ChannelMachine<Sink: Hashable> {
             throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
         }
         guard m.state.merge(items) else { return [] }
+        m.stateAt = now
         members[user] = m
         var out: [Delivery] = []
         emit(.remoteStateChanged, user: user, except: session, now: now, into: &out)
@@ -173,6 +178,7 @@ public struct ChannelMachine<Sink: Hashable> {
     /// Removes state keys (all when `keys` is empty).
     public mutating func removeState(user: String, session: SessionID, keys: [String], now: Int64) -> [Delivery] {
         guard var m = members[user], m.sessions.contains(session), m.state.remove(keys) else { return [] }
+        m.stateAt = now
         members[user] = m
         var out: [Delivery] = []
         emit(.remoteStateChanged, user: user, except: session, now: now, into: &out)
@@ -201,7 +207,7 @@ public struct ChannelMachine<Sink: Hashable> {
         let sessions = m.sessions.all.compactMap { s in
             sink(of: s).map { MemberCopy<Sink>.Session(id: s, sink: $0, withPresence: subscribers[s] != nil) }
         }
-        return MemberCopy(userID: user, sessions: sessions, state: m.state.items)
+        return MemberCopy(userID: user, sessions: sessions, state: m.state.items, stateAt: m.stateAt)
     }
 
     /// Every user's record, in id order.
@@ -225,9 +231,29 @@ public struct ChannelMachine<Sink: Hashable> {
                 place(s.id, at: s.sink, withPresence: s.withPresence)
             }
             if members[copy.userID] == nil { order.insert(copy.userID, at: insertionIndex(for: copy.userID)) }
-            members[copy.userID] = Member(sessions: list, state: StateItems(copy.state))
+            members[copy.userID] = Member(sessions: list, state: StateItems(copy.state), stateAt: copy.stateAt)
         }
         mode = occupancy > maxInstantEvents ? .interval : .realtime
+    }
+
+    /// Merges another version of a user's record into this one, silently (a channel handed over
+    /// after a partition, when each side kept its own version): sessions are the union (where a
+    /// session lives, this version says), and the state is the one changed last.
+    public mutating func merge(_ copy: MemberCopy<Sink>) {
+        guard let m = members[copy.userID] else {
+            if !copy.sessions.isEmpty { install(copy) }
+            return
+        }
+        var merged = MemberCopy<Sink>(userID: copy.userID, sessions: [], state: m.state.items, stateAt: m.stateAt)
+        for s in m.sessions.all {
+            if let sink = sink(of: s) { merged.sessions.append(.init(id: s, sink: sink, withPresence: subscribers[s] != nil)) }
+        }
+        for s in copy.sessions where !m.sessions.contains(s.id) { merged.sessions.append(s) }
+        if copy.stateAt > m.stateAt {
+            merged.state = copy.state
+            merged.stateAt = copy.stateAt
+        }
+        install(merged)
     }
 
     /// Keeps the event sequence going from where the previous owner left it.
@@ -327,10 +353,13 @@ public struct MemberCopy<Sink: Hashable>: Equatable {
     public var userID: String
     public var sessions: [Session]
     public var state: [StateItem]
-    public init(userID: String, sessions: [Session], state: [StateItem]) {
+    /// When the state last changed (wall ms; 0: never set).
+    public var stateAt: Int64
+    public init(userID: String, sessions: [Session], state: [StateItem], stateAt: Int64 = 0) {
         self.userID = userID
         self.sessions = sessions
         self.state = state
+        self.stateAt = stateAt
     }
 }
 

@@ -176,6 +176,19 @@ public struct UserDirectory<Sink: Hashable> {
         dropIfIdle(copy.userID)
     }
 
+    /// Merges another version of a user's record (each side of a partition kept one): sessions and
+    /// watchers are the union (this version wins where both have one), the chosen status stays.
+    public mutating func merge(_ copy: UserCopy) {
+        guard var u = users[copy.userID] else {
+            install(copy)
+            return
+        }
+        u.sessions.merge(copy.sessions) { mine, _ in mine }
+        u.watchers.merge(copy.watchers) { mine, _ in mine }
+        u.everOpened = u.everOpened || copy.everOpened
+        users[copy.userID] = u
+    }
+
     public mutating func remove(_ userID: String) { users[userID] = nil }
 
     /// Forget users that hold nothing: never opened here, watched by nobody.

@@ -45,8 +45,13 @@ public final class Node: Sendable {
         let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing, Set<String>).self)
         membership.onRingChange { old, new, alive in queue.yield((old, new, alive)) }
         membership.onRefute {
-            let ring = topology.ring
-            engine.reannounce(from: HashRing(members: []), to: ring)  // everything, to every owner
+            // others may have timed this node's sessions out: announce everything, to every owner,
+            // now and again once the rings have settled
+            engine.reannounce(from: HashRing(members: []), to: topology.ring)
+            Task {
+                try? await Task.sleep(nanoseconds: 2_000_000_000)
+                engine.reannounce(from: HashRing(members: []), to: topology.ring)
+            }
         }
         ringChanges = queue
         let log = self.logger

@@ -46,6 +46,8 @@ struct Simulation {
     var down = Set<String>()
     /// Side of a network partition each node is on (messages across sides are lost); none: one side.
     var side: [String: Int] = [:]
+    /// Nodes whose messages are all lost (one-way loss: they still hear others).
+    var mute = Set<String>()
     var latency: UInt64 = 500_000           // 0.5 ms, loopback-ish
     var jitter: UInt64 = 0                  // extra random delay, up to this
     var rng = SplitMix64(seed: 7)
@@ -116,7 +118,7 @@ struct Simulation {
                 switch m {
                 case .ping(let f, _, _), .ack(let f, _, _), .pingRequest(let f, _, _, _): sender = f
                 }
-                if side[sender, default: 0] != side[to, default: 0] { continue }
+                if side[sender, default: 0] != side[to, default: 0] || mute.contains(sender) { continue }
                 delivered += 1
                 var ds: [SWIM.Directive]
                 switch m {
@@ -193,6 +195,30 @@ struct Simulation {
         let back = sim.firstSeen("d", .alive, after: healed)
         #expect(back.count == 3, "\(back)")
         if let last = back.values.max() { #expect(last - healed <= 6_000 * ms, "took \(Double(last - healed) / 1e6) ms") }
+    }
+
+    /// The node cut off refutes while its own messages are still being lost (a connection that
+    /// died with its gossip): it must repeat the refutation to whoever still accuses it.
+    @Test func aRefutationLostOnTheWayIsRepeated() {
+        let ids = ["a", "b", "c"]
+        var sim = Simulation(ids: ids)
+        sim.run(for: 500 * ms)
+        sim.side = ["c": 1]
+        sim.run(for: 4_000 * ms)
+        sim.side = [:]
+        sim.mute = ["c"]
+        sim.run(for: 15_000 * ms)  // c hears the others, refutes, but nothing it says arrives
+        #expect(sim.nodes["c"]!.myself.incarnation >= 1)
+        // meanwhile c learnt (from someone) that a and b are alive: it has no one left to reconnect to
+        let ds = sim.nodes["c"]!.merge([U(id: "a", address: "a", status: .alive, incarnation: 5), U(id: "b", address: "b", status: .alive, incarnation: 5)],
+                                       from: nil, now: sim.now)
+        sim.carryOut("c", ds)
+        sim.run(for: 5_000 * ms)  // still muted: c's gossip about itself is used up on lost messages
+        sim.mute = []
+        sim.run(for: 10_000 * ms)
+        for o in ids {
+            for m in ids where m != o { #expect(sim.status(of: m, seenBy: o) == .alive, "\(o) sees \(m) as \(String(describing: sim.status(of: m, seenBy: o)))") }
+        }
     }
 
     @Test func aSuspectedNodeRefutesWithAHigherIncarnation() {

@@ -103,10 +103,14 @@ import Testing
         let watch = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ann"], op: .sessionOpened,
             session: ClusterSessionRef(sessionID: "00000000000000aa", userID: "ann", gateway: "a"), announce: true, watching: ["b@d id"]))
         #expect(watch.error?.code == "INVALID_USER_ID")
-        // a push from a node that is not a member is refused; malformed records in a member's push are skipped
-        await expectError(.failedPrecondition, "NOT_A_MEMBER") {
-            _ = try await peer.unary(PeerPresenceMethods.push, ClusterPushBatch(fromNodeID: "stranger"))
-        }
+        // malformed records and deliveries in a push are skipped
+        var junk = ClusterPushBatch(fromNodeID: "x")
+        junk.channels = [ClusterChannelRecord(channelName: "bad name", channelType: .message, full: true),
+                         ClusterChannelRecord(channelName: "lobby", channelType: .message,
+                                              members: [ClusterMemberRecord(userID: "no such id!", sessions: [ClusterSessionRef(sessionID: "zz", gateway: "x")])])]
+        junk.deliveries = [ClusterDelivery(channelName: "lobby", channelType: .message, toSessions: ["not-a-session"], framed: [1, 2, 3])]
+        junk.announces = [ClusterChannelCall(channelName: "lobby", channelType: .message, op: .announce)]
+        _ = try await peer.unary(PeerPresenceMethods.push, junk)
         // nothing changed
         let list = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list))
         #expect(list.error == nil && list.total == 0)

@@ -400,10 +400,14 @@ struct  Presence__Cluster__V1__MemberRecord
   Presence__Cluster__V1__SessionRef **sessions;
   size_t n_state;
   Presence__V1__StateItem **state;
+  /*
+   * When the state last changed (wall ms; 0: never set): after a partition the later change wins.
+   */
+  int64_t state_at_ms;
 };
 #define PRESENCE__CLUSTER__V1__MEMBER_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__member_record__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0 }
 
 
 /*

@@ -8,7 +8,7 @@ extension ClusterMemberRecord {
     init(_ c: MemberCopy<String>) {
         self.init(userID: c.userID,
                   sessions: c.sessions.map { ClusterSessionRef(sessionID: $0.id.description, userID: c.userID, gateway: $0.sink, withPresence: $0.withPresence) },
-                  state: c.state)
+                  state: c.state, stateAtMs: c.stateAt)
     }
 
     var copy: MemberCopy<String>? {
@@ -18,7 +18,7 @@ extension ClusterMemberRecord {
             return MemberCopy<String>.Session(id: id, sink: s.gateway, withPresence: s.withPresence)
         }
         let state = (try? Validate.stateItems(self.state)) ?? []
-        return MemberCopy(userID: user, sessions: sessions, state: state)
+        return MemberCopy(userID: user, sessions: sessions, state: state, stateAt: stateAtMs)
     }
 }
 

@@ -100,6 +100,13 @@ actor ChannelShard {
         return out
     }
 
+    /// Whether no live gateway holds this session: its gateway is gone, or it is this node and
+    /// this node does not know it.
+    private func isStray(_ session: String, at gateway: String) -> Bool {
+        if gateway == me { return SessionID(text: session).map { fabric.gateway.shard($0).outbox($0) == nil } ?? true }
+        return !fabric.topology.alive.contains(gateway)
+    }
+
     /// Starts timers for this channel's sessions that no live gateway holds: their gateway died
     /// or left, or it is this node and it does not know them (they are from before a restart).
     private func orphanStrays(_ key: ChannelKey, alive: Set<String>) {
@@ -228,6 +235,9 @@ actor ChannelShard {
     /// ring already makes this node the owner, it is merged into the channel served here.
     func apply(_ record: ClusterChannelRecord, key: ChannelKey, handoff: Bool) {
         let owned = channels[key] != nil || fabric.topology.owner(of: key) == me
+        // a record reaching a channel this node already serves is another version of it (each
+        // side of a partition kept one): merged, never simply replacing what is here
+        let merging = channels[key] != nil
         var m = (owned ? channels[key] : copies[key]) ?? ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
         if record.full && !owned {
             m = ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
@@ -235,8 +245,9 @@ actor ChannelShard {
         let now = clock.monotonicNanoseconds()
         for r in record.members {
             guard let c = r.copy else { continue }
-            m.install(c)
-            for s in r.sessions where s.orphanMs > 0 {
+            if merging { m.merge(c) } else { m.install(c) }
+            // the sender's clock runs on only for gateways this node also sees gone (its own view decides)
+            for s in r.sessions where s.orphanMs > 0 && isStray(s.sessionID, at: s.gateway) {
                 guard let id = SessionID(text: s.sessionID) else { continue }
                 let o = Orphan(key: key, user: c.userID, session: id)
                 let deadline = now + min(s.orphanMs, presenceTimeout / 1_000_000) * 1_000_000
@@ -278,7 +289,9 @@ actor ChannelShard {
             case .takeOver(let previous, let newReplicas):
                 copies[key] = nil
                 channels[key] = m
-                for (o, deadline) in copyOrphans where o.key == key { orphans.start(o, deadline: deadline) }
+                for (o, deadline) in copyOrphans where o.key == key && isStray(o.session.description, at: m.sink(of: o.session) ?? me) {
+                    orphans.start(o, deadline: deadline)
+                }
                 if !handedOff.contains(key), previous != me {
                     // the previous owner died: events may have been lost on the way
                     deliver(m.snapshotForAll(now: now), in: m)

@@ -64,7 +64,7 @@ extension PresenceEngine {
         for a in batch.announces {
             guard let key = try? Validate.channel(a.channelName, a.channelType) else { continue }
             if topology.owner(of: key) == topology.me {
-                _ = try? await localChannel(key, a)
+                announceHere { () async throws(PresenceError) in _ = try await self.localChannel(key, a) }
             } else if a.hops == 0 {
                 var f = a
                 f.hops = 1
@@ -74,7 +74,7 @@ extension PresenceEngine {
         for a in batch.homeAnnounces {
             guard let u = a.userIDs.first, (try? Validate.userID(u)) != nil else { continue }
             if topology.home(of: u) == topology.me {
-                _ = try? await localHome(a)
+                announceHere { () async throws(PresenceError) in _ = try await self.localHome(a) }
             } else if a.hops == 0 {
                 var f = a
                 f.hops = 1
@@ -103,6 +103,38 @@ extension PresenceEngine {
         }
         for node in old.members where !new.members.contains(node) { link.forget(node) }
         reannounce(from: old, to: new)
+        // and once more when the ring has settled, relative to the ring before this burst of changes:
+        // owners that had not caught up yet may have dropped or misrouted the first announces
+        let first = settleRound.withLock { r -> Bool in
+            if r.base == nil {
+                r.base = old
+                return true
+            }
+            return false
+        }
+        guard first else { return }
+        Task { [self] in
+            try? await Task.sleep(nanoseconds: 2_000_000_000)
+            if let base = settleRound.withLock({ r -> HashRing? in defer { r.base = nil }; return r.base }) {
+                reannounce(from: base, to: topology.ring)
+            }
+        }
+    }
+
+    /// Applies an announce this node owns; while it may not serve yet (ring change, handoff in
+    /// progress) the announce waits and tries again, up to a few seconds, instead of being lost.
+    func announceHere(_ apply: @escaping @Sendable () async throws(PresenceError) -> Void) {
+        Task {
+            for _ in 0..<20 {
+                do throws(PresenceError) {
+                    try await apply()
+                    return
+                } catch {
+                    guard error.kind == .unavailable else { return }
+                    try? await Task.sleep(nanoseconds: 250_000_000)
+                }
+            }
+        }
     }
 
     /// Anti-entropy: for every session here, tell the new owner of each of its channels and its
@@ -118,7 +150,7 @@ extension PresenceEngine {
                                                   session: ClusterSessionRef(sessionID: s.id.description, userID: s.userID, gateway: me, withPresence: withPresence))
                     if owner == me {
                         let engine = self
-                        Task { _ = try? await engine.localChannel(key, call) }
+                        engine.announceHere { () async throws(PresenceError) in _ = try await engine.localChannel(key, call) }
                     } else {
                         link.push(to: owner) { $0.announces.append(call) }
                     }
@@ -141,7 +173,7 @@ extension PresenceEngine {
     private func push(_ call: ClusterHomeCall, to home: String) {
         if home == topology.me {
             let engine = self
-            Task { _ = try? await engine.localHome(call) }
+            engine.announceHere { () async throws(PresenceError) in _ = try await engine.localHome(call) }
         } else {
             link?.push(to: home) { $0.homeAnnounces.append(call) }
         }

@@ -2,6 +2,7 @@ import ClusterCore
 import EventLoop
 import PresenceCore
 import PresenceWire
+import Synchronization
 
 /// Settings of the presence engine.
 public struct EngineSettings: Sendable {
@@ -36,6 +37,8 @@ public final class PresenceEngine: Sendable {
     let gateway: LocalGateway
     let channelShards: [ChannelShard]
     let userHomes: [UserHomeShard]
+    /// The ring before the current burst of ring changes, until its settling re-announce has run.
+    let settleRound = Mutex<(base: HashRing?, unused: Void)>((nil, ()))
     private var me: String { settings.nodeID }
 
     /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count). Without a

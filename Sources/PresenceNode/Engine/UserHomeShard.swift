@@ -183,15 +183,16 @@ actor UserHomeShard {
         guard let c = record.copy else { return }
         let home = fabric.topology.home(of: c.userID) == me
         let now = clock.monotonicNanoseconds()
-        let timers = record.sessions.map { ($0.sessionID, $0.orphanMs, false) } + record.watchers.map { ($0.sessionID, $0.orphanMs, true) }
-        for (text, ms, watcher) in timers where ms > 0 {
+        let timers = record.sessions.map { ($0.sessionID, $0.gateway, $0.orphanMs, false) } + record.watchers.map { ($0.sessionID, $0.gateway, $0.orphanMs, true) }
+        // the sender's clock runs on only for gateways this node also sees gone (its own view decides)
+        for (text, gateway, ms, watcher) in timers where ms > 0 && isStray(text, at: gateway) {
             guard let id = SessionID(text: text) else { continue }
             let o = Orphan(user: c.userID, session: id, watcher: watcher)
             let deadline = now + min(ms, presenceTimeout / 1_000_000) * 1_000_000
             if home { orphans.start(o, deadline: deadline) } else { copyOrphans[o] = deadline }
         }
         if home {
-            directory.install(c)  // a handoff reaching a home already serving the user
+            directory.merge(c)  // another version of a user this home serves (after a partition): merged
             replicate([c.userID])
             orphanStrays(c.userID, alive: fabric.topology.alive)
         } else {
@@ -199,16 +200,19 @@ actor UserHomeShard {
         }
     }
 
+    /// Whether no live gateway holds this session (see `ChannelShard`).
+    private func isStray(_ session: String, at gateway: String) -> Bool {
+        if gateway == me { return SessionID(text: session).map { fabric.gateway.shard($0).outbox($0) == nil } ?? true }
+        return !fabric.topology.alive.contains(gateway)
+    }
+
     /// Starts timers for the user's sessions and watchers that no live gateway holds (their
     /// gateway died or left, or it is this node and it does not know them: from before a restart).
     private func orphanStrays(_ user: String, alive: Set<String>) {
         let c = directory.copy(of: user)
         let deadline = clock.monotonicNanoseconds() + presenceTimeout
-        func stray(_ id: SessionID, _ sink: String) -> Bool {
-            !alive.contains(sink) || (sink == me && fabric.gateway.shard(id).outbox(id) == nil)
-        }
-        for (id, r) in c.sessions where stray(id, r.sink) { orphans.start(Orphan(user: user, session: id, watcher: false), deadline: deadline) }
-        for (id, sink) in c.watchers where stray(id, sink) { orphans.start(Orphan(user: user, session: id, watcher: true), deadline: deadline) }
+        for (id, r) in c.sessions where isStray(id.description, at: r.sink) { orphans.start(Orphan(user: user, session: id, watcher: false), deadline: deadline) }
+        for (id, sink) in c.watchers where isStray(id.description, at: sink) { orphans.start(Orphan(user: user, session: id, watcher: true), deadline: deadline) }
         if !orphans.isEmpty { startSweeping() }
     }
 
@@ -230,7 +234,11 @@ actor UserHomeShard {
             case .takeOver(_, let newReplicas):
                 directory.install(copies.copy(of: u))
                 copies.remove(u)
-                for (o, deadline) in copyOrphans where o.user == u { orphans.start(o, deadline: deadline) }
+                let c = directory.copy(of: u)
+                for (o, deadline) in copyOrphans where o.user == u {
+                    let gateway = o.watcher ? c.watchers[o.session] : c.sessions[o.session]?.sink
+                    if let gateway, isStray(o.session.description, at: gateway) { orphans.start(o, deadline: deadline) }
+                }
                 let record = record(of: u)
                 for r in newReplicas { fabric.send(record, to: r) }
             case .keep:

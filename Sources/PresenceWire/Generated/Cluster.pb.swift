@@ -916,13 +916,15 @@ public struct ClusterMemberRecord: ProtoMessage, Sendable, Hashable {
     public var userID: String = ""
     public var sessions: [ClusterSessionRef] = []
     public var state: [StateItem] = []
+    public var stateAtMs: Int64 = 0
 
     public init() {}
 
-    public init(userID: String = "", sessions: [ClusterSessionRef] = [], state: [StateItem] = []) {
+    public init(userID: String = "", sessions: [ClusterSessionRef] = [], state: [StateItem] = [], stateAtMs: Int64 = 0) {
         self.userID = userID
         self.sessions = sessions
         self.state = state
+        self.stateAtMs = stateAtMs
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -948,6 +950,7 @@ extension ClusterMemberRecord: CMessageBridge {
         self.userID = try WireCodec.readString(c.pointee.user_id)
         self.sessions = try WireCodec.readArray(c.pointee.sessions, c.pointee.n_sessions) { try ClusterSessionRef(cStruct: $0!) }
         self.state = try WireCodec.readArray(c.pointee.state, c.pointee.n_state) { try StateItem(cStruct: $0!) }
+        self.stateAtMs = c.pointee.state_at_ms
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -955,6 +958,7 @@ extension ClusterMemberRecord: CMessageBridge {
         if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
         (c.pointee.n_sessions, c.pointee.sessions) = arena.messageArray(self.sessions)
         (c.pointee.n_state, c.pointee.state) = arena.messageArray(self.state)
+        c.pointee.state_at_ms = self.stateAtMs
     }
 }
 
