@@ -105,17 +105,15 @@ extension PresenceEngine {
         reannounce(from: old, to: new)
         // and once more when the ring has settled, relative to the ring before this burst of changes:
         // owners that had not caught up yet may have dropped or misrouted the first announces
-        let first = settleRound.withLock { r -> Bool in
-            if r.base == nil {
-                r.base = old
-                return true
-            }
-            return false
+        let first = settleBase.withLock { base -> Bool in
+            guard base == nil else { return false }
+            base = old
+            return true
         }
         guard first else { return }
         Task { [self] in
             try? await Task.sleep(nanoseconds: 2_000_000_000)
-            if let base = settleRound.withLock({ r -> HashRing? in defer { r.base = nil }; return r.base }) {
+            if let base = settleBase.withLock({ b -> HashRing? in defer { b = nil }; return b }) {
                 reannounce(from: base, to: topology.ring)
             }
         }

@@ -38,7 +38,7 @@ public final class PresenceEngine: Sendable {
     let channelShards: [ChannelShard]
     let userHomes: [UserHomeShard]
     /// The ring before the current burst of ring changes, until its settling re-announce has run.
-    let settleRound = Mutex<(base: HashRing?, unused: Void)>((nil, ()))
+    let settleBase = Mutex<HashRing?>(nil)
     private var me: String { settings.nodeID }
 
     /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count). Without a
