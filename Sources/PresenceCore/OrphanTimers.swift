@@ -20,6 +20,12 @@ public struct OrphanTimers<Key: Hashable>: Sendable where Key: Sendable {
 
     public func contains(_ key: Key) -> Bool { deadlines[key] != nil }
     public func deadline(_ key: Key) -> UInt64? { deadlines[key] }
+    public var keys: [Key] { Array(deadlines.keys) }
+
+    /// Moves a running timer's deadline later (never earlier).
+    public mutating func postpone(_ key: Key, to deadline: UInt64) {
+        if let d = deadlines[key], d < deadline { deadlines[key] = deadline }
+    }
 
     /// Keys whose deadline has passed, removed.
     public mutating func due(now: UInt64) -> [Key] {

@@ -164,6 +164,16 @@ let sec: UInt64 = 1_000_000_000
         t.cancel("b")
         #expect(t.due(now: 1_000).isEmpty && t.isEmpty)
     }
+
+    @Test func postponingOnlyMovesARunningTimerLater() {
+        var t = OrphanTimers<String>()
+        t.start("a", deadline: 100)
+        t.postpone("a", to: 50)    // never earlier
+        t.postpone("b", to: 500)   // not running: nothing starts
+        #expect(t.deadline("a") == 100 && t.deadline("b") == nil)
+        t.postpone("a", to: 300)
+        #expect(t.due(now: 200).isEmpty && t.due(now: 300) == ["a"])
+    }
 }
 
 @Suite struct ValidationTests {

@@ -250,6 +250,11 @@ public final class Membership: Sendable {
                 }
             case .memberChanged(let u):
                 logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation)])
+                if u.status == .dead || u.status == .left {
+                    // its connection may be stuck in TCP retransmission (a partition): if it comes
+                    // back, talk to it over a fresh one
+                    clients.withLock { $0.removeValue(forKey: u.address) }?.close()
+                }
                 updateRing()
             }
         }

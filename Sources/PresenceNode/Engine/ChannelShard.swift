@@ -31,6 +31,8 @@ actor ChannelShard {
         let session: SessionID
     }
     private var orphans = OrphanTimers<Orphan>()
+    /// How long an orphan may still wait once its gateway is back on the ring.
+    static let rejoinGrace: UInt64 = 2_000_000_000
     /// Orphan deadlines that came with replica copies, started if this node takes the channel over.
     private var copyOrphans: [Orphan: UInt64] = [:]
     /// Replica copies sent by the call being handled: the call answers once they arrived.
@@ -308,6 +310,12 @@ actor ChannelShard {
         copyOrphans = copyOrphans.filter { copies[$0.key.key] != nil }
         // sessions whose gateway is gone time out unless resumed elsewhere
         for key in channels.keys { orphanStrays(key, alive: alive) }
+        // a gateway believed dead is back (a partition healed, a false death): give its
+        // re-announce time to arrive before its sessions time out (if it restarted, they still do)
+        let grace = clock.monotonicNanoseconds() + Self.rejoinGrace
+        for o in orphans.keys {
+            if let sink = channels[o.key]?.sink(of: o.session), sink != me, alive.contains(sink) { orphans.postpone(o, to: grace) }
+        }
     }
 
     /// Hands every channel to the node that owns it once this node is gone (graceful leave).

@@ -250,6 +250,13 @@ actor UserHomeShard {
         // keep the deadlines of copies still held (watchers are few; they go with their user)
         copyOrphans = copyOrphans.filter { $0.key.watcher || copies.session($0.key.user, $0.key.session) != nil }
         for u in directory.allUserIDs { orphanStrays(u, alive: alive) }
+        // a gateway believed dead is back: give its re-announce time to arrive (see ChannelShard)
+        let grace = clock.monotonicNanoseconds() + ChannelShard.rejoinGrace
+        for o in orphans.keys {
+            let c = directory.copy(of: o.user)
+            let sink = o.watcher ? c.watchers[o.session] : c.sessions[o.session]?.sink
+            if let sink, sink != me, alive.contains(sink) { orphans.postpone(o, to: grace) }
+        }
     }
 
     func handOffAll(to ring: HashRing) {
