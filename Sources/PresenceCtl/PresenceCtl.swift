@@ -141,7 +141,8 @@ struct Context: Sendable {
             case .left: status = "left"
             default: status = "unknown"
             }
-            Output.line("\(m.nodeID) \(m.peerAddress) \(status) incarnation=\(m.incarnation)\(m.isSelf ? " (this node, clients \(m.clientAddress))" : "")")
+            let clients = m.clientAddress.isEmpty ? "" : " clients=\(m.clientAddress)"
+            Output.line("\(m.nodeID) peers=\(m.peerAddress)\(clients) \(status) incarnation=\(m.incarnation)\(m.isSelf ? " (this node)" : "")")
         }
     }
 
