@@ -907,6 +907,96 @@ void   presence__cluster__v1__push_ack__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__push_ack__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   presence__cluster__v1__session_check__init
+                     (Presence__Cluster__V1__SessionCheck         *message)
+{
+  static const Presence__Cluster__V1__SessionCheck init_value = PRESENCE__CLUSTER__V1__SESSION_CHECK__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__session_check__get_packed_size
+                     (const Presence__Cluster__V1__SessionCheck *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__session_check__pack
+                     (const Presence__Cluster__V1__SessionCheck *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__session_check__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionCheck *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__SessionCheck *
+       presence__cluster__v1__session_check__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__SessionCheck *)
+     protobuf_c_message_unpack (&presence__cluster__v1__session_check__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__session_check__free_unpacked
+                     (Presence__Cluster__V1__SessionCheck *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__session_check_result__init
+                     (Presence__Cluster__V1__SessionCheckResult         *message)
+{
+  static const Presence__Cluster__V1__SessionCheckResult init_value = PRESENCE__CLUSTER__V1__SESSION_CHECK_RESULT__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__session_check_result__get_packed_size
+                     (const Presence__Cluster__V1__SessionCheckResult *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__session_check_result__pack
+                     (const Presence__Cluster__V1__SessionCheckResult *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__session_check_result__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionCheckResult *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__SessionCheckResult *
+       presence__cluster__v1__session_check_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__SessionCheckResult *)
+     protobuf_c_message_unpack (&presence__cluster__v1__session_check_result__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__session_check_result__free_unpacked
+                     (Presence__Cluster__V1__SessionCheckResult *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__field_descriptors[5] =
 {
   {
@@ -2713,6 +2803,82 @@ const ProtobufCMessageDescriptor presence__cluster__v1__push_ack__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__push_ack__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_check__field_descriptors[1] =
+{
+  {
+    "session_ids",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__SessionCheck, n_session_ids),
+    offsetof(Presence__Cluster__V1__SessionCheck, session_ids),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__session_check__field_indices_by_name[] = {
+  0,   /* field[0] = session_ids */
+};
+static const ProtobufCIntRange presence__cluster__v1__session_check__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__session_check__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.SessionCheck",
+  "SessionCheck",
+  "Presence__Cluster__V1__SessionCheck",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__SessionCheck),
+  1,
+  presence__cluster__v1__session_check__field_descriptors,
+  presence__cluster__v1__session_check__field_indices_by_name,
+  1,  presence__cluster__v1__session_check__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__session_check__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_check_result__field_descriptors[1] =
+{
+  {
+    "live_session_ids",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__SessionCheckResult, n_live_session_ids),
+    offsetof(Presence__Cluster__V1__SessionCheckResult, live_session_ids),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__session_check_result__field_indices_by_name[] = {
+  0,   /* field[0] = live_session_ids */
+};
+static const ProtobufCIntRange presence__cluster__v1__session_check_result__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__session_check_result__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.SessionCheckResult",
+  "SessionCheckResult",
+  "Presence__Cluster__V1__SessionCheckResult",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__SessionCheckResult),
+  1,
+  presence__cluster__v1__session_check_result__field_descriptors,
+  presence__cluster__v1__session_check_result__field_indices_by_name,
+  1,  presence__cluster__v1__session_check_result__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__session_check_result__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCEnumValue presence__cluster__v1__member_status__enum_values_by_number[5] =
 {
   { "MEMBER_STATUS_UNSPECIFIED", "PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED", 0 },
@@ -2890,14 +3056,16 @@ void presence__cluster__v1__membership__init (Presence__Cluster__V1__Membership_
                                      &presence__cluster__v1__membership__descriptor,
                                      (ProtobufCServiceDestroy) destroy);
 }
-static const ProtobufCMethodDescriptor presence__cluster__v1__peer_presence__method_descriptors[3] =
+static const ProtobufCMethodDescriptor presence__cluster__v1__peer_presence__method_descriptors[4] =
 {
   { "Channel", &presence__cluster__v1__channel_call__descriptor, &presence__cluster__v1__channel_result__descriptor },
   { "Home", &presence__cluster__v1__home_call__descriptor, &presence__cluster__v1__home_result__descriptor },
   { "Push", &presence__cluster__v1__push_batch__descriptor, &presence__cluster__v1__push_ack__descriptor },
+  { "CheckSessions", &presence__cluster__v1__session_check__descriptor, &presence__cluster__v1__session_check_result__descriptor },
 };
 const unsigned presence__cluster__v1__peer_presence__method_indices_by_name[] = {
   0,        /* Channel */
+  3,        /* CheckSessions */
   1,        /* Home */
   2         /* Push */
 };
@@ -2908,7 +3076,7 @@ const ProtobufCServiceDescriptor presence__cluster__v1__peer_presence__descripto
   "PeerPresence",
   "Presence__Cluster__V1__PeerPresence",
   "presence.cluster.v1",
-  3,
+  4,
   presence__cluster__v1__peer_presence__method_descriptors,
   presence__cluster__v1__peer_presence__method_indices_by_name
 };
@@ -2935,6 +3103,14 @@ void presence__cluster__v1__peer_presence__push(ProtobufCService *service,
 {
   assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
   service->invoke(service, 2, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void presence__cluster__v1__peer_presence__check_sessions(ProtobufCService *service,
+                                                          const Presence__Cluster__V1__SessionCheck *input,
+                                                          Presence__Cluster__V1__SessionCheckResult_Closure closure,
+                                                          void *closure_data)
+{
+  assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
+  service->invoke(service, 3, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void presence__cluster__v1__peer_presence__init (Presence__Cluster__V1__PeerPresence_Service *service,
                                                  Presence__Cluster__V1__PeerPresence_ServiceDestroy destroy)

@@ -111,6 +111,12 @@ import Testing
         junk.deliveries = [ClusterDelivery(channelName: "lobby", channelType: .message, toSessions: ["not-a-session"], framed: [1, 2, 3])]
         junk.announces = [ClusterChannelCall(channelName: "lobby", channelType: .message, op: .announce)]
         _ = try await peer.unary(PeerPresenceMethods.push, junk)
+        // a gateway asked which sessions it holds names only real ones, and refuses huge lists
+        let check = try await peer.unary(PeerPresenceMethods.checkSessions, ClusterSessionCheck(sessionIDs: ["00000000000000aa", "junk"]))
+        #expect(check.liveSessionIDs.isEmpty)
+        await expectError(.resourceExhausted, "TOO_MANY_SESSIONS") {
+            _ = try await peer.unary(PeerPresenceMethods.checkSessions, ClusterSessionCheck(sessionIDs: Array(repeating: "00000000000000aa", count: 100_001)))
+        }
         // nothing changed
         let list = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list))
         #expect(list.error == nil && list.total == 0)

@@ -109,8 +109,8 @@ def test_a_partition_shorter_than_the_timeout_heals_and_loses_nothing():
         for n in c.nodes:
             for ch in CHANNELS:
                 wait_until(f"{ch} on {n.node_id} after the partition", lambda: listing(n, ch) == expected, 10)
-        # (users of the cut-off node may have flapped meanwhile, REMOTE_TIMEOUT then REMOTE_JOIN, where
-        # an orphan timer fired before the node's re-announce reached its owner: see the README)
+        # (users of the cut-off node may still have flapped meanwhile, REMOTE_TIMEOUT then REMOTE_JOIN,
+        # where an orphan timer fired before the node's re-announce or session check: see the README)
     except BaseException:
         print(c.logs())
         raise

@@ -36,6 +36,8 @@ typedef struct Presence__Cluster__V1__UserRecord Presence__Cluster__V1__UserReco
 typedef struct Presence__Cluster__V1__Delivery Presence__Cluster__V1__Delivery;
 typedef struct Presence__Cluster__V1__PushBatch Presence__Cluster__V1__PushBatch;
 typedef struct Presence__Cluster__V1__PushAck Presence__Cluster__V1__PushAck;
+typedef struct Presence__Cluster__V1__SessionCheck Presence__Cluster__V1__SessionCheck;
+typedef struct Presence__Cluster__V1__SessionCheckResult Presence__Cluster__V1__SessionCheckResult;
 
 
 /* --- enums --- */
@@ -533,6 +535,32 @@ struct  Presence__Cluster__V1__PushAck
      }
 
 
+/*
+ * Which of these sessions does the receiving gateway still hold? (An owner asks a gateway that is
+ * back after being declared dead, before its sessions' orphan timers fire.)
+ */
+struct  Presence__Cluster__V1__SessionCheck
+{
+  ProtobufCMessage base;
+  size_t n_session_ids;
+  char **session_ids;
+};
+#define PRESENCE__CLUSTER__V1__SESSION_CHECK__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_check__descriptor) \
+    , 0,NULL }
+
+
+struct  Presence__Cluster__V1__SessionCheckResult
+{
+  ProtobufCMessage base;
+  size_t n_live_session_ids;
+  char **live_session_ids;
+};
+#define PRESENCE__CLUSTER__V1__SESSION_CHECK_RESULT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_check_result__descriptor) \
+    , 0,NULL }
+
+
 /* Presence__Cluster__V1__MemberUpdate methods */
 void   presence__cluster__v1__member_update__init
                      (Presence__Cluster__V1__MemberUpdate         *message);
@@ -913,6 +941,44 @@ Presence__Cluster__V1__PushAck *
 void   presence__cluster__v1__push_ack__free_unpacked
                      (Presence__Cluster__V1__PushAck *message,
                       ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__SessionCheck methods */
+void   presence__cluster__v1__session_check__init
+                     (Presence__Cluster__V1__SessionCheck         *message);
+size_t presence__cluster__v1__session_check__get_packed_size
+                     (const Presence__Cluster__V1__SessionCheck   *message);
+size_t presence__cluster__v1__session_check__pack
+                     (const Presence__Cluster__V1__SessionCheck   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__session_check__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionCheck   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__SessionCheck *
+       presence__cluster__v1__session_check__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__session_check__free_unpacked
+                     (Presence__Cluster__V1__SessionCheck *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__SessionCheckResult methods */
+void   presence__cluster__v1__session_check_result__init
+                     (Presence__Cluster__V1__SessionCheckResult         *message);
+size_t presence__cluster__v1__session_check_result__get_packed_size
+                     (const Presence__Cluster__V1__SessionCheckResult   *message);
+size_t presence__cluster__v1__session_check_result__pack
+                     (const Presence__Cluster__V1__SessionCheckResult   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__session_check_result__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionCheckResult   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__SessionCheckResult *
+       presence__cluster__v1__session_check_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__session_check_result__free_unpacked
+                     (Presence__Cluster__V1__SessionCheckResult *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Presence__Cluster__V1__MemberUpdate_Closure)
@@ -975,6 +1041,12 @@ typedef void (*Presence__Cluster__V1__PushBatch_Closure)
 typedef void (*Presence__Cluster__V1__PushAck_Closure)
                  (const Presence__Cluster__V1__PushAck *message,
                   void *closure_data);
+typedef void (*Presence__Cluster__V1__SessionCheck_Closure)
+                 (const Presence__Cluster__V1__SessionCheck *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__SessionCheckResult_Closure)
+                 (const Presence__Cluster__V1__SessionCheckResult *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1033,6 +1105,10 @@ struct Presence__Cluster__V1__PeerPresence_Service
                const Presence__Cluster__V1__PushBatch *input,
                Presence__Cluster__V1__PushAck_Closure closure,
                void *closure_data);
+  void (*check_sessions)(Presence__Cluster__V1__PeerPresence_Service *service,
+                         const Presence__Cluster__V1__SessionCheck *input,
+                         Presence__Cluster__V1__SessionCheckResult_Closure closure,
+                         void *closure_data);
 };
 typedef void (*Presence__Cluster__V1__PeerPresence_ServiceDestroy)(Presence__Cluster__V1__PeerPresence_Service *);
 void presence__cluster__v1__peer_presence__init (Presence__Cluster__V1__PeerPresence_Service *service,
@@ -1043,7 +1119,8 @@ void presence__cluster__v1__peer_presence__init (Presence__Cluster__V1__PeerPres
     { PRESENCE__CLUSTER__V1__PEER_PRESENCE__BASE_INIT,\
       function_prefix__ ## channel,\
       function_prefix__ ## home,\
-      function_prefix__ ## push  }
+      function_prefix__ ## push,\
+      function_prefix__ ## check_sessions  }
 void presence__cluster__v1__peer_presence__channel(ProtobufCService *service,
                                                    const Presence__Cluster__V1__ChannelCall *input,
                                                    Presence__Cluster__V1__ChannelResult_Closure closure,
@@ -1056,6 +1133,10 @@ void presence__cluster__v1__peer_presence__push(ProtobufCService *service,
                                                 const Presence__Cluster__V1__PushBatch *input,
                                                 Presence__Cluster__V1__PushAck_Closure closure,
                                                 void *closure_data);
+void presence__cluster__v1__peer_presence__check_sessions(ProtobufCService *service,
+                                                          const Presence__Cluster__V1__SessionCheck *input,
+                                                          Presence__Cluster__V1__SessionCheckResult_Closure closure,
+                                                          void *closure_data);
 
 /* --- descriptors --- */
 
@@ -1082,6 +1163,8 @@ extern const ProtobufCMessageDescriptor presence__cluster__v1__user_record__desc
 extern const ProtobufCMessageDescriptor presence__cluster__v1__delivery__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__push_ack__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__session_check__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__session_check_result__descriptor;
 extern const ProtobufCServiceDescriptor presence__cluster__v1__membership__descriptor;
 extern const ProtobufCServiceDescriptor presence__cluster__v1__peer_presence__descriptor;
 

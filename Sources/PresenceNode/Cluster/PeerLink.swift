@@ -43,6 +43,12 @@ public final class PeerLink: Sendable {
         return r
     }
 
+    /// Which of `sessions` the gateway `node` still holds; nil when it could not be asked.
+    public func liveSessions(at node: String, _ sessions: [SessionID]) async -> Set<SessionID>? {
+        guard let r = try? await unary(node, PeerPresenceMethods.checkSessions, ClusterSessionCheck(sessionIDs: sessions.map(\.description))) else { return nil }
+        return Set(r.liveSessionIDs.compactMap(SessionID.init(text:)))
+    }
+
     private func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ node: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req) async throws(PresenceError) -> Resp {
         guard let client = clientFor(node) else {
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")

@@ -19,6 +19,13 @@ struct PeerPresenceService {
             try membership.authorize(ctx)
             return await engine.peerHome(req)
         }
+        registry.unary(PeerPresenceMethods.checkSessions) { req, ctx in
+            try membership.authorize(ctx)
+            guard req.sessionIDs.count <= PresenceEngine.maxSessionCheck else {
+                throw GRPCStatus(.resourceExhausted, "TOO_MANY_SESSIONS: at most \(PresenceEngine.maxSessionCheck) per call")
+            }
+            return engine.peerCheckSessions(req)
+        }
         registry.unary(PeerPresenceMethods.push) { req, ctx in
             // (no membership check: after a partition a node's announces may arrive before this
             // node believes it alive again, and they are what keeps its sessions from timing out)

@@ -313,8 +313,26 @@ actor ChannelShard {
         // a gateway believed dead is back (a partition healed, a false death): give its
         // re-announce time to arrive before its sessions time out (if it restarted, they still do)
         let grace = clock.monotonicNanoseconds() + Self.rejoinGrace
+        var returning: [String: Set<SessionID>] = [:]
         for o in orphans.keys {
-            if let sink = channels[o.key]?.sink(of: o.session), sink != me, alive.contains(sink) { orphans.postpone(o, to: grace) }
+            if let sink = channels[o.key]?.sink(of: o.session), sink != me, alive.contains(sink) {
+                orphans.postpone(o, to: grace)
+                returning[sink, default: []].insert(o.session)
+            }
+        }
+        // and ask it which of them it still holds: those need not wait for its re-announce
+        for (gateway, sessions) in returning {
+            Task { [weak self, fabric] in
+                guard let live = await fabric.link?.liveSessions(at: gateway, Array(sessions)) else { return }
+                await self?.gatewayHolds(live, at: gateway)
+            }
+        }
+    }
+
+    /// A returning gateway still holds these sessions: they are not orphans.
+    private func gatewayHolds(_ live: Set<SessionID>, at gateway: String) {
+        for o in orphans.keys where live.contains(o.session) && channels[o.key]?.sink(of: o.session) == gateway {
+            orphans.cancel(o)
         }
     }
 

@@ -54,6 +54,9 @@ final class GatewayShard: Sendable {
         state.withLock { st in st.table[id]?.channels[channel] == true ? st.outboxes[id] : nil }
     }
 
+    /// Whether this gateway holds the session (connected, or disconnected within its window).
+    func holds(_ id: SessionID) -> Bool { state.withLock { $0.table[id] != nil } }
+
     /// Every session here (anti-entropy re-announces them).
     func allSessions() -> [SessionTable.Session] { state.withLock { Array($0.table.sessions.values) } }
 

@@ -51,6 +51,17 @@ extension PresenceEngine {
         }
     }
 
+    /// Which of these sessions this gateway holds (an owner checking before it times them out).
+    func peerCheckSessions(_ check: ClusterSessionCheck) -> ClusterSessionCheckResult {
+        let live = check.sessionIDs.prefix(Self.maxSessionCheck).filter { text in
+            SessionID(text: text).map { gateway.shard($0).holds($0) } ?? false
+        }
+        return ClusterSessionCheckResult(liveSessionIDs: Array(live))
+    }
+
+    /// Session ids one CheckSessions call may name.
+    static let maxSessionCheck = 100_000
+
     /// What another node pushed, in its order: replica records and handoffs, announces, deliveries.
     func peerPush(_ batch: ClusterPushBatch) async {
         for r in batch.channels {

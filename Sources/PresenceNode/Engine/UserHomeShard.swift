@@ -252,10 +252,30 @@ actor UserHomeShard {
         for u in directory.allUserIDs { orphanStrays(u, alive: alive) }
         // a gateway believed dead is back: give its re-announce time to arrive (see ChannelShard)
         let grace = clock.monotonicNanoseconds() + ChannelShard.rejoinGrace
+        var returning: [String: Set<SessionID>] = [:]
         for o in orphans.keys {
-            let c = directory.copy(of: o.user)
-            let sink = o.watcher ? c.watchers[o.session] : c.sessions[o.session]?.sink
-            if let sink, sink != me, alive.contains(sink) { orphans.postpone(o, to: grace) }
+            if let sink = gateway(of: o), sink != me, alive.contains(sink) {
+                orphans.postpone(o, to: grace)
+                returning[sink, default: []].insert(o.session)
+            }
+        }
+        for (gateway, sessions) in returning {
+            Task { [weak self, fabric] in
+                guard let live = await fabric.link?.liveSessions(at: gateway, Array(sessions)) else { return }
+                await self?.gatewayHolds(live, at: gateway)
+            }
+        }
+    }
+
+    private func gateway(of o: Orphan) -> String? {
+        let c = directory.copy(of: o.user)
+        return o.watcher ? c.watchers[o.session] : c.sessions[o.session]?.sink
+    }
+
+    /// A returning gateway still holds these sessions: they are not orphans.
+    private func gatewayHolds(_ live: Set<SessionID>, at gateway: String) {
+        for o in orphans.keys where live.contains(o.session) && self.gateway(of: o) == gateway {
+            orphans.cancel(o)
         }
     }
 

@@ -1239,6 +1239,84 @@ extension ClusterPushAck: CMessageBridge {
     }
 }
 
+/// `presence.cluster.v1.SessionCheck` (proto message).
+public struct ClusterSessionCheck: ProtoMessage, Sendable, Hashable {
+    public var sessionIDs: [String] = []
+
+    public init() {}
+
+    public init(sessionIDs: [String] = []) {
+        self.sessionIDs = sessionIDs
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterSessionCheck.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterSessionCheck: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__SessionCheck
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_check__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_check__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_check__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_check__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.sessionIDs = try WireCodec.readArray(c.pointee.session_ids, c.pointee.n_session_ids) { try WireCodec.readString($0) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__session_check__init(c)
+        (c.pointee.n_session_ids, c.pointee.session_ids) = arena.stringArray(self.sessionIDs)
+    }
+}
+
+/// `presence.cluster.v1.SessionCheckResult` (proto message).
+public struct ClusterSessionCheckResult: ProtoMessage, Sendable, Hashable {
+    public var liveSessionIDs: [String] = []
+
+    public init() {}
+
+    public init(liveSessionIDs: [String] = []) {
+        self.liveSessionIDs = liveSessionIDs
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterSessionCheckResult.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterSessionCheckResult: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__SessionCheckResult
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_check_result__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_check_result__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_check_result__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_check_result__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.liveSessionIDs = try WireCodec.readArray(c.pointee.live_session_ids, c.pointee.n_live_session_ids) { try WireCodec.readString($0) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__session_check_result__init(c)
+        (c.pointee.n_live_session_ids, c.pointee.live_session_ids) = arena.stringArray(self.liveSessionIDs)
+    }
+}
+
 /// The methods of gRPC service `presence.cluster.v1.Membership`.
 public enum MembershipMethods {
     public static let serviceName = "presence.cluster.v1.Membership"
@@ -1254,6 +1332,7 @@ public enum PeerPresenceMethods {
     public static let channel = MethodDescriptor<ClusterChannelCall, ClusterChannelResult>(path: "/presence.cluster.v1.PeerPresence/Channel", kind: .unary)
     public static let home = MethodDescriptor<ClusterHomeCall, ClusterHomeResult>(path: "/presence.cluster.v1.PeerPresence/Home", kind: .unary)
     public static let push = MethodDescriptor<ClusterPushBatch, ClusterPushAck>(path: "/presence.cluster.v1.PeerPresence/Push", kind: .unary)
-    public static let allPaths: [String] = ["/presence.cluster.v1.PeerPresence/Channel", "/presence.cluster.v1.PeerPresence/Home", "/presence.cluster.v1.PeerPresence/Push"]
+    public static let checkSessions = MethodDescriptor<ClusterSessionCheck, ClusterSessionCheckResult>(path: "/presence.cluster.v1.PeerPresence/CheckSessions", kind: .unary)
+    public static let allPaths: [String] = ["/presence.cluster.v1.PeerPresence/Channel", "/presence.cluster.v1.PeerPresence/Home", "/presence.cluster.v1.PeerPresence/Push", "/presence.cluster.v1.PeerPresence/CheckSessions"]
 }
 
