@@ -1,3 +1,5 @@
+import PresenceWire
+
 /// Sessions whose gateway node died or left: each times out at its deadline unless its client
 /// resumes it on another node first (which cancels the timer). A plain value; the owner of the
 /// records asks what is `due` at a clock reading.
@@ -21,6 +23,18 @@ public struct OrphanTimers<Key: Hashable>: Sendable where Key: Sendable {
     public func contains(_ key: Key) -> Bool { deadlines[key] != nil }
     public func deadline(_ key: Key) -> UInt64? { deadlines[key] }
     public var keys: [Key] { Array(deadlines.keys) }
+
+    /// Postpones to `grace` the timers whose session's gateway `locate` says is back (nil: not
+    /// back), and returns those sessions by gateway, for the caller to ask which it still holds.
+    public mutating func gatewaysBack(grace: UInt64, locate: (Key) -> (gateway: String, session: SessionID)?) -> [String: Set<SessionID>] {
+        var back: [String: Set<SessionID>] = [:]
+        for key in keys {
+            guard let (gateway, session) = locate(key) else { continue }
+            postpone(key, to: grace)
+            back[gateway, default: []].insert(session)
+        }
+        return back
+    }
 
     /// Moves a running timer's deadline later (never earlier).
     public mutating func postpone(_ key: Key, to deadline: UInt64) {

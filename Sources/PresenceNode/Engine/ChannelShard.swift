@@ -310,23 +310,14 @@ actor ChannelShard {
         copyOrphans = copyOrphans.filter { copies[$0.key.key] != nil }
         // sessions whose gateway is gone time out unless resumed elsewhere
         for key in channels.keys { orphanStrays(key, alive: alive) }
-        // a gateway believed dead is back (a partition healed, a false death): give its
-        // re-announce time to arrive before its sessions time out (if it restarted, they still do)
-        let grace = clock.monotonicNanoseconds() + Self.rejoinGrace
-        var returning: [String: Set<SessionID>] = [:]
-        for o in orphans.keys {
-            if let sink = channels[o.key]?.sink(of: o.session), sink != me, alive.contains(sink) {
-                orphans.postpone(o, to: grace)
-                returning[sink, default: []].insert(o.session)
-            }
+        // a gateway believed dead is back (a partition healed, a false death): give its re-announce
+        // time to arrive before its sessions time out (if it restarted, they still do), and ask it
+        // which of them it still holds (those need not wait)
+        let back = orphans.gatewaysBack(grace: clock.monotonicNanoseconds() + Self.rejoinGrace) { o in
+            guard let sink = channels[o.key]?.sink(of: o.session), sink != me, alive.contains(sink) else { return nil }
+            return (sink, o.session)
         }
-        // and ask it which of them it still holds: those need not wait for its re-announce
-        for (gateway, sessions) in returning {
-            Task { [weak self, fabric] in
-                guard let live = await fabric.link?.liveSessions(at: gateway, Array(sessions)) else { return }
-                await self?.gatewayHolds(live, at: gateway)
-            }
-        }
+        fabric.askWhichLive(back) { [weak self] live, gateway in await self?.gatewayHolds(live, at: gateway) }
     }
 
     /// A returning gateway still holds these sessions: they are not orphans.

@@ -75,6 +75,17 @@ final class Fabric: Sendable {
         }
     }
 
+    /// Asks each returning gateway which of these sessions it still holds; `holds` gets the answer.
+    func askWhichLive(_ sessions: [String: Set<SessionID>], holds: @escaping @Sendable (Set<SessionID>, String) async -> Void) {
+        guard let link else { return }
+        for (gateway, ids) in sessions {
+            Task {
+                guard let live = await link.liveSessions(at: gateway, Array(ids)) else { return }
+                await holds(live, gateway)
+            }
+        }
+    }
+
     /// Sends a channel record (replication or handoff) to `node`; the ticket tells when it arrived.
     @discardableResult
     func send(_ record: ClusterChannelRecord, to node: String) -> PeerLink.Ticket? {

@@ -251,20 +251,11 @@ actor UserHomeShard {
         copyOrphans = copyOrphans.filter { $0.key.watcher || copies.session($0.key.user, $0.key.session) != nil }
         for u in directory.allUserIDs { orphanStrays(u, alive: alive) }
         // a gateway believed dead is back: give its re-announce time to arrive (see ChannelShard)
-        let grace = clock.monotonicNanoseconds() + ChannelShard.rejoinGrace
-        var returning: [String: Set<SessionID>] = [:]
-        for o in orphans.keys {
-            if let sink = gateway(of: o), sink != me, alive.contains(sink) {
-                orphans.postpone(o, to: grace)
-                returning[sink, default: []].insert(o.session)
-            }
+        let back = orphans.gatewaysBack(grace: clock.monotonicNanoseconds() + ChannelShard.rejoinGrace) { o in
+            guard let sink = gateway(of: o), sink != me, alive.contains(sink) else { return nil }
+            return (sink, o.session)
         }
-        for (gateway, sessions) in returning {
-            Task { [weak self, fabric] in
-                guard let live = await fabric.link?.liveSessions(at: gateway, Array(sessions)) else { return }
-                await self?.gatewayHolds(live, at: gateway)
-            }
-        }
+        fabric.askWhichLive(back) { [weak self] live, gateway in await self?.gatewayHolds(live, at: gateway) }
     }
 
     private func gateway(of o: Orphan) -> String? {
