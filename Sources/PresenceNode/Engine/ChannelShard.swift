@@ -279,6 +279,8 @@ actor ChannelShard {
             case .handOff(let newOwner, let keepCopy):
                 for r in fullRecords(m, handoff: true) { fabric.send(r, to: newOwner) }
                 channels[key] = nil
+                // its timers went with the records; kept here they would fire if it came back
+                for o in orphans.keys where o.key == key { orphans.cancel(o) }
                 intervalChannels.remove(key)
                 if keepCopy { copies[key] = m }
             case .keep(let newReplicas):
@@ -322,9 +324,7 @@ actor ChannelShard {
 
     /// A returning gateway still holds these sessions: they are not orphans.
     private func gatewayHolds(_ live: Set<SessionID>, at gateway: String) {
-        for o in orphans.keys where live.contains(o.session) && channels[o.key]?.sink(of: o.session) == gateway {
-            orphans.cancel(o)
-        }
+        for o in orphans.keys where live.contains(o.session) { orphans.cancel(o) }
     }
 
     /// Hands every channel to the node that owns it once this node is gone (graceful leave).

@@ -225,6 +225,7 @@ actor UserHomeShard {
                 fabric.send(record, to: newHome)
                 if keepCopy { copies.install(directory.copy(of: u)) }
                 directory.remove(u)
+                for o in orphans.keys where o.user == u { orphans.cancel(o) }  // they went with the record
             case .keep(let newReplicas):
                 for r in newReplicas { fabric.send(record, to: r) }
             }
@@ -265,9 +266,7 @@ actor UserHomeShard {
 
     /// A returning gateway still holds these sessions: they are not orphans.
     private func gatewayHolds(_ live: Set<SessionID>, at gateway: String) {
-        for o in orphans.keys where live.contains(o.session) && self.gateway(of: o) == gateway {
-            orphans.cancel(o)
-        }
+        for o in orphans.keys where live.contains(o.session) { orphans.cancel(o) }
     }
 
     func handOffAll(to ring: HashRing) {
