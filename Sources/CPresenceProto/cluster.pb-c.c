@@ -2347,7 +2347,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descripto
   (ProtobufCMessageInit) presence__cluster__v1__member_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[7] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[6] =
 {
   {
     "channel_name",
@@ -2410,18 +2410,6 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__fie
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "dropped",
-    6,
-    PROTOBUF_C_LABEL_NONE,
-    PROTOBUF_C_TYPE_BOOL,
-    0,   /* quantifier_offset */
-    offsetof(Presence__Cluster__V1__ChannelRecord, dropped),
-    NULL,
-    NULL,
-    0,             /* flags */
-    0,NULL,NULL    /* reserved1,reserved2, etc */
-  },
-  {
     "handoff",
     7,
     PROTOBUF_C_LABEL_NONE,
@@ -2437,16 +2425,16 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__fie
 static const unsigned presence__cluster__v1__channel_record__field_indices_by_name[] = {
   0,   /* field[0] = channel_name */
   1,   /* field[1] = channel_type */
-  5,   /* field[5] = dropped */
   3,   /* field[3] = full */
-  6,   /* field[6] = handoff */
+  5,   /* field[5] = handoff */
   4,   /* field[4] = members */
   2,   /* field[2] = sequence */
 };
-static const ProtobufCIntRange presence__cluster__v1__channel_record__number_ranges[1 + 1] =
+static const ProtobufCIntRange presence__cluster__v1__channel_record__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 7, 5 },
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor =
 {
@@ -2456,10 +2444,10 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descript
   "Presence__Cluster__V1__ChannelRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelRecord),
-  7,
+  6,
   presence__cluster__v1__channel_record__field_descriptors,
   presence__cluster__v1__channel_record__field_indices_by_name,
-  1,  presence__cluster__v1__channel_record__number_ranges,
+  2,  presence__cluster__v1__channel_record__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__channel_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };

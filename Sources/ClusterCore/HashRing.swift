@@ -77,12 +77,17 @@ public struct HashRing: Sendable, Equatable {
         return out
     }
 
-    public func owner(of key: ChannelKey) -> String? { owner(ofHash: StableHash.of(key)) }
-    public func owners(of key: ChannelKey, count: Int) -> [String] { owners(ofHash: StableHash.of(key), count: count) }
+    // By key: a ring of one answers without hashing (a node alone pays nothing for routing).
+    public func owner(of key: ChannelKey) -> String? { members.count == 1 ? members[0] : owner(ofHash: StableHash.of(key)) }
+    public func owners(of key: ChannelKey, count: Int) -> [String] {
+        members.count == 1 ? (count > 0 ? members : []) : owners(ofHash: StableHash.of(key), count: count)
+    }
     /// Owner of a user's home.
-    public func home(ofUser user: String) -> String? { owner(ofHash: Self.hash(ofUser: user)) }
+    public func home(ofUser user: String) -> String? { members.count == 1 ? members[0] : owner(ofHash: Self.hash(ofUser: user)) }
     /// A user's home first, then the nodes holding copies of it.
-    public func homes(ofUser user: String, count: Int) -> [String] { owners(ofHash: Self.hash(ofUser: user), count: count) }
+    public func homes(ofUser user: String, count: Int) -> [String] {
+        members.count == 1 ? (count > 0 ? members : []) : owners(ofHash: Self.hash(ofUser: user), count: count)
+    }
     /// Where a user sits on the ring (apart from channels, which hash by their key).
     public static func hash(ofUser user: String) -> UInt64 { StableHash.of("user:" + user) }
 

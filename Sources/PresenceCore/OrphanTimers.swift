@@ -22,6 +22,18 @@ public struct OrphanTimers<Key: Hashable>: Sendable where Key: Sendable {
 
     public func contains(_ key: Key) -> Bool { deadlines[key] != nil }
     public func deadline(_ key: Key) -> UInt64? { deadlines[key] }
+
+    /// What a record carries for `key`: milliseconds left before it times out (at least 1), or 0
+    /// when it has no timer.
+    public func millisecondsLeft(_ key: Key, now: UInt64) -> UInt64 {
+        guard let d = deadlines[key] else { return 0 }
+        return max(1, (d > now ? d - now : 0) / 1_000_000)
+    }
+
+    /// The deadline a record's `millisecondsLeft` stands for here, never further than `cap` ns away.
+    public static func deadline(millisecondsLeft ms: UInt64, now: UInt64, cap: UInt64) -> UInt64 {
+        now + min(ms * 1_000_000, cap)
+    }
     public var keys: [Key] { Array(deadlines.keys) }
 
     /// Postpones to `grace` the timers whose session's gateway `locate` says is back (nil: not

@@ -53,8 +53,6 @@ public struct UserDirectory<Sink: Hashable> {
 
     public init() {}
 
-    public var userCount: Int { users.count }
-
     /// UNKNOWN if the user never opened a session; its chosen status while it has a session (OFFLINE
     /// when it chose to be invisible); OFFLINE once it has none.
     public func visibleStatus(_ userID: String) -> UserStatus {
@@ -122,6 +120,11 @@ public struct UserDirectory<Sink: Hashable> {
     /// A session's record (to resume it elsewhere).
     public func session(_ userID: String, _ session: SessionID) -> SessionRecord? {
         users[userID]?.sessions[session]
+    }
+
+    /// Where a watcher of a user lives.
+    public func watcher(_ userID: String, _ session: SessionID) -> Sink? {
+        users[userID]?.watchers[session]
     }
 
     /// Channels the user is in (through any of its sessions), sorted.

@@ -4,7 +4,6 @@ import GRPCTransport
 import ClusterCore
 import PresenceCore
 import PresenceWire
-import Synchronization
 
 /// One presenced node: its event loops, its client-facing gRPC server and its services.
 public final class Node: Sendable {
@@ -44,15 +43,7 @@ public final class Node: Sendable {
         // ring changes are carried out one at a time, in the order membership saw them
         let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing, Set<String>).self)
         membership.onRingChange { old, new, alive in queue.yield((old, new, alive)) }
-        membership.onRefute {
-            // others may have timed this node's sessions out: announce everything, to every owner,
-            // now and again once the rings have settled
-            engine.reannounce(from: HashRing(members: []), to: topology.ring)
-            Task {
-                try? await Task.sleep(nanoseconds: 2_000_000_000)
-                engine.reannounce(from: HashRing(members: []), to: topology.ring)
-            }
-        }
+        membership.onRefute { engine.refutedOwnDeath() }
         ringChanges = queue
         let log = self.logger
         Task {
@@ -61,11 +52,6 @@ public final class Node: Sendable {
                 await engine.ringChanged(from: old, to: new, alive: alive)
             }
         }
-        var registry = ServiceRegistry()
-        health.register(in: &registry)
-        PresenceService(engine: engine, verifier: verifier).register(in: &registry)
-        let peerTrafficBox = PeerServerBox()
-        AdminService(membership: membership, engine: engine, peerTraffic: { peerTrafficBox.traffic }).register(in: &registry)
         var peerRegistry = ServiceRegistry()
         membership.register(in: &peerRegistry)
         PeerPresenceService(engine: engine, membership: membership).register(in: &peerRegistry)
@@ -73,7 +59,10 @@ public final class Node: Sendable {
         peerConfig.maxReceiveMessageSize = 64 << 20
         let peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
         self.peerServer = peerServer
-        peerTrafficBox.server.withLock { $0 = peerServer }
+        var registry = ServiceRegistry()
+        health.register(in: &registry)
+        PresenceService(engine: engine, verifier: verifier).register(in: &registry)
+        AdminService(membership: membership, engine: engine, peerTraffic: { peerServer.traffic }).register(in: &registry)
         server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
     }
 
@@ -125,10 +114,4 @@ extension Node {
         ringChanges.finish()
         group.shutdown()
     }
-}
-
-/// Lets the admin service read the peer server's counters (the server is built after the service).
-final class PeerServerBox: Sendable {
-    let server = Mutex<GRPCServer?>(nil)
-    var traffic: (requests: Int, bytes: Int) { server.withLock { $0?.traffic } ?? (0, 0) }
 }

@@ -428,10 +428,6 @@ struct  Presence__Cluster__V1__ChannelRecord
   size_t n_members;
   Presence__Cluster__V1__MemberRecord **members;
   /*
-   * The sender no longer holds the channel at all (it moved away or emptied).
-   */
-  protobuf_c_boolean dropped;
-  /*
    * Sent by the channel's owner giving it up (a ring change or a graceful leave): nothing was lost,
    * so the node taking it over sends no fresh SNAPSHOTs.
    */
@@ -439,7 +435,7 @@ struct  Presence__Cluster__V1__ChannelRecord
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_record__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, 0, 0, 0,NULL, 0, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, 0, 0, 0,NULL, 0 }
 
 
 /*

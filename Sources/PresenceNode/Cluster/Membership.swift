@@ -78,11 +78,6 @@ public final class Membership: Sendable {
         refuteObserver.withLock { $0 = observer }
     }
 
-    /// Whether `id` is an alive (or suspect) member.
-    public func isMember(_ id: String) -> Bool {
-        swim.withLock { s in s.members[id].map { $0.status == .alive || $0.status == .suspect } ?? false }
-    }
-
     /// The pooled peer client of a live member; nil for anyone else.
     public func peerClient(for id: String) -> GRPCClient? {
         let address = swim.withLock { s -> String? in

@@ -55,9 +55,8 @@ public final class PeerLink: Sendable {
         }
         do {
             return try await client.unary(method, request, timeout: Self.callTimeout)
-        } catch let s as GRPCStatus where s.code == .unavailable || s.code == .failedPrecondition {
-            throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node): \(s.message)")
         } catch {
+            // (answers come back as results; a failed call is the node or the link failing)
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer: \(error)")
         }
     }
@@ -97,11 +96,7 @@ public final class PeerLink: Sendable {
     public func drain(timeout: UInt64) async {
         let all = queues.withLock { Array($0.values) }
         let deadline = MonotonicClock.now() + timeout
-        for q in all {
-            while q.busy && MonotonicClock.now() < deadline {
-                try? await Task.sleep(nanoseconds: 2_000_000)
-            }
-        }
+        for q in all { await q.waitAcked(q.lastQueued, deadline: deadline) }
     }
 
     /// Forgets a node's queue (it died or left): what was queued for it is dropped.
@@ -243,7 +238,8 @@ final class PushQueue: Sendable {
         }
     }
 
-    var busy: Bool { state.withLock { $0.sending } }
+    /// The sequence number of the last item queued.
+    var lastQueued: UInt64 { state.withLock { $0.sequence } }
 
     func clear() {
         let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in

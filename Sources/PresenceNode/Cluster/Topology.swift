@@ -38,19 +38,10 @@ public final class Topology: Sendable {
     public var isReady: Bool { state.withLock { $0.ready } }
     public var isAlone: Bool { state.withLock { $0.ring.members.count == 1 } }
 
-    // A ring of one answers without hashing: a node alone pays nothing for routing.
-    public func owner(of key: ChannelKey) -> String {
-        state.withLock { $0.ring.members.count == 1 ? $0.ring.members[0] : $0.ring.owner(of: key) } ?? me
-    }
-    public func owners(of key: ChannelKey) -> [String] {
-        state.withLock { $0.ring.members.count == 1 ? $0.ring.members : $0.ring.owners(of: key, count: replicationFactor) }
-    }
-    public func home(of user: String) -> String {
-        state.withLock { $0.ring.members.count == 1 ? $0.ring.members[0] : $0.ring.home(ofUser: user) } ?? me
-    }
-    public func homes(of user: String) -> [String] {
-        state.withLock { $0.ring.members.count == 1 ? $0.ring.members : $0.ring.homes(ofUser: user, count: replicationFactor) }
-    }
+    public func owner(of key: ChannelKey) -> String { state.withLock { $0.ring.owner(of: key) } ?? me }
+    public func owners(of key: ChannelKey) -> [String] { state.withLock { $0.ring.owners(of: key, count: replicationFactor) } }
+    public func home(of user: String) -> String { state.withLock { $0.ring.home(ofUser: user) } ?? me }
+    public func homes(of user: String) -> [String] { state.withLock { $0.ring.homes(ofUser: user, count: replicationFactor) } }
 
     /// A key's owner and the fingerprint of the ring that says so (sent along, for the owner to check).
     public func route(_ key: ChannelKey) -> (String, UInt64) {

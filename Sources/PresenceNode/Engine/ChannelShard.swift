@@ -85,10 +85,8 @@ actor ChannelShard {
         let now = clock.monotonicNanoseconds()
         let all = m.copies.map { c -> ClusterMemberRecord in
             var r = ClusterMemberRecord(c)
-            for i in r.sessions.indices {
-                guard let id = SessionID(text: r.sessions[i].sessionID),
-                      let deadline = orphans.deadline(Orphan(key: m.key, user: c.userID, session: id)) else { continue }
-                r.sessions[i].orphanMs = max(1, (deadline > now ? deadline - now : 0) / 1_000_000)
+            for (i, s) in c.sessions.enumerated() {
+                r.sessions[i].orphanMs = orphans.millisecondsLeft(Orphan(key: m.key, user: c.userID, session: s.id), now: now)
             }
             return r
         }
@@ -102,20 +100,13 @@ actor ChannelShard {
         return out
     }
 
-    /// Whether no live gateway holds this session: its gateway is gone, or it is this node and
-    /// this node does not know it.
-    private func isStray(_ session: String, at gateway: String) -> Bool {
-        if gateway == me { return SessionID(text: session).map { fabric.gateway.shard($0).outbox($0) == nil } ?? true }
-        return !fabric.topology.alive.contains(gateway)
-    }
-
-    /// Starts timers for this channel's sessions that no live gateway holds: their gateway died
-    /// or left, or it is this node and it does not know them (they are from before a restart).
-    private func orphanStrays(_ key: ChannelKey, alive: Set<String>) {
+    /// Starts timers for this channel's sessions that no live gateway holds (`Fabric.isStray`).
+    private func orphanStrays(_ key: ChannelKey) {
         guard let m = channels[key] else { return }
         let deadline = clock.monotonicNanoseconds() + presenceTimeout
+        let alive = fabric.topology.alive
         for sink in m.allSinks where !alive.contains(sink) || sink == me {
-            for (user, s) in m.sessions(at: sink) where sink != me || fabric.gateway.shard(s).outbox(s) == nil {
+            for (user, s) in m.sessions(at: sink) where fabric.isStray(s, at: sink) {
                 orphans.start(Orphan(key: key, user: user, session: s), deadline: deadline)
             }
         }
@@ -235,7 +226,7 @@ actor ChannelShard {
 
     /// A record from the channel's owner (replication) or its previous owner (handoff). When the
     /// ring already makes this node the owner, it is merged into the channel served here.
-    func apply(_ record: ClusterChannelRecord, key: ChannelKey, handoff: Bool) {
+    func apply(_ record: ClusterChannelRecord, key: ChannelKey) {
         let owned = channels[key] != nil || fabric.topology.owner(of: key) == me
         // a record reaching a channel this node already serves is another version of it (each
         // side of a partition kept one): merged, never simply replacing what is here
@@ -249,10 +240,10 @@ actor ChannelShard {
             guard let c = r.copy else { continue }
             if merging { m.merge(c) } else { m.install(c) }
             // the sender's clock runs on only for gateways this node also sees gone (its own view decides)
-            for s in r.sessions where s.orphanMs > 0 && isStray(s.sessionID, at: s.gateway) {
-                guard let id = SessionID(text: s.sessionID) else { continue }
+            for s in r.sessions where s.orphanMs > 0 {
+                guard let id = SessionID(text: s.sessionID), fabric.isStray(id, at: s.gateway) else { continue }
                 let o = Orphan(key: key, user: c.userID, session: id)
-                let deadline = now + min(s.orphanMs, presenceTimeout / 1_000_000) * 1_000_000
+                let deadline = OrphanTimers<Orphan>.deadline(millisecondsLeft: s.orphanMs, now: now, cap: presenceTimeout)
                 if owned { orphans.start(o, deadline: deadline) } else { copyOrphans[o] = deadline }
             }
         }
@@ -262,11 +253,11 @@ actor ChannelShard {
             if m.isIntervalMode { startTicking(key) }
             if !m.isEmpty {
                 replicate(key, users: record.members.map(\.userID))
-                orphanStrays(key, alive: fabric.topology.alive)
+                orphanStrays(key)
             }
         } else {
             copies[key] = m.isEmpty ? nil : m
-            if handoff { handedOff.insert(key) }
+            if record.handoff { handedOff.insert(key) }
         }
     }
 
@@ -293,7 +284,7 @@ actor ChannelShard {
             case .takeOver(let previous, let newReplicas):
                 copies[key] = nil
                 channels[key] = m
-                for (o, deadline) in copyOrphans where o.key == key && isStray(o.session.description, at: m.sink(of: o.session) ?? me) {
+                for (o, deadline) in copyOrphans where o.key == key && fabric.isStray(o.session, at: m.sink(of: o.session) ?? me) {
                     orphans.start(o, deadline: deadline)
                 }
                 if !handedOff.contains(key), previous != me {
@@ -311,7 +302,7 @@ actor ChannelShard {
         handedOff = []
         copyOrphans = copyOrphans.filter { copies[$0.key.key] != nil }
         // sessions whose gateway is gone time out unless resumed elsewhere
-        for key in channels.keys { orphanStrays(key, alive: alive) }
+        for key in channels.keys { orphanStrays(key) }
         // a gateway believed dead is back (a partition healed, a false death): give its re-announce
         // time to arrive before its sessions time out (if it restarted, they still do), and ask it
         // which of them it still holds (those need not wait)

@@ -75,6 +75,12 @@ final class Fabric: Sendable {
         }
     }
 
+    /// Whether no live gateway holds this session: its gateway is gone, or it is this node and this
+    /// node does not know it (it is from before a restart).
+    func isStray(_ session: SessionID, at gateway: String) -> Bool {
+        gateway == me ? self.gateway.shard(session).outbox(session) == nil : !topology.alive.contains(gateway)
+    }
+
     /// Asks each returning gateway which of these sessions it still holds; `holds` gets the answer.
     func askWhichLive(_ sessions: [String: Set<SessionID>], holds: @escaping @Sendable (Set<SessionID>, String) async -> Void) {
         guard let link else { return }

@@ -66,31 +66,26 @@ extension PresenceEngine {
     func peerPush(_ batch: ClusterPushBatch) async {
         for r in batch.channels {
             guard let key = try? Validate.channel(r.channelName, r.channelType) else { continue }
-            await channelShard(key).apply(r, key: key, handoff: r.handoff)
+            await channelShard(key).apply(r, key: key)
         }
         for r in batch.users {
             guard (try? Validate.userID(r.userID)) != nil else { continue }
             await homeShard(r.userID).apply(r)
         }
-        for a in batch.announces {
+        // announces are forwarded at most once, to the owner this node knows
+        for var a in batch.announces {
             guard let key = try? Validate.channel(a.channelName, a.channelType) else { continue }
-            if topology.owner(of: key) == topology.me {
-                announceHere { () async throws(PresenceError) in _ = try await self.localChannel(key, a) }
-            } else if a.hops == 0 {
-                var f = a
-                f.hops = 1
-                link?.push(to: topology.owner(of: key)) { $0.announces.append(f) }
-            }
+            let owner = topology.owner(of: key)
+            guard owner == topology.me || a.hops == 0 else { continue }
+            a.hops += 1
+            sendAnnounce(a, key: key, to: owner)
         }
-        for a in batch.homeAnnounces {
+        for var a in batch.homeAnnounces {
             guard let u = a.userIDs.first, (try? Validate.userID(u)) != nil else { continue }
-            if topology.home(of: u) == topology.me {
-                announceHere { () async throws(PresenceError) in _ = try await self.localHome(a) }
-            } else if a.hops == 0 {
-                var f = a
-                f.hops = 1
-                link?.push(to: topology.home(of: u)) { $0.homeAnnounces.append(f) }
-            }
+            let home = topology.home(of: u)
+            guard home == topology.me || a.hops == 0 else { continue }
+            a.hops += 1
+            sendAnnounce(a, to: home)
         }
         for d in batch.deliveries { gateway.deliver(d) }
         if batch.handoffDone { topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint) }
@@ -130,61 +125,52 @@ extension PresenceEngine {
         }
     }
 
-    /// Applies an announce this node owns; while it may not serve yet (ring change, handoff in
-    /// progress) the announce waits and tries again, up to a few seconds, instead of being lost.
-    func announceHere(_ apply: @escaping @Sendable () async throws(PresenceError) -> Void) {
-        Task {
-            for _ in 0..<20 {
-                do throws(PresenceError) {
-                    try await apply()
-                    return
-                } catch {
-                    guard error.kind == .unavailable else { return }
-                    try? await Task.sleep(nanoseconds: 250_000_000)
-                }
-            }
+    /// This node refuted its own death: others may be timing its sessions out. Every session is
+    /// announced to every owner and home, now and again once the rings have settled.
+    func refutedOwnDeath() {
+        reannounce(from: HashRing(members: []), to: topology.ring)
+        Task { [self] in
+            try? await Task.sleep(nanoseconds: 2_000_000_000)
+            reannounce(from: HashRing(members: []), to: topology.ring)
         }
+    }
+
+    /// An announce for `owner`: applied here (retried while this node may not serve yet: a ring
+    /// change or a handoff in progress, instead of being lost) or pushed to it.
+    func sendAnnounce(_ call: ClusterChannelCall, key: ChannelKey, to owner: String) {
+        guard owner == topology.me else {
+            link?.push(to: owner) { $0.announces.append(call) }
+            return
+        }
+        retryInBackground(attempts: 20, pause: 250_000_000) { () async throws(PresenceError) in _ = try await self.localChannel(key, call) }
+    }
+
+    func sendAnnounce(_ call: ClusterHomeCall, to home: String) {
+        guard home == topology.me else {
+            link?.push(to: home) { $0.homeAnnounces.append(call) }
+            return
+        }
+        retryInBackground(attempts: 20, pause: 250_000_000) { () async throws(PresenceError) in _ = try await self.localHome(call) }
     }
 
     /// Anti-entropy: for every session here, tell the new owner of each of its channels and its
     /// user's new home (and the new homes of the users it watches) that it is alive and where.
     func reannounce(from old: HashRing, to new: HashRing) {
-        guard let link else { return }
-        let me = topology.me
+        guard link != nil else { return }
         for shard in gateway.shards {
             for s in shard.allSessions() {
                 for (key, withPresence) in s.channels {
-                    guard let owner = new.owner(of: key), owner != old.owner(of: key) || !old.members.contains(owner) else { continue }
-                    let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
-                                                  session: ClusterSessionRef(sessionID: s.id.description, userID: s.userID, gateway: me, withPresence: withPresence))
-                    if owner == me {
-                        let engine = self
-                        engine.announceHere { () async throws(PresenceError) in _ = try await engine.localChannel(key, call) }
-                    } else {
-                        link.push(to: owner) { $0.announces.append(call) }
-                    }
+                    guard let owner = new.owner(of: key), owner != old.owner(of: key) else { continue }
+                    sendAnnounce(announceCall(s, key, withPresence: withPresence), key: key, to: owner)
                 }
-                let sref = ClusterSessionRef(sessionID: s.id.description, userID: s.userID, gateway: me)
                 if let home = new.home(ofUser: s.userID), home != old.home(ofUser: s.userID) {
-                    let call = ClusterHomeCall(userIDs: [s.userID], op: .sessionOpened, session: sref, announce: true,
-                                               channels: s.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
-                                               watching: s.watching.sorted())
-                    push(call, to: home)
+                    sendAnnounce(homeAnnounceCall(s), to: home)
                 }
                 for w in s.watching {
                     guard let home = new.home(ofUser: w), home != old.home(ofUser: w) else { continue }
-                    push(ClusterHomeCall(userIDs: [w], op: .watch, session: sref), to: home)
+                    sendAnnounce(watchCall(s, [w]), to: home)
                 }
             }
-        }
-    }
-
-    private func push(_ call: ClusterHomeCall, to home: String) {
-        if home == topology.me {
-            let engine = self
-            engine.announceHere { () async throws(PresenceError) in _ = try await engine.localHome(call) }
-        } else {
-            link?.push(to: home) { $0.homeAnnounces.append(call) }
         }
     }
 

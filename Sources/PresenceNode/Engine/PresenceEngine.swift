@@ -68,7 +68,7 @@ public final class PresenceEngine: Sendable {
     func channelShard(_ key: ChannelKey) -> ChannelShard { channelShards[Int(StableHash.of(key) % UInt64(channelShards.count))] }
     func homeShard(_ user: String) -> UserHomeShard { userHomes[Int(StableHash.of(user) % UInt64(userHomes.count))] }
 
-    private func ref(_ id: SessionID, _ user: String, withPresence: Bool = false) -> ClusterSessionRef {
+    func ref(_ id: SessionID, _ user: String, withPresence: Bool = false) -> ClusterSessionRef {
         ClusterSessionRef(sessionID: id.description, userID: user, gateway: me, withPresence: withPresence)
     }
 
@@ -86,10 +86,10 @@ public final class PresenceEngine: Sendable {
         }
     }
 
-    /// Runs a call at the users' home (all of `call.userIDs` share it).
-    func homeCall(_ home: String, _ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+    /// Runs a call at the users' home (all of `call.userIDs`, at least one, share it).
+    func homeCall(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
         try await retrying { () async throws(PresenceError) in
-            let (home, fingerprint) = call.userIDs.first.map { topology.route(user: $0) } ?? (home, 0)
+            let (home, fingerprint) = topology.route(user: call.userIDs.first ?? "")
             if home == me { return try await localHome(call) }
             guard let link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(home)") }
             var call = call
@@ -101,7 +101,7 @@ public final class PresenceEngine: Sendable {
     private func homeCall(_ user: String, _ op: ClusterHomeOp, _ fill: (inout ClusterHomeCall) -> Void = { _ in }) async throws(PresenceError) -> ClusterHomeResult {
         var call = ClusterHomeCall(userIDs: [user], op: op)
         fill(&call)
-        return try await homeCall(topology.home(of: user), call)
+        return try await homeCall(call)
     }
 
     private func retrying<T>(_ body: () async throws(PresenceError) -> T) async throws(PresenceError) -> T {
@@ -153,11 +153,44 @@ public final class PresenceEngine: Sendable {
         return merged
     }
 
-    /// Users grouped by their home node.
-    private func byHome(_ users: [String]) -> [(String, [String])] {
+    /// Users grouped by their home node (one home call per group).
+    private func byHome(_ users: [String]) -> [[String]] {
         var groups: [String: [String]] = [:]
         for u in users { groups[topology.home(of: u), default: []].append(u) }
-        return groups.sorted { $0.key < $1.key }
+        return groups.sorted { $0.key < $1.key }.map(\.value)
+    }
+
+    /// Tries `body` again every `pause` ns while it fails as unavailable, up to `attempts` times, in
+    /// the background: for what must reach an owner eventually (a session's end, an announce).
+    func retryInBackground(attempts: Int, pause: UInt64, _ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
+        Task {
+            for _ in 0..<attempts {
+                do throws(PresenceError) {
+                    try await body()
+                    return
+                } catch {
+                    guard error.kind == .unavailable else { return }
+                    try? await Task.sleep(nanoseconds: pause)
+                }
+            }
+        }
+    }
+
+    // MARK: Announces (this node is a session's gateway)
+
+    func announceCall(_ s: SessionTable.Session, _ key: ChannelKey, withPresence: Bool) -> ClusterChannelCall {
+        ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce, session: ref(s.id, s.userID, withPresence: withPresence))
+    }
+
+    /// The session's whole record, for its user's home.
+    func homeAnnounceCall(_ s: SessionTable.Session, status: UserStatus = .unknown) -> ClusterHomeCall {
+        ClusterHomeCall(userIDs: [s.userID], op: .sessionOpened, session: ref(s.id, s.userID), status: status, announce: true,
+                        channels: s.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
+                        watching: s.watching.sorted())
+    }
+
+    func watchCall(_ s: SessionTable.Session, _ users: [String]) -> ClusterHomeCall {
+        ClusterHomeCall(userIDs: users, op: .watch, session: ref(s.id, s.userID))
     }
 
     // MARK: Sessions
@@ -220,21 +253,11 @@ public final class PresenceEngine: Sendable {
     /// Tells the session's user home, its channels' owners and its watched users' homes that this
     /// node is now the session's gateway (no event for anyone; SNAPSHOTs for the session).
     private func announce(_ s: SessionTable.Session, initialStatus: UserStatus) async throws(PresenceError) {
-        let channels = s.channels.sorted { $0.key < $1.key }
-        _ = try await homeCall(s.userID, .sessionOpened) { c in
-            c.session = ref(s.id, s.userID)
-            c.announce = true
-            c.status = initialStatus
-            c.channels = channels.map { ClusterSessionChannel($0.key, withPresence: $0.value) }
-            c.watching = s.watching.sorted()
+        _ = try await homeCall(homeAnnounceCall(s, status: initialStatus))
+        for (key, withPresence) in s.channels.sorted(by: { $0.key < $1.key }) {
+            _ = try? await channelCall(key, announceCall(s, key, withPresence: withPresence))
         }
-        for (key, withPresence) in channels {
-            _ = try? await channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
-                                                               session: ref(s.id, s.userID, withPresence: withPresence)))
-        }
-        for (home, users) in byHome(s.watching.sorted()) {
-            _ = try? await homeCall(home, ClusterHomeCall(userIDs: users, op: .watch, session: ref(s.id, s.userID)))
-        }
+        for users in byHome(s.watching.sorted()) { _ = try? await homeCall(watchCall(s, users)) }
     }
 
     /// After a resume that lost events: a fresh SNAPSHOT of every channel the session follows.
@@ -277,36 +300,22 @@ public final class PresenceEngine: Sendable {
         for key in s.channels.keys.sorted() {
             gateway.subscriptions.unsubscribe(key, s.id)
             let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ref(s.id, s.userID), timedOut: timedOut)
-            if (try? await channelCall(key, call)) == nil {
-                keepTrying { () async throws(PresenceError) in _ = try await self.channelCall(key, call) }
-            }
+            if (try? await channelCall(key, call)) == nil { endLater { () async throws(PresenceError) in _ = try await self.channelCall(key, call) } }
         }
         let ended = ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: ref(s.id, s.userID))
-        if (try? await homeCall(topology.home(of: s.userID), ended)) == nil {
-            keepTrying { () async throws(PresenceError) in _ = try await self.homeCall(self.topology.home(of: s.userID), ended) }
-        }
+        if (try? await homeCall(ended)) == nil { endLater { () async throws(PresenceError) in _ = try await self.homeCall(ended) } }
         await unwatch(Array(s.watching), by: s.id, user: s.userID)
     }
 
     /// A session's end must reach its owners even if they were unreachable for the whole retry
     /// window (else a live node would keep a ghost): try again every few seconds, for a while.
-    private func keepTrying(_ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
-        Task {
-            for _ in 0..<10 {
-                try? await Task.sleep(nanoseconds: 3_000_000_000)
-                do {
-                    try await body()
-                    return
-                } catch {
-                    continue
-                }
-            }
-        }
+    private func endLater(_ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
+        retryInBackground(attempts: 10, pause: 3_000_000_000, body)
     }
 
     private func unwatch(_ users: [String], by id: SessionID, user: String) async {
-        for (home, us) in byHome(users) {
-            _ = try? await homeCall(home, ClusterHomeCall(userIDs: us, op: .unwatch, session: ref(id, user)))
+        for us in byHome(users) {
+            _ = try? await homeCall(ClusterHomeCall(userIDs: us, op: .unwatch, session: ref(id, user)))
         }
     }
 
@@ -348,7 +357,7 @@ public final class PresenceEngine: Sendable {
             _ = try await channelCall(key, call)
         } catch {
             // the session has left here; its owner must hear of it later rather than keep a ghost
-            keepTrying { () async throws(PresenceError) in _ = try await self.channelCall(key, call) }
+            endLater { () async throws(PresenceError) in _ = try await self.channelCall(key, call) }
             throw error
         }
         _ = try? await homeCall(user, .sessionLeft) { c in
@@ -430,8 +439,8 @@ public final class PresenceEngine: Sendable {
     public func getUserStatuses(_ users: [String]) async throws(PresenceError) -> [UserStatusEntry] {
         let users = try Validate.userList(users, field: "user_ids")
         var found: [String: UserStatus] = [:]
-        for (home, us) in byHome(users) {
-            for e in try await homeCall(home, ClusterHomeCall(userIDs: us, op: .statuses)).statuses { found[e.userID] = e.status }
+        for us in byHome(users) {
+            for e in try await homeCall(ClusterHomeCall(userIDs: us, op: .statuses)).statuses { found[e.userID] = e.status }
         }
         return users.map { UserStatusEntry(userID: $0, status: found[$0] ?? .unknown) }
     }
@@ -443,8 +452,8 @@ public final class PresenceEngine: Sendable {
         let (user, _, added) = try gatewayShard(id).watch(id, add: add, remove: remove)
         await unwatch(remove.filter { !added.contains($0) }, by: id, user: user)
         var statuses: [String: UserStatus] = [:]
-        for (home, us) in byHome(added) {
-            let r = try await homeCall(home, ClusterHomeCall(userIDs: us, op: .watch, session: ref(id, user)))
+        for us in byHome(added) {
+            let r = try await homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: ref(id, user)))
             for e in r.statuses { statuses[e.userID] = e.status }
         }
         if let (s, _) = try? gatewayShard(id).session(id) {

@@ -166,16 +166,11 @@ actor UserHomeShard {
     private func record(of user: String) -> ClusterUserRecord {
         var r = ClusterUserRecord(directory.copy(of: user))
         let now = clock.monotonicNanoseconds()
-        func left(_ o: Orphan) -> UInt64 {
-            guard let d = orphans.deadline(o) else { return 0 }
-            return max(1, (d > now ? d - now : 0) / 1_000_000)
+        func left(_ text: String, watcher: Bool) -> UInt64 {
+            SessionID(text: text).map { orphans.millisecondsLeft(Orphan(user: user, session: $0, watcher: watcher), now: now) } ?? 0
         }
-        for i in r.sessions.indices {
-            if let id = SessionID(text: r.sessions[i].sessionID) { r.sessions[i].orphanMs = left(Orphan(user: user, session: id, watcher: false)) }
-        }
-        for i in r.watchers.indices {
-            if let id = SessionID(text: r.watchers[i].sessionID) { r.watchers[i].orphanMs = left(Orphan(user: user, session: id, watcher: true)) }
-        }
+        for i in r.sessions.indices { r.sessions[i].orphanMs = left(r.sessions[i].sessionID, watcher: false) }
+        for i in r.watchers.indices { r.watchers[i].orphanMs = left(r.watchers[i].sessionID, watcher: true) }
         return r
     }
 
@@ -185,34 +180,27 @@ actor UserHomeShard {
         let now = clock.monotonicNanoseconds()
         let timers = record.sessions.map { ($0.sessionID, $0.gateway, $0.orphanMs, false) } + record.watchers.map { ($0.sessionID, $0.gateway, $0.orphanMs, true) }
         // the sender's clock runs on only for gateways this node also sees gone (its own view decides)
-        for (text, gateway, ms, watcher) in timers where ms > 0 && isStray(text, at: gateway) {
-            guard let id = SessionID(text: text) else { continue }
+        for (text, gateway, ms, watcher) in timers where ms > 0 {
+            guard let id = SessionID(text: text), fabric.isStray(id, at: gateway) else { continue }
             let o = Orphan(user: c.userID, session: id, watcher: watcher)
-            let deadline = now + min(ms, presenceTimeout / 1_000_000) * 1_000_000
+            let deadline = OrphanTimers<Orphan>.deadline(millisecondsLeft: ms, now: now, cap: presenceTimeout)
             if home { orphans.start(o, deadline: deadline) } else { copyOrphans[o] = deadline }
         }
         if home {
             directory.merge(c)  // another version of a user this home serves (after a partition): merged
             replicate([c.userID])
-            orphanStrays(c.userID, alive: fabric.topology.alive)
+            orphanStrays(c.userID)
         } else {
             copies.install(c)
         }
     }
 
-    /// Whether no live gateway holds this session (see `ChannelShard`).
-    private func isStray(_ session: String, at gateway: String) -> Bool {
-        if gateway == me { return SessionID(text: session).map { fabric.gateway.shard($0).outbox($0) == nil } ?? true }
-        return !fabric.topology.alive.contains(gateway)
-    }
-
-    /// Starts timers for the user's sessions and watchers that no live gateway holds (their
-    /// gateway died or left, or it is this node and it does not know them: from before a restart).
-    private func orphanStrays(_ user: String, alive: Set<String>) {
+    /// Starts timers for the user's sessions and watchers that no live gateway holds (`Fabric.isStray`).
+    private func orphanStrays(_ user: String) {
         let c = directory.copy(of: user)
         let deadline = clock.monotonicNanoseconds() + presenceTimeout
-        for (id, r) in c.sessions where isStray(id.description, at: r.sink) { orphans.start(Orphan(user: user, session: id, watcher: false), deadline: deadline) }
-        for (id, sink) in c.watchers where isStray(id.description, at: sink) { orphans.start(Orphan(user: user, session: id, watcher: true), deadline: deadline) }
+        for (id, r) in c.sessions where fabric.isStray(id, at: r.sink) { orphans.start(Orphan(user: user, session: id, watcher: false), deadline: deadline) }
+        for (id, sink) in c.watchers where fabric.isStray(id, at: sink) { orphans.start(Orphan(user: user, session: id, watcher: true), deadline: deadline) }
         if !orphans.isEmpty { startSweeping() }
     }
 
@@ -235,10 +223,8 @@ actor UserHomeShard {
             case .takeOver(_, let newReplicas):
                 directory.install(copies.copy(of: u))
                 copies.remove(u)
-                let c = directory.copy(of: u)
                 for (o, deadline) in copyOrphans where o.user == u {
-                    let gateway = o.watcher ? c.watchers[o.session] : c.sessions[o.session]?.sink
-                    if let gateway, isStray(o.session.description, at: gateway) { orphans.start(o, deadline: deadline) }
+                    if let gateway = gateway(of: o), fabric.isStray(o.session, at: gateway) { orphans.start(o, deadline: deadline) }
                 }
                 let record = record(of: u)
                 for r in newReplicas { fabric.send(record, to: r) }
@@ -250,7 +236,7 @@ actor UserHomeShard {
         }
         // keep the deadlines of copies still held (watchers are few; they go with their user)
         copyOrphans = copyOrphans.filter { $0.key.watcher || copies.session($0.key.user, $0.key.session) != nil }
-        for u in directory.allUserIDs { orphanStrays(u, alive: alive) }
+        for u in directory.allUserIDs { orphanStrays(u) }
         // a gateway believed dead is back: give its re-announce time to arrive (see ChannelShard)
         let back = orphans.gatewaysBack(grace: clock.monotonicNanoseconds() + ChannelShard.rejoinGrace) { o in
             guard let sink = gateway(of: o), sink != me, alive.contains(sink) else { return nil }
@@ -260,8 +246,7 @@ actor UserHomeShard {
     }
 
     private func gateway(of o: Orphan) -> String? {
-        let c = directory.copy(of: o.user)
-        return o.watcher ? c.watchers[o.session] : c.sessions[o.session]?.sink
+        o.watcher ? directory.watcher(o.user, o.session) : directory.session(o.user, o.session)?.sink
     }
 
     /// A returning gateway still holds these sessions: they are not orphans.

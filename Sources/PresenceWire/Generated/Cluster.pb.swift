@@ -969,18 +969,16 @@ public struct ClusterChannelRecord: ProtoMessage, Sendable, Hashable {
     public var sequence: UInt64 = 0
     public var full: Bool = false
     public var members: [ClusterMemberRecord] = []
-    public var dropped: Bool = false
     public var handoff: Bool = false
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sequence: UInt64 = 0, full: Bool = false, members: [ClusterMemberRecord] = [], dropped: Bool = false, handoff: Bool = false) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sequence: UInt64 = 0, full: Bool = false, members: [ClusterMemberRecord] = [], handoff: Bool = false) {
         self.channelName = channelName
         self.channelType = channelType
         self.sequence = sequence
         self.full = full
         self.members = members
-        self.dropped = dropped
         self.handoff = handoff
     }
 
@@ -1009,7 +1007,6 @@ extension ClusterChannelRecord: CMessageBridge {
         self.sequence = c.pointee.sequence
         self.full = c.pointee.full != 0
         self.members = try WireCodec.readArray(c.pointee.members, c.pointee.n_members) { try ClusterMemberRecord(cStruct: $0!) }
-        self.dropped = c.pointee.dropped != 0
         self.handoff = c.pointee.handoff != 0
     }
 
@@ -1020,7 +1017,6 @@ extension ClusterChannelRecord: CMessageBridge {
         c.pointee.sequence = self.sequence
         c.pointee.full = self.full ? 1 : 0
         (c.pointee.n_members, c.pointee.members) = arena.messageArray(self.members)
-        c.pointee.dropped = self.dropped ? 1 : 0
         c.pointee.handoff = self.handoff ? 1 : 0
     }
 }
