@@ -358,8 +358,10 @@ class Gen:
                 w("        (%s, %s) = arena.messageArray(%s)" % (cnt, dst, src))
             elif fd.type == F.TYPE_STRING:
                 w("        (%s, %s) = arena.stringArray(%s)" % (cnt, dst, src))
+            elif fd.type in (F.TYPE_UINT32, F.TYPE_UINT64, F.TYPE_INT32, F.TYPE_INT64):
+                w("        (%s, %s) = arena.scalarArray(%s)" % (cnt, dst, src))
             else:
-                raise SystemExit("repeated scalars are not used yet: " + fd.name)
+                raise SystemExit("repeated scalars of this type are not supported: " + fd.name)
             return
         if fd.type == F.TYPE_MESSAGE:
             if in_oneof:

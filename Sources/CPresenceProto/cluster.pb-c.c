@@ -682,6 +682,51 @@ void   presence__cluster__v1__member_record__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__member_record__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   presence__cluster__v1__departure__init
+                     (Presence__Cluster__V1__Departure         *message)
+{
+  static const Presence__Cluster__V1__Departure init_value = PRESENCE__CLUSTER__V1__DEPARTURE__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__departure__get_packed_size
+                     (const Presence__Cluster__V1__Departure *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__departure__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__departure__pack
+                     (const Presence__Cluster__V1__Departure *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__departure__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__departure__pack_to_buffer
+                     (const Presence__Cluster__V1__Departure *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__departure__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__Departure *
+       presence__cluster__v1__departure__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__Departure *)
+     protobuf_c_message_unpack (&presence__cluster__v1__departure__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__departure__free_unpacked
+                     (Presence__Cluster__V1__Departure *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__departure__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   presence__cluster__v1__channel_record__init
                      (Presence__Cluster__V1__ChannelRecord         *message)
 {
@@ -817,6 +862,51 @@ void   presence__cluster__v1__delivery__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__delivery__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   presence__cluster__v1__session_moved__init
+                     (Presence__Cluster__V1__SessionMoved         *message)
+{
+  static const Presence__Cluster__V1__SessionMoved init_value = PRESENCE__CLUSTER__V1__SESSION_MOVED__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__session_moved__get_packed_size
+                     (const Presence__Cluster__V1__SessionMoved *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_moved__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__session_moved__pack
+                     (const Presence__Cluster__V1__SessionMoved *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_moved__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__session_moved__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionMoved *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__session_moved__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__SessionMoved *
+       presence__cluster__v1__session_moved__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__SessionMoved *)
+     protobuf_c_message_unpack (&presence__cluster__v1__session_moved__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__session_moved__free_unpacked
+                     (Presence__Cluster__V1__SessionMoved *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__session_moved__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   presence__cluster__v1__push_batch__init
                      (Presence__Cluster__V1__PushBatch         *message)
 {
@@ -907,97 +997,457 @@ void   presence__cluster__v1__push_ack__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__push_ack__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-void   presence__cluster__v1__session_check__init
-                     (Presence__Cluster__V1__SessionCheck         *message)
+void   presence__cluster__v1__digest_request__init
+                     (Presence__Cluster__V1__DigestRequest         *message)
 {
-  static const Presence__Cluster__V1__SessionCheck init_value = PRESENCE__CLUSTER__V1__SESSION_CHECK__INIT;
+  static const Presence__Cluster__V1__DigestRequest init_value = PRESENCE__CLUSTER__V1__DIGEST_REQUEST__INIT;
   *message = init_value;
 }
-size_t presence__cluster__v1__session_check__get_packed_size
-                     (const Presence__Cluster__V1__SessionCheck *message)
+size_t presence__cluster__v1__digest_request__get_packed_size
+                     (const Presence__Cluster__V1__DigestRequest *message)
 {
-  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_request__descriptor);
   return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
 }
-size_t presence__cluster__v1__session_check__pack
-                     (const Presence__Cluster__V1__SessionCheck *message,
+size_t presence__cluster__v1__digest_request__pack
+                     (const Presence__Cluster__V1__DigestRequest *message,
                       uint8_t       *out)
 {
-  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_request__descriptor);
   return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
 }
-size_t presence__cluster__v1__session_check__pack_to_buffer
-                     (const Presence__Cluster__V1__SessionCheck *message,
+size_t presence__cluster__v1__digest_request__pack_to_buffer
+                     (const Presence__Cluster__V1__DigestRequest *message,
                       ProtobufCBuffer *buffer)
 {
-  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_request__descriptor);
   return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
 }
-Presence__Cluster__V1__SessionCheck *
-       presence__cluster__v1__session_check__unpack
+Presence__Cluster__V1__DigestRequest *
+       presence__cluster__v1__digest_request__unpack
                      (ProtobufCAllocator  *allocator,
                       size_t               len,
                       const uint8_t       *data)
 {
-  return (Presence__Cluster__V1__SessionCheck *)
-     protobuf_c_message_unpack (&presence__cluster__v1__session_check__descriptor,
+  return (Presence__Cluster__V1__DigestRequest *)
+     protobuf_c_message_unpack (&presence__cluster__v1__digest_request__descriptor,
                                 allocator, len, data);
 }
-void   presence__cluster__v1__session_check__free_unpacked
-                     (Presence__Cluster__V1__SessionCheck *message,
+void   presence__cluster__v1__digest_request__free_unpacked
+                     (Presence__Cluster__V1__DigestRequest *message,
                       ProtobufCAllocator *allocator)
 {
   if(!message)
     return;
-  assert(message->base.descriptor == &presence__cluster__v1__session_check__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_request__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-void   presence__cluster__v1__session_check_result__init
-                     (Presence__Cluster__V1__SessionCheckResult         *message)
+void   presence__cluster__v1__digest_response__init
+                     (Presence__Cluster__V1__DigestResponse         *message)
 {
-  static const Presence__Cluster__V1__SessionCheckResult init_value = PRESENCE__CLUSTER__V1__SESSION_CHECK_RESULT__INIT;
+  static const Presence__Cluster__V1__DigestResponse init_value = PRESENCE__CLUSTER__V1__DIGEST_RESPONSE__INIT;
   *message = init_value;
 }
-size_t presence__cluster__v1__session_check_result__get_packed_size
-                     (const Presence__Cluster__V1__SessionCheckResult *message)
+size_t presence__cluster__v1__digest_response__get_packed_size
+                     (const Presence__Cluster__V1__DigestResponse *message)
 {
-  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_response__descriptor);
   return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
 }
-size_t presence__cluster__v1__session_check_result__pack
-                     (const Presence__Cluster__V1__SessionCheckResult *message,
+size_t presence__cluster__v1__digest_response__pack
+                     (const Presence__Cluster__V1__DigestResponse *message,
                       uint8_t       *out)
 {
-  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_response__descriptor);
   return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
 }
-size_t presence__cluster__v1__session_check_result__pack_to_buffer
-                     (const Presence__Cluster__V1__SessionCheckResult *message,
+size_t presence__cluster__v1__digest_response__pack_to_buffer
+                     (const Presence__Cluster__V1__DigestResponse *message,
                       ProtobufCBuffer *buffer)
 {
-  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_response__descriptor);
   return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
 }
-Presence__Cluster__V1__SessionCheckResult *
-       presence__cluster__v1__session_check_result__unpack
+Presence__Cluster__V1__DigestResponse *
+       presence__cluster__v1__digest_response__unpack
                      (ProtobufCAllocator  *allocator,
                       size_t               len,
                       const uint8_t       *data)
 {
-  return (Presence__Cluster__V1__SessionCheckResult *)
-     protobuf_c_message_unpack (&presence__cluster__v1__session_check_result__descriptor,
+  return (Presence__Cluster__V1__DigestResponse *)
+     protobuf_c_message_unpack (&presence__cluster__v1__digest_response__descriptor,
                                 allocator, len, data);
 }
-void   presence__cluster__v1__session_check_result__free_unpacked
-                     (Presence__Cluster__V1__SessionCheckResult *message,
+void   presence__cluster__v1__digest_response__free_unpacked
+                     (Presence__Cluster__V1__DigestResponse *message,
                       ProtobufCAllocator *allocator)
 {
   if(!message)
     return;
-  assert(message->base.descriptor == &presence__cluster__v1__session_check_result__descriptor);
+  assert(message->base.descriptor == &presence__cluster__v1__digest_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__field_descriptors[5] =
+void   presence__cluster__v1__channel_fact__init
+                     (Presence__Cluster__V1__ChannelFact         *message)
+{
+  static const Presence__Cluster__V1__ChannelFact init_value = PRESENCE__CLUSTER__V1__CHANNEL_FACT__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__channel_fact__get_packed_size
+                     (const Presence__Cluster__V1__ChannelFact *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_fact__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__channel_fact__pack
+                     (const Presence__Cluster__V1__ChannelFact *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_fact__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__channel_fact__pack_to_buffer
+                     (const Presence__Cluster__V1__ChannelFact *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__channel_fact__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ChannelFact *
+       presence__cluster__v1__channel_fact__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ChannelFact *)
+     protobuf_c_message_unpack (&presence__cluster__v1__channel_fact__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__channel_fact__free_unpacked
+                     (Presence__Cluster__V1__ChannelFact *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__channel_fact__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__home_fact__init
+                     (Presence__Cluster__V1__HomeFact         *message)
+{
+  static const Presence__Cluster__V1__HomeFact init_value = PRESENCE__CLUSTER__V1__HOME_FACT__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__home_fact__get_packed_size
+                     (const Presence__Cluster__V1__HomeFact *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_fact__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__home_fact__pack
+                     (const Presence__Cluster__V1__HomeFact *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_fact__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__home_fact__pack_to_buffer
+                     (const Presence__Cluster__V1__HomeFact *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__home_fact__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__HomeFact *
+       presence__cluster__v1__home_fact__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__HomeFact *)
+     protobuf_c_message_unpack (&presence__cluster__v1__home_fact__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__home_fact__free_unpacked
+                     (Presence__Cluster__V1__HomeFact *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__home_fact__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__exchange_request__init
+                     (Presence__Cluster__V1__ExchangeRequest         *message)
+{
+  static const Presence__Cluster__V1__ExchangeRequest init_value = PRESENCE__CLUSTER__V1__EXCHANGE_REQUEST__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__exchange_request__get_packed_size
+                     (const Presence__Cluster__V1__ExchangeRequest *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__exchange_request__pack
+                     (const Presence__Cluster__V1__ExchangeRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__exchange_request__pack_to_buffer
+                     (const Presence__Cluster__V1__ExchangeRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ExchangeRequest *
+       presence__cluster__v1__exchange_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ExchangeRequest *)
+     protobuf_c_message_unpack (&presence__cluster__v1__exchange_request__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__exchange_request__free_unpacked
+                     (Presence__Cluster__V1__ExchangeRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__key_session__init
+                     (Presence__Cluster__V1__KeySession         *message)
+{
+  static const Presence__Cluster__V1__KeySession init_value = PRESENCE__CLUSTER__V1__KEY_SESSION__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__key_session__get_packed_size
+                     (const Presence__Cluster__V1__KeySession *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__key_session__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__key_session__pack
+                     (const Presence__Cluster__V1__KeySession *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__key_session__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__key_session__pack_to_buffer
+                     (const Presence__Cluster__V1__KeySession *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__key_session__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__KeySession *
+       presence__cluster__v1__key_session__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__KeySession *)
+     protobuf_c_message_unpack (&presence__cluster__v1__key_session__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__key_session__free_unpacked
+                     (Presence__Cluster__V1__KeySession *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__key_session__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__state_correction__init
+                     (Presence__Cluster__V1__StateCorrection         *message)
+{
+  static const Presence__Cluster__V1__StateCorrection init_value = PRESENCE__CLUSTER__V1__STATE_CORRECTION__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__state_correction__get_packed_size
+                     (const Presence__Cluster__V1__StateCorrection *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__state_correction__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__state_correction__pack
+                     (const Presence__Cluster__V1__StateCorrection *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__state_correction__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__state_correction__pack_to_buffer
+                     (const Presence__Cluster__V1__StateCorrection *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__state_correction__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__StateCorrection *
+       presence__cluster__v1__state_correction__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__StateCorrection *)
+     protobuf_c_message_unpack (&presence__cluster__v1__state_correction__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__state_correction__free_unpacked
+                     (Presence__Cluster__V1__StateCorrection *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__state_correction__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__exchange_response__init
+                     (Presence__Cluster__V1__ExchangeResponse         *message)
+{
+  static const Presence__Cluster__V1__ExchangeResponse init_value = PRESENCE__CLUSTER__V1__EXCHANGE_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__exchange_response__get_packed_size
+                     (const Presence__Cluster__V1__ExchangeResponse *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__exchange_response__pack
+                     (const Presence__Cluster__V1__ExchangeResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__exchange_response__pack_to_buffer
+                     (const Presence__Cluster__V1__ExchangeResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ExchangeResponse *
+       presence__cluster__v1__exchange_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ExchangeResponse *)
+     protobuf_c_message_unpack (&presence__cluster__v1__exchange_response__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__exchange_response__free_unpacked
+                     (Presence__Cluster__V1__ExchangeResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__exchange_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__confirm_request__init
+                     (Presence__Cluster__V1__ConfirmRequest         *message)
+{
+  static const Presence__Cluster__V1__ConfirmRequest init_value = PRESENCE__CLUSTER__V1__CONFIRM_REQUEST__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__confirm_request__get_packed_size
+                     (const Presence__Cluster__V1__ConfirmRequest *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_request__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__confirm_request__pack
+                     (const Presence__Cluster__V1__ConfirmRequest *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_request__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__confirm_request__pack_to_buffer
+                     (const Presence__Cluster__V1__ConfirmRequest *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_request__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ConfirmRequest *
+       presence__cluster__v1__confirm_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ConfirmRequest *)
+     protobuf_c_message_unpack (&presence__cluster__v1__confirm_request__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__confirm_request__free_unpacked
+                     (Presence__Cluster__V1__ConfirmRequest *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_request__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   presence__cluster__v1__confirm_response__init
+                     (Presence__Cluster__V1__ConfirmResponse         *message)
+{
+  static const Presence__Cluster__V1__ConfirmResponse init_value = PRESENCE__CLUSTER__V1__CONFIRM_RESPONSE__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__confirm_response__get_packed_size
+                     (const Presence__Cluster__V1__ConfirmResponse *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_response__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__confirm_response__pack
+                     (const Presence__Cluster__V1__ConfirmResponse *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_response__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__confirm_response__pack_to_buffer
+                     (const Presence__Cluster__V1__ConfirmResponse *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_response__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__ConfirmResponse *
+       presence__cluster__v1__confirm_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__ConfirmResponse *)
+     protobuf_c_message_unpack (&presence__cluster__v1__confirm_response__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__confirm_response__free_unpacked
+                     (Presence__Cluster__V1__ConfirmResponse *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__confirm_response__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__field_descriptors[6] =
 {
   {
     "node_id",
@@ -1059,9 +1509,22 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__fiel
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "boot",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__MemberUpdate, boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__member_update__field_indices_by_name[] = {
   1,   /* field[1] = address */
+  5,   /* field[5] = boot */
   4,   /* field[4] = client_address */
   3,   /* field[3] = incarnation */
   0,   /* field[0] = node_id */
@@ -1070,7 +1533,7 @@ static const unsigned presence__cluster__v1__member_update__field_indices_by_nam
 static const ProtobufCIntRange presence__cluster__v1__member_update__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__member_update__descriptor =
 {
@@ -1080,14 +1543,14 @@ const ProtobufCMessageDescriptor presence__cluster__v1__member_update__descripto
   "Presence__Cluster__V1__MemberUpdate",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__MemberUpdate),
-  5,
+  6,
   presence__cluster__v1__member_update__field_descriptors,
   presence__cluster__v1__member_update__field_indices_by_name,
   1,  presence__cluster__v1__member_update__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__member_update__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__ping_request__field_descriptors[4] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__ping_request__field_descriptors[5] =
 {
   {
     "from_node_id",
@@ -1137,9 +1600,22 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__ping_request__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "from_boot",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PingRequest, from_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__ping_request__field_indices_by_name[] = {
   1,   /* field[1] = from_address */
+  4,   /* field[4] = from_boot */
   0,   /* field[0] = from_node_id */
   3,   /* field[3] = gossip */
   2,   /* field[2] = sequence */
@@ -1147,7 +1623,7 @@ static const unsigned presence__cluster__v1__ping_request__field_indices_by_name
 static const ProtobufCIntRange presence__cluster__v1__ping_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__ping_request__descriptor =
 {
@@ -1157,7 +1633,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__ping_request__descriptor
   "Presence__Cluster__V1__PingRequest",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__PingRequest),
-  4,
+  5,
   presence__cluster__v1__ping_request__field_descriptors,
   presence__cluster__v1__ping_request__field_indices_by_name,
   1,  presence__cluster__v1__ping_request__number_ranges,
@@ -1228,7 +1704,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__ping_response__descripto
   (ProtobufCMessageInit) presence__cluster__v1__ping_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__indirect_ping_request__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__indirect_ping_request__field_descriptors[7] =
 {
   {
     "from_node_id",
@@ -1302,9 +1778,22 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__indirect_ping_reque
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "from_boot",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__IndirectPingRequest, from_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__indirect_ping_request__field_indices_by_name[] = {
   1,   /* field[1] = from_address */
+  6,   /* field[6] = from_boot */
   0,   /* field[0] = from_node_id */
   5,   /* field[5] = gossip */
   4,   /* field[4] = sequence */
@@ -1314,7 +1803,7 @@ static const unsigned presence__cluster__v1__indirect_ping_request__field_indice
 static const ProtobufCIntRange presence__cluster__v1__indirect_ping_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__indirect_ping_request__descriptor =
 {
@@ -1324,7 +1813,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__indirect_ping_request__d
   "Presence__Cluster__V1__IndirectPingRequest",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__IndirectPingRequest),
-  6,
+  7,
   presence__cluster__v1__indirect_ping_request__field_descriptors,
   presence__cluster__v1__indirect_ping_request__field_indices_by_name,
   1,  presence__cluster__v1__indirect_ping_request__number_ranges,
@@ -1407,7 +1896,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__join_response__descripto
   (ProtobufCMessageInit) presence__cluster__v1__join_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[5] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[6] =
 {
   {
     "session_id",
@@ -1458,12 +1947,24 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "orphan_ms",
-    5,
+    "gateway_boot",
+    6,
     PROTOBUF_C_LABEL_NONE,
     PROTOBUF_C_TYPE_UINT64,
     0,   /* quantifier_offset */
-    offsetof(Presence__Cluster__V1__SessionRef, orphan_ms),
+    offsetof(Presence__Cluster__V1__SessionRef, gateway_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, version),
     NULL,
     NULL,
     0,             /* flags */
@@ -1472,15 +1973,17 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_
 };
 static const unsigned presence__cluster__v1__session_ref__field_indices_by_name[] = {
   2,   /* field[2] = gateway */
-  4,   /* field[4] = orphan_ms */
+  4,   /* field[4] = gateway_boot */
   0,   /* field[0] = session_id */
   1,   /* field[1] = user_id */
+  5,   /* field[5] = version */
   3,   /* field[3] = with_presence */
 };
-static const ProtobufCIntRange presence__cluster__v1__session_ref__number_ranges[1 + 1] =
+static const ProtobufCIntRange presence__cluster__v1__session_ref__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 6, 4 },
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor =
 {
@@ -1490,10 +1993,10 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor 
   "Presence__Cluster__V1__SessionRef",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__SessionRef),
-  5,
+  6,
   presence__cluster__v1__session_ref__field_descriptors,
   presence__cluster__v1__session_ref__field_indices_by_name,
-  1,  presence__cluster__v1__session_ref__number_ranges,
+  2,  presence__cluster__v1__session_ref__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__session_ref__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
@@ -1561,7 +2064,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__call_error__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__call_error__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[13] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[15] =
 {
   {
     "channel_name",
@@ -1719,12 +2222,37 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "floor",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, floor),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state_version",
+    15,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, state_version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_call__field_indices_by_name[] = {
   8,   /* field[8] = after */
   0,   /* field[0] = channel_name */
   1,   /* field[1] = channel_type */
   10,   /* field[10] = count_only */
+  13,   /* field[13] = floor */
   3,   /* field[3] = hops */
   9,   /* field[9] = include_state */
   5,   /* field[5] = items */
@@ -1732,13 +2260,14 @@ static const unsigned presence__cluster__v1__channel_call__field_indices_by_name
   2,   /* field[2] = op */
   12,   /* field[12] = ring_fingerprint */
   4,   /* field[4] = session */
+  14,   /* field[14] = state_version */
   11,   /* field[11] = timed_out */
   7,   /* field[7] = user_id */
 };
 static const ProtobufCIntRange presence__cluster__v1__channel_call__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 13 }
+  { 0, 15 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor =
 {
@@ -1748,14 +2277,14 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor
   "Presence__Cluster__V1__ChannelCall",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelCall),
-  13,
+  15,
   presence__cluster__v1__channel_call__field_descriptors,
   presence__cluster__v1__channel_call__field_indices_by_name,
   1,  presence__cluster__v1__channel_call__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__channel_call__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[7] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[8] =
 {
   {
     "error",
@@ -1841,12 +2370,25 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "state_version",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, state_version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_result__field_indices_by_name[] = {
   0,   /* field[0] = error */
   2,   /* field[2] = found */
   6,   /* field[6] = next */
   3,   /* field[3] = state */
+  7,   /* field[7] = state_version */
   4,   /* field[4] = total */
   1,   /* field[1] = user_gone */
   5,   /* field[5] = users */
@@ -1854,7 +2396,7 @@ static const unsigned presence__cluster__v1__channel_result__field_indices_by_na
 static const ProtobufCIntRange presence__cluster__v1__channel_result__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descriptor =
 {
@@ -1864,7 +2406,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descript
   "Presence__Cluster__V1__ChannelResult",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelResult),
-  7,
+  8,
   presence__cluster__v1__channel_result__field_descriptors,
   presence__cluster__v1__channel_result__field_indices_by_name,
   1,  presence__cluster__v1__channel_result__number_ranges,
@@ -1935,7 +2477,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_channel__descrip
   (ProtobufCMessageInit) presence__cluster__v1__session_channel__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[5] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[6] =
 {
   {
     "session_id",
@@ -1986,12 +2528,24 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "orphan_ms",
-    5,
+    "gateway_boot",
+    6,
     PROTOBUF_C_LABEL_NONE,
     PROTOBUF_C_TYPE_UINT64,
     0,   /* quantifier_offset */
-    offsetof(Presence__Cluster__V1__HomeSession, orphan_ms),
+    offsetof(Presence__Cluster__V1__HomeSession, gateway_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeSession, version),
     NULL,
     NULL,
     0,             /* flags */
@@ -2001,14 +2555,16 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field
 static const unsigned presence__cluster__v1__home_session__field_indices_by_name[] = {
   2,   /* field[2] = channels */
   1,   /* field[1] = gateway */
-  4,   /* field[4] = orphan_ms */
+  4,   /* field[4] = gateway_boot */
   0,   /* field[0] = session_id */
+  5,   /* field[5] = version */
   3,   /* field[3] = watching */
 };
-static const ProtobufCIntRange presence__cluster__v1__home_session__number_ranges[1 + 1] =
+static const ProtobufCIntRange presence__cluster__v1__home_session__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 6, 4 },
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor =
 {
@@ -2018,10 +2574,10 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor
   "Presence__Cluster__V1__HomeSession",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__HomeSession),
-  5,
+  6,
   presence__cluster__v1__home_session__field_descriptors,
   presence__cluster__v1__home_session__field_indices_by_name,
-  1,  presence__cluster__v1__home_session__number_ranges,
+  2,  presence__cluster__v1__home_session__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__home_session__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
@@ -2309,12 +2865,12 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__member_record__fiel
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "state_at_ms",
-    4,
+    "state_version",
+    5,
     PROTOBUF_C_LABEL_NONE,
-    PROTOBUF_C_TYPE_INT64,
+    PROTOBUF_C_TYPE_UINT64,
     0,   /* quantifier_offset */
-    offsetof(Presence__Cluster__V1__MemberRecord, state_at_ms),
+    offsetof(Presence__Cluster__V1__MemberRecord, state_version),
     NULL,
     NULL,
     0,             /* flags */
@@ -2324,12 +2880,13 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__member_record__fiel
 static const unsigned presence__cluster__v1__member_record__field_indices_by_name[] = {
   1,   /* field[1] = sessions */
   2,   /* field[2] = state */
-  3,   /* field[3] = state_at_ms */
+  3,   /* field[3] = state_version */
   0,   /* field[0] = user_id */
 };
-static const ProtobufCIntRange presence__cluster__v1__member_record__number_ranges[1 + 1] =
+static const ProtobufCIntRange presence__cluster__v1__member_record__number_ranges[2 + 1] =
 {
   { 1, 0 },
+  { 5, 3 },
   { 0, 4 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descriptor =
@@ -2343,11 +2900,101 @@ const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descripto
   4,
   presence__cluster__v1__member_record__field_descriptors,
   presence__cluster__v1__member_record__field_indices_by_name,
-  1,  presence__cluster__v1__member_record__number_ranges,
+  2,  presence__cluster__v1__member_record__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__member_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__departure__field_descriptors[5] =
+{
+  {
+    "session_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Departure, session_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "user_id",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Departure, user_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Departure, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "by_gateway",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Departure, by_gateway),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "at_ms",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Departure, at_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__departure__field_indices_by_name[] = {
+  4,   /* field[4] = at_ms */
+  3,   /* field[3] = by_gateway */
+  0,   /* field[0] = session_id */
+  1,   /* field[1] = user_id */
+  2,   /* field[2] = version */
+};
+static const ProtobufCIntRange presence__cluster__v1__departure__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__departure__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.Departure",
+  "Departure",
+  "Presence__Cluster__V1__Departure",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__Departure),
+  5,
+  presence__cluster__v1__departure__field_descriptors,
+  presence__cluster__v1__departure__field_indices_by_name,
+  1,  presence__cluster__v1__departure__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__departure__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[8] =
 {
   {
     "channel_name",
@@ -2421,20 +3068,46 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "term",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelRecord, term),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "departed",
+    9,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ChannelRecord, n_departed),
+    offsetof(Presence__Cluster__V1__ChannelRecord, departed),
+    &presence__cluster__v1__departure__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_record__field_indices_by_name[] = {
   0,   /* field[0] = channel_name */
   1,   /* field[1] = channel_type */
+  7,   /* field[7] = departed */
   3,   /* field[3] = full */
   5,   /* field[5] = handoff */
   4,   /* field[4] = members */
   2,   /* field[2] = sequence */
+  6,   /* field[6] = term */
 };
 static const ProtobufCIntRange presence__cluster__v1__channel_record__number_ranges[2 + 1] =
 {
   { 1, 0 },
   { 7, 5 },
-  { 0, 6 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor =
 {
@@ -2444,14 +3117,14 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descript
   "Presence__Cluster__V1__ChannelRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelRecord),
-  6,
+  8,
   presence__cluster__v1__channel_record__field_descriptors,
   presence__cluster__v1__channel_record__field_indices_by_name,
   2,  presence__cluster__v1__channel_record__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__channel_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_descriptors[5] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_descriptors[10] =
 {
   {
     "user_id",
@@ -2513,18 +3186,83 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "term",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__UserRecord, term),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "chosen_version",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__UserRecord, chosen_version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "departed",
+    8,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__UserRecord, n_departed),
+    offsetof(Presence__Cluster__V1__UserRecord, departed),
+    &presence__cluster__v1__departure__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "counter",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__UserRecord, counter),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "handoff",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__UserRecord, handoff),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__user_record__field_indices_by_name[] = {
   1,   /* field[1] = chosen */
+  6,   /* field[6] = chosen_version */
+  8,   /* field[8] = counter */
+  7,   /* field[7] = departed */
   2,   /* field[2] = ever_opened */
+  9,   /* field[9] = handoff */
   3,   /* field[3] = sessions */
+  5,   /* field[5] = term */
   0,   /* field[0] = user_id */
   4,   /* field[4] = watchers */
 };
 static const ProtobufCIntRange presence__cluster__v1__user_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor =
 {
@@ -2534,14 +3272,14 @@ const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor 
   "Presence__Cluster__V1__UserRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__UserRecord),
-  5,
+  10,
   presence__cluster__v1__user_record__field_descriptors,
   presence__cluster__v1__user_record__field_indices_by_name,
   1,  presence__cluster__v1__user_record__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__user_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__delivery__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__delivery__field_descriptors[7] =
 {
   {
     "channel_name",
@@ -2615,19 +3353,32 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__delivery__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "sequence",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Delivery, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__delivery__field_indices_by_name[] = {
   0,   /* field[0] = channel_name */
   1,   /* field[1] = channel_type */
   2,   /* field[2] = except_session */
   4,   /* field[4] = framed */
+  6,   /* field[6] = sequence */
   5,   /* field[5] = snapshot */
   3,   /* field[3] = to_sessions */
 };
 static const ProtobufCIntRange presence__cluster__v1__delivery__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__delivery__descriptor =
 {
@@ -2637,14 +3388,91 @@ const ProtobufCMessageDescriptor presence__cluster__v1__delivery__descriptor =
   "Presence__Cluster__V1__Delivery",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__Delivery),
-  6,
+  7,
   presence__cluster__v1__delivery__field_descriptors,
   presence__cluster__v1__delivery__field_indices_by_name,
   1,  presence__cluster__v1__delivery__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__delivery__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[8] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_moved__field_descriptors[4] =
+{
+  {
+    "session_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionMoved, session_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gateway",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionMoved, gateway),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gateway_boot",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionMoved, gateway_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionMoved, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__session_moved__field_indices_by_name[] = {
+  1,   /* field[1] = gateway */
+  2,   /* field[2] = gateway_boot */
+  0,   /* field[0] = session_id */
+  3,   /* field[3] = version */
+};
+static const ProtobufCIntRange presence__cluster__v1__session_moved__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.SessionMoved",
+  "SessionMoved",
+  "Presence__Cluster__V1__SessionMoved",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__SessionMoved),
+  4,
+  presence__cluster__v1__session_moved__field_descriptors,
+  presence__cluster__v1__session_moved__field_indices_by_name,
+  1,  presence__cluster__v1__session_moved__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__session_moved__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[9] =
 {
   {
     "from_node_id",
@@ -2707,30 +3535,6 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_d
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
-    "announces",
-    6,
-    PROTOBUF_C_LABEL_REPEATED,
-    PROTOBUF_C_TYPE_MESSAGE,
-    offsetof(Presence__Cluster__V1__PushBatch, n_announces),
-    offsetof(Presence__Cluster__V1__PushBatch, announces),
-    &presence__cluster__v1__channel_call__descriptor,
-    NULL,
-    0,             /* flags */
-    0,NULL,NULL    /* reserved1,reserved2, etc */
-  },
-  {
-    "home_announces",
-    7,
-    PROTOBUF_C_LABEL_REPEATED,
-    PROTOBUF_C_TYPE_MESSAGE,
-    offsetof(Presence__Cluster__V1__PushBatch, n_home_announces),
-    offsetof(Presence__Cluster__V1__PushBatch, home_announces),
-    &presence__cluster__v1__home_call__descriptor,
-    NULL,
-    0,             /* flags */
-    0,NULL,NULL    /* reserved1,reserved2, etc */
-  },
-  {
     "ring_fingerprint",
     8,
     PROTOBUF_C_LABEL_NONE,
@@ -2742,21 +3546,59 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "from_boot",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, from_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "to_boot",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, to_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moved",
+    11,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__PushBatch, n_moved),
+    offsetof(Presence__Cluster__V1__PushBatch, moved),
+    &presence__cluster__v1__session_moved__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[] = {
-  5,   /* field[5] = announces */
   2,   /* field[2] = channels */
   1,   /* field[1] = deliveries */
+  6,   /* field[6] = from_boot */
   0,   /* field[0] = from_node_id */
   4,   /* field[4] = handoff_done */
-  6,   /* field[6] = home_announces */
-  7,   /* field[7] = ring_fingerprint */
+  8,   /* field[8] = moved */
+  5,   /* field[5] = ring_fingerprint */
+  7,   /* field[7] = to_boot */
   3,   /* field[3] = users */
 };
-static const ProtobufCIntRange presence__cluster__v1__push_batch__number_ranges[1 + 1] =
+static const ProtobufCIntRange presence__cluster__v1__push_batch__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 0, 8 }
+  { 8, 5 },
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
 {
@@ -2766,10 +3608,10 @@ const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
   "Presence__Cluster__V1__PushBatch",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__PushBatch),
-  8,
+  9,
   presence__cluster__v1__push_batch__field_descriptors,
   presence__cluster__v1__push_batch__field_indices_by_name,
-  1,  presence__cluster__v1__push_batch__number_ranges,
+  2,  presence__cluster__v1__push_batch__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__push_batch__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
@@ -2791,80 +3633,832 @@ const ProtobufCMessageDescriptor presence__cluster__v1__push_ack__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__push_ack__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__session_check__field_descriptors[1] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__digest_request__field_descriptors[7] =
 {
   {
-    "session_ids",
+    "from_node_id",
     1,
-    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_LABEL_NONE,
     PROTOBUF_C_TYPE_STRING,
-    offsetof(Presence__Cluster__V1__SessionCheck, n_session_ids),
-    offsetof(Presence__Cluster__V1__SessionCheck, session_ids),
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__DigestRequest, from_node_id),
     NULL,
     &protobuf_c_empty_string,
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "from_boot",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__DigestRequest, from_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ring_fingerprint",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__DigestRequest, ring_fingerprint),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_counts",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Presence__Cluster__V1__DigestRequest, n_channel_counts),
+    offsetof(Presence__Cluster__V1__DigestRequest, channel_counts),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_sums",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Presence__Cluster__V1__DigestRequest, n_channel_sums),
+    offsetof(Presence__Cluster__V1__DigestRequest, channel_sums),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "home_counts",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Presence__Cluster__V1__DigestRequest, n_home_counts),
+    offsetof(Presence__Cluster__V1__DigestRequest, home_counts),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "home_sums",
+    7,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Presence__Cluster__V1__DigestRequest, n_home_sums),
+    offsetof(Presence__Cluster__V1__DigestRequest, home_sums),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
-static const unsigned presence__cluster__v1__session_check__field_indices_by_name[] = {
-  0,   /* field[0] = session_ids */
+static const unsigned presence__cluster__v1__digest_request__field_indices_by_name[] = {
+  3,   /* field[3] = channel_counts */
+  4,   /* field[4] = channel_sums */
+  1,   /* field[1] = from_boot */
+  0,   /* field[0] = from_node_id */
+  5,   /* field[5] = home_counts */
+  6,   /* field[6] = home_sums */
+  2,   /* field[2] = ring_fingerprint */
 };
-static const ProtobufCIntRange presence__cluster__v1__session_check__number_ranges[1 + 1] =
+static const ProtobufCIntRange presence__cluster__v1__digest_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 7 }
 };
-const ProtobufCMessageDescriptor presence__cluster__v1__session_check__descriptor =
+const ProtobufCMessageDescriptor presence__cluster__v1__digest_request__descriptor =
 {
   PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
-  "presence.cluster.v1.SessionCheck",
-  "SessionCheck",
-  "Presence__Cluster__V1__SessionCheck",
+  "presence.cluster.v1.DigestRequest",
+  "DigestRequest",
+  "Presence__Cluster__V1__DigestRequest",
   "presence.cluster.v1",
-  sizeof(Presence__Cluster__V1__SessionCheck),
-  1,
-  presence__cluster__v1__session_check__field_descriptors,
-  presence__cluster__v1__session_check__field_indices_by_name,
-  1,  presence__cluster__v1__session_check__number_ranges,
-  (ProtobufCMessageInit) presence__cluster__v1__session_check__init,
+  sizeof(Presence__Cluster__V1__DigestRequest),
+  7,
+  presence__cluster__v1__digest_request__field_descriptors,
+  presence__cluster__v1__digest_request__field_indices_by_name,
+  1,  presence__cluster__v1__digest_request__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__digest_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__session_check_result__field_descriptors[1] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__digest_response__field_descriptors[3] =
 {
   {
-    "live_session_ids",
+    "channel_buckets",
     1,
     PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Presence__Cluster__V1__DigestResponse, n_channel_buckets),
+    offsetof(Presence__Cluster__V1__DigestResponse, channel_buckets),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "home_buckets",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Presence__Cluster__V1__DigestResponse, n_home_buckets),
+    offsetof(Presence__Cluster__V1__DigestResponse, home_buckets),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ring_mismatch",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__DigestResponse, ring_mismatch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__digest_response__field_indices_by_name[] = {
+  0,   /* field[0] = channel_buckets */
+  1,   /* field[1] = home_buckets */
+  2,   /* field[2] = ring_mismatch */
+};
+static const ProtobufCIntRange presence__cluster__v1__digest_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__digest_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.DigestResponse",
+  "DigestResponse",
+  "Presence__Cluster__V1__DigestResponse",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__DigestResponse),
+  3,
+  presence__cluster__v1__digest_response__field_descriptors,
+  presence__cluster__v1__digest_response__field_indices_by_name,
+  1,  presence__cluster__v1__digest_response__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__digest_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_fact__field_descriptors[5] =
+{
+  {
+    "channel_name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
     PROTOBUF_C_TYPE_STRING,
-    offsetof(Presence__Cluster__V1__SessionCheckResult, n_live_session_ids),
-    offsetof(Presence__Cluster__V1__SessionCheckResult, live_session_ids),
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelFact, channel_name),
     NULL,
     &protobuf_c_empty_string,
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "channel_type",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelFact, channel_type),
+    &presence__v1__channel_type__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "session",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelFact, session),
+    &presence__cluster__v1__session_ref__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ChannelFact, n_state),
+    offsetof(Presence__Cluster__V1__ChannelFact, state),
+    &presence__v1__state_item__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state_version",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelFact, state_version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
-static const unsigned presence__cluster__v1__session_check_result__field_indices_by_name[] = {
-  0,   /* field[0] = live_session_ids */
+static const unsigned presence__cluster__v1__channel_fact__field_indices_by_name[] = {
+  0,   /* field[0] = channel_name */
+  1,   /* field[1] = channel_type */
+  2,   /* field[2] = session */
+  3,   /* field[3] = state */
+  4,   /* field[4] = state_version */
 };
-static const ProtobufCIntRange presence__cluster__v1__session_check_result__number_ranges[1 + 1] =
+static const ProtobufCIntRange presence__cluster__v1__channel_fact__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 5 }
 };
-const ProtobufCMessageDescriptor presence__cluster__v1__session_check_result__descriptor =
+const ProtobufCMessageDescriptor presence__cluster__v1__channel_fact__descriptor =
 {
   PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
-  "presence.cluster.v1.SessionCheckResult",
-  "SessionCheckResult",
-  "Presence__Cluster__V1__SessionCheckResult",
+  "presence.cluster.v1.ChannelFact",
+  "ChannelFact",
+  "Presence__Cluster__V1__ChannelFact",
   "presence.cluster.v1",
-  sizeof(Presence__Cluster__V1__SessionCheckResult),
-  1,
-  presence__cluster__v1__session_check_result__field_descriptors,
-  presence__cluster__v1__session_check_result__field_indices_by_name,
-  1,  presence__cluster__v1__session_check_result__number_ranges,
-  (ProtobufCMessageInit) presence__cluster__v1__session_check_result__init,
+  sizeof(Presence__Cluster__V1__ChannelFact),
+  5,
+  presence__cluster__v1__channel_fact__field_descriptors,
+  presence__cluster__v1__channel_fact__field_indices_by_name,
+  1,  presence__cluster__v1__channel_fact__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__channel_fact__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_fact__field_descriptors[3] =
+{
+  {
+    "user_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeFact, user_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "session",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeFact, session),
+    &presence__cluster__v1__home_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "watcher",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeFact, watcher),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__home_fact__field_indices_by_name[] = {
+  1,   /* field[1] = session */
+  0,   /* field[0] = user_id */
+  2,   /* field[2] = watcher */
+};
+static const ProtobufCIntRange presence__cluster__v1__home_fact__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__home_fact__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.HomeFact",
+  "HomeFact",
+  "Presence__Cluster__V1__HomeFact",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__HomeFact),
+  3,
+  presence__cluster__v1__home_fact__field_descriptors,
+  presence__cluster__v1__home_fact__field_indices_by_name,
+  1,  presence__cluster__v1__home_fact__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__home_fact__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__exchange_request__field_descriptors[7] =
+{
+  {
+    "from_node_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ExchangeRequest, from_node_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "from_boot",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ExchangeRequest, from_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ring_fingerprint",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ExchangeRequest, ring_fingerprint),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_buckets",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Presence__Cluster__V1__ExchangeRequest, n_channel_buckets),
+    offsetof(Presence__Cluster__V1__ExchangeRequest, channel_buckets),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "home_buckets",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Presence__Cluster__V1__ExchangeRequest, n_home_buckets),
+    offsetof(Presence__Cluster__V1__ExchangeRequest, home_buckets),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_facts",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ExchangeRequest, n_channel_facts),
+    offsetof(Presence__Cluster__V1__ExchangeRequest, channel_facts),
+    &presence__cluster__v1__channel_fact__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "home_facts",
+    7,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ExchangeRequest, n_home_facts),
+    offsetof(Presence__Cluster__V1__ExchangeRequest, home_facts),
+    &presence__cluster__v1__home_fact__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__exchange_request__field_indices_by_name[] = {
+  3,   /* field[3] = channel_buckets */
+  5,   /* field[5] = channel_facts */
+  1,   /* field[1] = from_boot */
+  0,   /* field[0] = from_node_id */
+  4,   /* field[4] = home_buckets */
+  6,   /* field[6] = home_facts */
+  2,   /* field[2] = ring_fingerprint */
+};
+static const ProtobufCIntRange presence__cluster__v1__exchange_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__exchange_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ExchangeRequest",
+  "ExchangeRequest",
+  "Presence__Cluster__V1__ExchangeRequest",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__ExchangeRequest),
+  7,
+  presence__cluster__v1__exchange_request__field_descriptors,
+  presence__cluster__v1__exchange_request__field_indices_by_name,
+  1,  presence__cluster__v1__exchange_request__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__exchange_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__key_session__field_descriptors[7] =
+{
+  {
+    "channel_name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__KeySession, channel_name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_type",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__KeySession, channel_type),
+    &presence__v1__channel_type__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "user_id",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__KeySession, user_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "session_id",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__KeySession, session_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__KeySession, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gateway",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__KeySession, gateway),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gateway_boot",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__KeySession, gateway_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__key_session__field_indices_by_name[] = {
+  0,   /* field[0] = channel_name */
+  1,   /* field[1] = channel_type */
+  5,   /* field[5] = gateway */
+  6,   /* field[6] = gateway_boot */
+  3,   /* field[3] = session_id */
+  2,   /* field[2] = user_id */
+  4,   /* field[4] = version */
+};
+static const ProtobufCIntRange presence__cluster__v1__key_session__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 7 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__key_session__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.KeySession",
+  "KeySession",
+  "Presence__Cluster__V1__KeySession",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__KeySession),
+  7,
+  presence__cluster__v1__key_session__field_descriptors,
+  presence__cluster__v1__key_session__field_indices_by_name,
+  1,  presence__cluster__v1__key_session__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__key_session__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__state_correction__field_descriptors[5] =
+{
+  {
+    "channel_name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__StateCorrection, channel_name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "channel_type",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__StateCorrection, channel_type),
+    &presence__v1__channel_type__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "session_id",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__StateCorrection, session_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__StateCorrection, n_state),
+    offsetof(Presence__Cluster__V1__StateCorrection, state),
+    &presence__v1__state_item__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state_version",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__StateCorrection, state_version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__state_correction__field_indices_by_name[] = {
+  0,   /* field[0] = channel_name */
+  1,   /* field[1] = channel_type */
+  2,   /* field[2] = session_id */
+  3,   /* field[3] = state */
+  4,   /* field[4] = state_version */
+};
+static const ProtobufCIntRange presence__cluster__v1__state_correction__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__state_correction__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.StateCorrection",
+  "StateCorrection",
+  "Presence__Cluster__V1__StateCorrection",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__StateCorrection),
+  5,
+  presence__cluster__v1__state_correction__field_descriptors,
+  presence__cluster__v1__state_correction__field_indices_by_name,
+  1,  presence__cluster__v1__state_correction__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__state_correction__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__exchange_response__field_descriptors[4] =
+{
+  {
+    "suspects",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ExchangeResponse, n_suspects),
+    offsetof(Presence__Cluster__V1__ExchangeResponse, suspects),
+    &presence__cluster__v1__key_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "superseded",
+    2,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ExchangeResponse, n_superseded),
+    offsetof(Presence__Cluster__V1__ExchangeResponse, superseded),
+    &presence__cluster__v1__key_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "corrections",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ExchangeResponse, n_corrections),
+    offsetof(Presence__Cluster__V1__ExchangeResponse, corrections),
+    &presence__cluster__v1__state_correction__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "ring_mismatch",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ExchangeResponse, ring_mismatch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__exchange_response__field_indices_by_name[] = {
+  2,   /* field[2] = corrections */
+  3,   /* field[3] = ring_mismatch */
+  1,   /* field[1] = superseded */
+  0,   /* field[0] = suspects */
+};
+static const ProtobufCIntRange presence__cluster__v1__exchange_response__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__exchange_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ExchangeResponse",
+  "ExchangeResponse",
+  "Presence__Cluster__V1__ExchangeResponse",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__ExchangeResponse),
+  4,
+  presence__cluster__v1__exchange_response__field_descriptors,
+  presence__cluster__v1__exchange_response__field_indices_by_name,
+  1,  presence__cluster__v1__exchange_response__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__exchange_response__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__confirm_request__field_descriptors[4] =
+{
+  {
+    "from_node_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ConfirmRequest, from_node_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "from_boot",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ConfirmRequest, from_boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gone",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ConfirmRequest, n_gone),
+    offsetof(Presence__Cluster__V1__ConfirmRequest, gone),
+    &presence__cluster__v1__key_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "moved",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ConfirmRequest, n_moved),
+    offsetof(Presence__Cluster__V1__ConfirmRequest, moved),
+    &presence__cluster__v1__key_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__confirm_request__field_indices_by_name[] = {
+  1,   /* field[1] = from_boot */
+  0,   /* field[0] = from_node_id */
+  2,   /* field[2] = gone */
+  3,   /* field[3] = moved */
+};
+static const ProtobufCIntRange presence__cluster__v1__confirm_request__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__confirm_request__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ConfirmRequest",
+  "ConfirmRequest",
+  "Presence__Cluster__V1__ConfirmRequest",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__ConfirmRequest),
+  4,
+  presence__cluster__v1__confirm_request__field_descriptors,
+  presence__cluster__v1__confirm_request__field_indices_by_name,
+  1,  presence__cluster__v1__confirm_request__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__confirm_request__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define presence__cluster__v1__confirm_response__field_descriptors NULL
+#define presence__cluster__v1__confirm_response__field_indices_by_name NULL
+#define presence__cluster__v1__confirm_response__number_ranges NULL
+const ProtobufCMessageDescriptor presence__cluster__v1__confirm_response__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.ConfirmResponse",
+  "ConfirmResponse",
+  "Presence__Cluster__V1__ConfirmResponse",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__ConfirmResponse),
+  0,
+  presence__cluster__v1__confirm_response__field_descriptors,
+  presence__cluster__v1__confirm_response__field_indices_by_name,
+  0,  presence__cluster__v1__confirm_response__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__confirm_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue presence__cluster__v1__member_status__enum_values_by_number[5] =
@@ -2943,7 +4537,7 @@ const ProtobufCEnumDescriptor presence__cluster__v1__channel_op__descriptor =
   presence__cluster__v1__channel_op__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCEnumValue presence__cluster__v1__home_op__enum_values_by_number[12] =
+static const ProtobufCEnumValue presence__cluster__v1__home_op__enum_values_by_number[13] =
 {
   { "HOME_OP_UNSPECIFIED", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_UNSPECIFIED", 0 },
   { "HOME_OP_SESSION_OPENED", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_OPENED", 1 },
@@ -2957,13 +4551,15 @@ static const ProtobufCEnumValue presence__cluster__v1__home_op__enum_values_by_n
   { "HOME_OP_UNWATCH", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_UNWATCH", 9 },
   { "HOME_OP_LOOKUP_SESSION", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_LOOKUP_SESSION", 10 },
   { "HOME_OP_SESSION_WATCHING", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_WATCHING", 11 },
+  { "HOME_OP_CLAIM_SESSION", "PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_CLAIM_SESSION", 12 },
 };
 static const ProtobufCIntRange presence__cluster__v1__home_op__value_ranges[] = {
-{0, 0},{0, 12}
+{0, 0},{0, 13}
 };
-static const ProtobufCEnumValueIndex presence__cluster__v1__home_op__enum_values_by_name[12] =
+static const ProtobufCEnumValueIndex presence__cluster__v1__home_op__enum_values_by_name[13] =
 {
   { "HOME_OP_CHANNELS", 6 },
+  { "HOME_OP_CLAIM_SESSION", 12 },
   { "HOME_OP_LOOKUP_SESSION", 10 },
   { "HOME_OP_SESSION_ENDED", 2 },
   { "HOME_OP_SESSION_JOINED", 4 },
@@ -2983,9 +4579,9 @@ const ProtobufCEnumDescriptor presence__cluster__v1__home_op__descriptor =
   "HomeOp",
   "Presence__Cluster__V1__HomeOp",
   "presence.cluster.v1",
-  12,
+  13,
   presence__cluster__v1__home_op__enum_values_by_number,
-  12,
+  13,
   presence__cluster__v1__home_op__enum_values_by_name,
   1,
   presence__cluster__v1__home_op__value_ranges,
@@ -3044,16 +4640,20 @@ void presence__cluster__v1__membership__init (Presence__Cluster__V1__Membership_
                                      &presence__cluster__v1__membership__descriptor,
                                      (ProtobufCServiceDestroy) destroy);
 }
-static const ProtobufCMethodDescriptor presence__cluster__v1__peer_presence__method_descriptors[4] =
+static const ProtobufCMethodDescriptor presence__cluster__v1__peer_presence__method_descriptors[6] =
 {
   { "Channel", &presence__cluster__v1__channel_call__descriptor, &presence__cluster__v1__channel_result__descriptor },
   { "Home", &presence__cluster__v1__home_call__descriptor, &presence__cluster__v1__home_result__descriptor },
   { "Push", &presence__cluster__v1__push_batch__descriptor, &presence__cluster__v1__push_ack__descriptor },
-  { "CheckSessions", &presence__cluster__v1__session_check__descriptor, &presence__cluster__v1__session_check_result__descriptor },
+  { "Digest", &presence__cluster__v1__digest_request__descriptor, &presence__cluster__v1__digest_response__descriptor },
+  { "Exchange", &presence__cluster__v1__exchange_request__descriptor, &presence__cluster__v1__exchange_response__descriptor },
+  { "Confirm", &presence__cluster__v1__confirm_request__descriptor, &presence__cluster__v1__confirm_response__descriptor },
 };
 const unsigned presence__cluster__v1__peer_presence__method_indices_by_name[] = {
   0,        /* Channel */
-  3,        /* CheckSessions */
+  5,        /* Confirm */
+  3,        /* Digest */
+  4,        /* Exchange */
   1,        /* Home */
   2         /* Push */
 };
@@ -3064,7 +4664,7 @@ const ProtobufCServiceDescriptor presence__cluster__v1__peer_presence__descripto
   "PeerPresence",
   "Presence__Cluster__V1__PeerPresence",
   "presence.cluster.v1",
-  4,
+  6,
   presence__cluster__v1__peer_presence__method_descriptors,
   presence__cluster__v1__peer_presence__method_indices_by_name
 };
@@ -3092,13 +4692,29 @@ void presence__cluster__v1__peer_presence__push(ProtobufCService *service,
   assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
   service->invoke(service, 2, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
-void presence__cluster__v1__peer_presence__check_sessions(ProtobufCService *service,
-                                                          const Presence__Cluster__V1__SessionCheck *input,
-                                                          Presence__Cluster__V1__SessionCheckResult_Closure closure,
-                                                          void *closure_data)
+void presence__cluster__v1__peer_presence__digest(ProtobufCService *service,
+                                                  const Presence__Cluster__V1__DigestRequest *input,
+                                                  Presence__Cluster__V1__DigestResponse_Closure closure,
+                                                  void *closure_data)
 {
   assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
   service->invoke(service, 3, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void presence__cluster__v1__peer_presence__exchange(ProtobufCService *service,
+                                                    const Presence__Cluster__V1__ExchangeRequest *input,
+                                                    Presence__Cluster__V1__ExchangeResponse_Closure closure,
+                                                    void *closure_data)
+{
+  assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
+  service->invoke(service, 4, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void presence__cluster__v1__peer_presence__confirm(ProtobufCService *service,
+                                                   const Presence__Cluster__V1__ConfirmRequest *input,
+                                                   Presence__Cluster__V1__ConfirmResponse_Closure closure,
+                                                   void *closure_data)
+{
+  assert(service->descriptor == &presence__cluster__v1__peer_presence__descriptor);
+  service->invoke(service, 5, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void presence__cluster__v1__peer_presence__init (Presence__Cluster__V1__PeerPresence_Service *service,
                                                  Presence__Cluster__V1__PeerPresence_ServiceDestroy destroy)

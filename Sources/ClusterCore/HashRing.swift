@@ -11,15 +11,32 @@ public struct HashRing: Sendable, Equatable {
     /// Points sorted by position; `owner` indexes `members`.
     private var points: [(position: UInt64, owner: Int32)]
 
-    public init(members: some Sequence<String>, virtualNodes: Int = 512) {
+    /// Each member's process instance (`SWIM.Update.boot`), when known: points depend only on
+    /// member ids, but a restarted member makes another ring (equality and `fingerprint` include
+    /// boots), so nodes that disagree on which process a member is refuse each other's calls.
+    public private(set) var boots: [String: UInt64]
+
+    public init(members: some Sequence<String>, boots: [String: UInt64] = [:], virtualNodes: Int = 512) {
+        let set = Set(members)
         self.virtualNodes = virtualNodes
-        self.members = Array(Set(members)).sorted()
+        self.members = Array(set).sorted()
+        self.boots = boots.filter { set.contains($0.key) }
         self.points = []
         rebuild()
     }
 
     public static func == (a: HashRing, b: HashRing) -> Bool {
-        a.virtualNodes == b.virtualNodes && a.members == b.members
+        a.virtualNodes == b.virtualNodes && a.members == b.members && a.boots == b.boots
+    }
+
+    /// The process instance of `member` on this ring (0 when unknown or not a member).
+    public func boot(of member: String) -> UInt64 { boots[member] ?? 0 }
+
+    /// Whether `member`'s process `boot` is the one on this ring (a later boot replaced it, or
+    /// the member is gone, otherwise).
+    public func isLive(_ member: String, boot: UInt64) -> Bool {
+        guard let b = boots[member] else { return members.contains(member) && boot == 0 }
+        return b == boot
     }
 
     private mutating func rebuild() {
@@ -38,13 +55,15 @@ public struct HashRing: Sendable, Equatable {
     public var isEmpty: Bool { members.isEmpty }
 
     /// The ring with `member` added (no change if present).
-    public func adding(_ member: String) -> HashRing {
-        HashRing(members: members + [member], virtualNodes: virtualNodes)
+    public func adding(_ member: String, boot: UInt64? = nil) -> HashRing {
+        var b = boots
+        if let boot { b[member] = boot }
+        return HashRing(members: members + [member], boots: b, virtualNodes: virtualNodes)
     }
 
     /// The ring with `member` removed.
     public func removing(_ member: String) -> HashRing {
-        HashRing(members: members.filter { $0 != member }, virtualNodes: virtualNodes)
+        HashRing(members: members.filter { $0 != member }, boots: boots.filter { $0.key != member }, virtualNodes: virtualNodes)
     }
 
     private func firstPoint(atOrAfter h: UInt64) -> Int {
@@ -92,7 +111,9 @@ public struct HashRing: Sendable, Equatable {
     public static func hash(ofUser user: String) -> UInt64 { StableHash.of("user:" + user) }
 
     /// Identifies the member list: nodes that compute the same ring agree on it.
-    public var fingerprint: UInt64 { StableHash.of(members.joined(separator: "\n")) }
+    /// Identifies the member list and their process instances: nodes that compute the same ring
+    /// from the same processes agree on it.
+    public var fingerprint: UInt64 { StableHash.of(members.map { "\($0)@\(boots[$0] ?? 0)" }.joined(separator: "\n")) }
 
     /// The share of the circle each member owns (sums to 1).
     public func shares() -> [String: Double] {

@@ -29,20 +29,27 @@ public enum SWIM {
         public var address: String
         public var status: Status
         public var incarnation: UInt64
+        /// The member's process instance: drawn afresh at every start (RELIABILITY.md, "Every
+        /// process start is a new member incarnation"), so a restart is told apart from the
+        /// process before it however fast it happens, and whatever was last believed of that one.
+        public var boot: UInt64
 
-        public init(id: String, address: String, status: Status, incarnation: UInt64) {
+        public init(id: String, address: String, status: Status, incarnation: UInt64, boot: UInt64 = 0) {
             self.id = id
             self.address = address
             self.status = status
             self.incarnation = incarnation
+            self.boot = boot
         }
 
         /// The SWIM precedence rules: does `self` override `old` (about the same member)?
-        /// alive beats alive/suspect only with a higher incarnation; suspect beats alive at an
-        /// equal or higher incarnation and suspect at a higher one; dead/left beat everything at an
-        /// equal or higher incarnation. Dead is final for that incarnation; a restarted member
-        /// comes back with a higher one.
+        /// A later boot beats anything said of an earlier one (a restarted member is admitted
+        /// whether it was last known alive, suspect, dead or left), and nothing said of an earlier
+        /// boot counts once a later one is known. Within one boot: alive beats alive/suspect only
+        /// with a higher incarnation; suspect beats alive at an equal or higher incarnation and
+        /// suspect at a higher one; dead/left beat everything at an equal or higher incarnation.
         public func supersedes(_ old: Update) -> Bool {
+            if boot != old.boot { return boot > old.boot }
             switch (status, old.status) {
             case (.alive, .alive), (.alive, .suspect): return incarnation > old.incarnation
             case (.alive, .dead), (.alive, .left): return incarnation > old.incarnation
@@ -127,9 +134,9 @@ public enum SWIM {
             var confirmations: Set<String>
         }
 
-        public init(id: String, address: String, settings: Settings = Settings(), seed: UInt64 = 1) {
+        public init(id: String, address: String, settings: Settings = Settings(), seed: UInt64 = 1, boot: UInt64 = 0) {
             self.settings = settings
-            myself = Update(id: id, address: address, status: .alive, incarnation: 0)
+            myself = Update(id: id, address: address, status: .alive, incarnation: 0, boot: boot)
             members[id] = myself
             rng = SplitMix64(seed: seed)
         }
@@ -171,10 +178,33 @@ public enum SWIM {
 
         private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive]) {
             if u.id == myself.id {
+                if u.boot > myself.boot && myself.status == .alive {
+                    // the cluster knows a later instance of this id than this process (its clock
+                    // was behind the previous one's): take a boot above it, or never be admitted
+                    myself.boot = u.boot &+ 1
+                    myself.incarnation = 0
+                    members[myself.id] = myself
+                    enqueue(myself)
+                    out.append(.memberChanged(myself))
+                    return
+                }
+                if u.boot < myself.boot {
+                    // news of this id's previous process: tell the sender about this one
+                    if myself.status == .alive { enqueue(myself) }
+                    return
+                }
                 // Someone thinks we are suspect or dead: refute with a higher incarnation.
                 if (u.status == .suspect || u.status == .dead) && myself.status == .alive {
                     if u.incarnation >= myself.incarnation {
-                        myself.incarnation = u.incarnation + 1
+                        // (an incarnation at the top of the range cannot be refuted by counting
+                        // up; a new boot can: this process takes one, as if it had restarted)
+                        if u.incarnation == .max {
+                            myself.boot &+= 1
+                            myself.incarnation = 0
+                            out.append(.memberChanged(myself))
+                        } else {
+                            myself.incarnation = u.incarnation + 1
+                        }
                         members[myself.id] = myself
                     }
                     // refute, or repeat an earlier refutation to a node that missed it (its
@@ -210,7 +240,7 @@ public enum SWIM {
             case .dead, .left:
                 suspicions[u.id] = nil
             }
-            if old.status != u.status || old.address != u.address { out.append(.memberChanged(u)) }
+            if old.status != u.status || old.address != u.address || old.boot != u.boot { out.append(.memberChanged(u)) }
         }
 
         private mutating func startSuspicion(_ u: Update, from: String?, now: UInt64, into out: inout [Directive]) {
@@ -319,11 +349,12 @@ public enum SWIM {
             return out
         }
 
-        /// A ping arrived: answer it.
-        public mutating func receivedPing(from: String, address: String, sequence seq: UInt64, gossip g: [Update], now: UInt64) -> [Directive] {
+        /// A ping arrived: answer it. `boot` is the sender's process instance.
+        public mutating func receivedPing(from: String, address: String, boot: UInt64 = 0, sequence seq: UInt64, gossip g: [Update], now: UInt64) -> [Directive] {
             var out = merge(g, from: from, now: now)
-            if members[from] == nil {
-                apply(Update(id: from, address: address, status: .alive, incarnation: 0), from: nil, now: now, into: &out)
+            if members[from].map({ $0.boot < boot }) ?? true {
+                // a member we did not know, or a later process of one we did
+                apply(Update(id: from, address: address, status: .alive, incarnation: 0, boot: boot), from: nil, now: now, into: &out)
             }
             var reply = takeGossip()
             // a member we hold dead is talking to us: tell it, so it refutes and we learn it is back
@@ -376,7 +407,7 @@ public enum SWIM {
         /// Graceful leave: say so (the shell sends it to a few members right away).
         public mutating func leave() -> Update {
             myself.status = .left
-            myself.incarnation += 1
+            myself.incarnation &+= 1
             members[myself.id] = myself
             enqueue(myself)
             return myself

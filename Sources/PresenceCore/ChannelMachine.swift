@@ -14,34 +14,82 @@ public struct Delivery: Sendable, Equatable {
     public let to: Recipients
 }
 
+/// An event for the sessions of one sink (gateway): every subscriber there but `except`, or
+/// exactly `sessions` (a SNAPSHOT). What an owner sends a gateway, once per gateway.
+public struct RoutedDelivery<Sink: Hashable & Sendable>: Sendable, Equatable {
+    public let sink: Sink
+    public let event: PresenceEvent
+    /// Empty: every subscriber of the channel at `sink` except `except`.
+    public let sessions: [SessionID]
+    public let except: SessionID?
+    public var isSnapshot: Bool { event.type == .snapshot }
+}
+
 /// The presence rules of one channel (API.md, "Events"): membership, per-user state, the event
-/// sequence, and the switch between real-time and interval mode. A plain value: callers pass the
-/// wall-clock time in and carry out the deliveries it returns. `Sink` is where a session lives (in
-/// the cluster: its gateway node); the machine only stores it, and counts subscribers per sink so an
-/// event goes once to each sink that has any.
-public struct ChannelMachine<Sink: Hashable> {
+/// sequence, and the switch between real-time and interval mode; and the versions that let copies
+/// of it on several nodes be told apart and merged (RELIABILITY.md, "Every fact carries its version").
+/// A plain value: callers pass the wall-clock time in and carry out the deliveries it returns. `Sink`
+/// is where a session lives (in the cluster: its gateway's process); the machine only stores it,
+/// and counts subscribers per sink so an event goes once to each sink that has any.
+///
+/// Versions: each session's placement carries the session version its gateway stamped (epoch and
+/// counter, `SessionVersion`); each user's state carries the channel counter value of its last
+/// change. `sequence` only grows, by one per event (a SNAPSHOT included, so every event a session
+/// gets is above the ones before); `startLineage` moves it far above what any earlier owner of the
+/// channel can have issued. Sessions that left are remembered for a while (`departed`), so a merge
+/// with an older copy does not bring them back.
+public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public let key: ChannelKey
     public var maxInstantEvents: Int
 
-    struct Member {
+    struct Member: Sendable {
         var sessions: SessionList
         var state: StateItems
-        /// When the state last changed (wall ms; 0: never set). Decides between two versions of a
-        /// user after a partition (the later change wins).
-        var stateAt: Int64 = 0
+        /// The channel counter value at the state's last change (0: never set).
+        var stateVersion: UInt64 = 0
     }
+
+    /// Where a session of the channel lives, whether it follows presence, and at which version.
+    public struct Place: Equatable, Sendable {
+        public var user: String
+        public var sink: Sink
+        public var withPresence: Bool
+        public var version: UInt64
+    }
+
+    /// A session that left: whose it was, its version then, and whether its gateway said so (a
+    /// leave) or this owner decided it (a timeout of a session whose gateway was gone).
+    public struct Departure: Equatable, Sendable {
+        public var user: String
+        public var version: UInt64
+        public var byGateway: Bool
+        public var at: Int64
+        public init(user: String, version: UInt64, byGateway: Bool, at: Int64) {
+            self.user = user
+            self.version = version
+            self.byGateway = byGateway
+            self.at = at
+        }
+    }
+
+    /// How long departures are remembered (wall ms): longer than any partition whose two versions
+    /// of the channel are merged afterwards is likely to last.
+    public static var departureMemory: Int64 { 120_000 }
 
     enum Mode: Equatable { case realtime, interval }
 
     private var members: [String: Member] = [:]
     /// User ids in order, for paging.
     private var order: [String] = []
-    public private(set) var subscribers: [SessionID: Sink] = [:]
-    /// Sessions in the channel without presence, and where they live.
-    private var quiet: [SessionID: Sink] = [:]
+    public private(set) var places: [SessionID: Place] = [:]
     /// Subscribers per sink: where each event must go.
     public private(set) var subscriberSinks: [Sink: Int] = [:]
+    /// Sessions per sink (with or without presence).
+    public private(set) var sinkCounts: [Sink: Int] = [:]
+    public private(set) var departed: [SessionID: Departure] = [:]
     public private(set) var sequence: UInt64 = 0
+    /// Where this owner's lineage of sequence numbers started (copies and merges keep the higher).
+    public private(set) var term: UInt64 = 0
     private(set) var mode = Mode.realtime
     private var batch = IntervalBatch()
 
@@ -58,22 +106,68 @@ public struct ChannelMachine<Sink: Hashable> {
     public func contains(user: String) -> Bool { members[user] != nil }
     public func contains(user: String, session: SessionID) -> Bool { members[user]?.sessions.contains(session) ?? false }
     public func state(of user: String) -> [StateItem]? { members[user]?.state.items }
+    public func stateVersion(of user: String) -> UInt64 { members[user]?.stateVersion ?? 0 }
+    /// The user a session of this channel belongs to.
+    public func user(of session: SessionID) -> String? { places[session]?.user }
+
+    /// Sessions with presence and where they live.
+    public var subscribers: [SessionID: Sink] {
+        var out: [SessionID: Sink] = [:]
+        for (id, p) in places where p.withPresence { out[id] = p.sink }
+        return out
+    }
+
+    // MARK: Versions
+
+    /// When a call stamped with `version` comes from a superseded gateway (the session moved on
+    /// under a later epoch), the version that superseded it; nil when the call may act.
+    public func supersedingVersion(of session: SessionID, _ version: UInt64) -> UInt64? {
+        if let p = places[session], SessionVersion.epoch(p.version) > SessionVersion.epoch(version) { return p.version }
+        if let d = departed[session], SessionVersion.epoch(d.version) > SessionVersion.epoch(version) { return d.version }
+        return nil
+    }
+
+    /// Whether a join or announce stamped `version` is older than the session's leave here (a
+    /// delayed message from before it): it must not bring the session back.
+    public func leftAfter(_ session: SessionID, _ version: UInt64) -> Bool {
+        guard let d = departed[session], d.byGateway else { return false }
+        return d.version >= version
+    }
+
+    /// Starts a new lineage of sequence numbers (a new owner): above everything the previous owner
+    /// can have issued since its last copy reached this one (2^32 of margin) and above any earlier
+    /// life of the channel (the wall clock in ms, times 2^22).
+    public mutating func startLineage(now: Int64) {
+        let (fromCopy, overflow) = max(sequence, term).addingReportingOverflow(1 << 32)
+        let ms = UInt64(clamping: max(0, min(now, 1 << 41)))
+        term = max(overflow ? .max : fromCopy, ms << 22)
+        sequence = max(sequence, term)
+    }
+
+    /// Keeps the event sequence at or above `s` (a copy, a merge, or a gateway's floor).
+    public mutating func advanceSequence(to s: UInt64) { sequence = max(sequence, s) }
+
+    private mutating func nextSequence() -> UInt64 {
+        if sequence < .max { sequence += 1 }
+        return sequence
+    }
 
     // MARK: Calls
 
     /// A session joins (or re-joins, to change `withPresence`). `pendingState` is state the session
     /// set before joining. A user's first session makes REMOTE_JOIN; a subscribing session gets a
     /// SNAPSHOT as its first event of this channel.
-    public mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink,
+    public mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
                               pendingState: [StateItem] = [], now: Int64) -> [Delivery] {
         var out: [Delivery] = []
+        departed[session] = nil
         if var m = members[user] {
             if !m.sessions.contains(session) {
                 m.sessions.append(session)
                 var changed = false
                 if !pendingState.isEmpty, m.state.countAfterMerging(pendingState) <= Limits.maxStateKeys {
                     changed = m.state.merge(pendingState)
-                    if changed { m.stateAt = now }
+                    if changed { m.stateVersion = nextSequence() }
                 }
                 members[user] = m
                 if changed { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
@@ -81,69 +175,104 @@ public struct ChannelMachine<Sink: Hashable> {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            members[user] = Member(sessions: SessionList(session), state: state, stateAt: state.isEmpty ? 0 : now)
-            let at = insertionIndex(for: user)
-            order.insert(user, at: at)
+            members[user] = Member(sessions: SessionList(session), state: state, stateVersion: state.isEmpty ? 0 : nextSequence())
+            order.insert(user, at: insertionIndex(for: user))
             updateMode(now: now, into: &out)
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
             if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
         }
-        let before = subscribers[session]
-        place(session, at: sink, withPresence: withPresence)
-        if withPresence && before != sink {
-            out.append(Delivery(event: snapshot(now: now), to: .session(session)))
+        let before = places[session]
+        place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
+        if withPresence && (before?.withPresence != true || before?.sink != sink) {
+            out.append(snapshotDelivery(for: session, now: now))
         }
         return out
     }
 
-    /// Anti-entropy: a gateway (`sink`) says its live session is in the channel. A session already
-    /// here moves to that gateway without any event (a subscriber that moved gets a fresh SNAPSHOT,
-    /// since its new gateway may have missed events); a missing one joins as usual.
-    public mutating func announce(user: String, session: SessionID, withPresence: Bool, sink: Sink, now: Int64) -> [Delivery] {
-        guard contains(user: user, session: session) else {
-            return join(user: user, session: session, withPresence: withPresence, sink: sink, now: now)
+    /// What an announce did: the events it caused; `superseded` when the announcing gateway's word
+    /// is older than what this owner knows of the session (it moved on, or left after that);
+    /// `correction` when this owner holds a later state of the user than the gateway said.
+    public struct AnnounceOutcome: Sendable {
+        public var deliveries: [Delivery] = []
+        public var superseded: UInt64? = nil
+        public var correction: (state: [StateItem], version: UInt64)? = nil
+        public init() {}
+    }
+
+    /// Anti-entropy (RELIABILITY.md, "The gateway is the authority on its sessions"): the gateway
+    /// at `sink` holds `session` in this channel at `version`, with the user's state as it last
+    /// learnt it. A session already here moves to that gateway without an event (a subscriber gets
+    /// a fresh SNAPSHOT there); a missing one is added (REMOTE_JOIN, and its state) unless its
+    /// gateway said it left after `version`; a later state from the gateway replaces this one's.
+    public mutating func announce(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
+                                  state: [StateItem]? = nil, stateVersion: UInt64 = 0, now: Int64) -> AnnounceOutcome {
+        var outcome = AnnounceOutcome()
+        if let newer = supersedingVersion(of: session, version) {
+            outcome.superseded = newer
+            return outcome
         }
-        let before = subscribers[session]
-        place(session, at: sink, withPresence: withPresence)
-        guard withPresence, before != sink else { return [] }
-        return [Delivery(event: snapshot(now: now), to: .session(session))]
+        if leftAfter(session, version) { return outcome }  // news from before its leave
+        if !contains(user: user, session: session) {
+            outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, now: now)
+        } else {
+            let before = places[session]
+            place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
+            if withPresence && (before?.withPresence != true || before?.sink != sink) {
+                outcome.deliveries.append(snapshotDelivery(for: session, now: now))
+            }
+        }
+        guard let state, var m = members[user] else { return outcome }
+        if stateVersion > m.stateVersion {
+            // the owner lost the gateway's last change (it took over from a copy that missed it)
+            let next = StateItems(state)
+            m.stateVersion = stateVersion
+            let changed = next != m.state
+            m.state = next
+            members[user] = m
+            if changed { emit(.remoteStateChanged, user: user, except: nil, now: now, into: &outcome.deliveries) }
+        } else if stateVersion < m.stateVersion {
+            outcome.correction = (m.state.items, m.stateVersion)
+        }
+        return outcome
     }
 
     /// Where a session of this channel lives.
-    public func sink(of session: SessionID) -> Sink? { subscribers[session] ?? quiet[session] }
+    public func sink(of session: SessionID) -> Sink? { places[session]?.sink }
 
     /// Every place a session of this channel lives.
-    public var allSinks: Set<Sink> { Set(subscriberSinks.keys).union(quiet.values) }
+    public var allSinks: Set<Sink> { Set(sinkCounts.keys) }
 
-    /// Every session living at `sink`, with its user (to time them out when that node dies).
+    /// Every session living at `sink`, with its user.
     public func sessions(at sink: Sink) -> [(user: String, session: SessionID)] {
-        var out: [(String, SessionID)] = []
-        for (user, m) in members {
-            for s in m.sessions.all where self.sink(of: s) == sink { out.append((user, s)) }
-        }
-        return out
+        guard sinkCounts[sink] != nil else { return [] }
+        return places.filter { $0.value.sink == sink }.map { ($0.value.user, $0.key) }.sorted { $0.1 < $1.1 }
     }
 
-    private mutating func place(_ session: SessionID, at sink: Sink, withPresence: Bool) {
+    private mutating func place(_ session: SessionID, user: String, at sink: Sink, withPresence: Bool, version: UInt64) {
         unplace(session)
-        if withPresence {
-            subscribers[session] = sink
-            subscriberSinks[sink, default: 0] += 1
-        } else {
-            quiet[session] = sink
-        }
+        places[session] = Place(user: user, sink: sink, withPresence: withPresence, version: version)
+        sinkCounts[sink, default: 0] += 1
+        if withPresence { subscriberSinks[sink, default: 0] += 1 }
     }
 
     private mutating func unplace(_ session: SessionID) {
-        quiet[session] = nil
-        guard let old = subscribers.removeValue(forKey: session) else { return }
-        if let n = subscriberSinks[old], n > 1 { subscriberSinks[old] = n - 1 } else { subscriberSinks[old] = nil }
+        guard let old = places.removeValue(forKey: session) else { return }
+        Self.decrement(&sinkCounts, old.sink)
+        if old.withPresence { Self.decrement(&subscriberSinks, old.sink) }
+    }
+
+    private static func decrement(_ counts: inout [Sink: Int], _ sink: Sink) {
+        if let n = counts[sink], n > 1 { counts[sink] = n - 1 } else { counts[sink] = nil }
     }
 
     /// A session leaves (`timedOut`: its resume window passed). The user's last session makes
-    /// REMOTE_LEAVE (or REMOTE_TIMEOUT) and deletes the user's state here.
-    public mutating func leave(user: String, session: SessionID, timedOut: Bool = false, now: Int64) -> [Delivery] {
+    /// REMOTE_LEAVE (or REMOTE_TIMEOUT) and deletes the user's state here. `byGateway`: its gateway
+    /// said so (else this owner timed out a session whose gateway is gone).
+    public mutating func leave(user: String, session: SessionID, version: UInt64 = 0, timedOut: Bool = false,
+                               byGateway: Bool = true, now: Int64) -> [Delivery] {
         guard var m = members[user], m.sessions.contains(session) else { return [] }
+        forgetOldDepartures(now: now)
+        departed[session] = Departure(user: user, version: max(places[session]?.version ?? 0, version), byGateway: byGateway, at: now)
         unplace(session)
         m.sessions.remove(session)
         if !m.sessions.isEmpty {
@@ -159,6 +288,20 @@ public struct ChannelMachine<Sink: Hashable> {
         return out
     }
 
+    private mutating func forgetOldDepartures(now: Int64) {
+        guard departed.count > 64 else { return }
+        departed = departed.filter { now - $0.value.at < Self.departureMemory }
+    }
+
+    /// Times out every session living at `sink` (its gateway is gone and did not come back in time).
+    public mutating func timeOut(sessionsAt sink: Sink, now: Int64) -> [Delivery] {
+        var out: [Delivery] = []
+        for (user, s) in sessions(at: sink) {
+            out += leave(user: user, session: s, timedOut: true, byGateway: false, now: now)
+        }
+        return out
+    }
+
     /// Merges state for a user whose `session` is in the channel. Throws STATE_KEY_LIMIT (and
     /// changes nothing) when the user would hold more than 32 keys.
     public mutating func setState(user: String, session: SessionID, items: [StateItem], now: Int64) throws(PresenceError) -> [Delivery] {
@@ -168,7 +311,7 @@ public struct ChannelMachine<Sink: Hashable> {
             throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
         }
         guard m.state.merge(items) else { return [] }
-        m.stateAt = now
+        m.stateVersion = nextSequence()
         members[user] = m
         var out: [Delivery] = []
         emit(.remoteStateChanged, user: user, except: session, now: now, into: &out)
@@ -178,7 +321,7 @@ public struct ChannelMachine<Sink: Hashable> {
     /// Removes state keys (all when `keys` is empty).
     public mutating func removeState(user: String, session: SessionID, keys: [String], now: Int64) -> [Delivery] {
         guard var m = members[user], m.sessions.contains(session), m.state.remove(keys) else { return [] }
-        m.stateAt = now
+        m.stateVersion = nextSequence()
         members[user] = m
         var out: [Delivery] = []
         emit(.remoteStateChanged, user: user, except: session, now: now, into: &out)
@@ -193,10 +336,41 @@ public struct ChannelMachine<Sink: Hashable> {
         return out
     }
 
-    /// A fresh SNAPSHOT for one session (after events may have been lost).
-    public func resnapshot(for session: SessionID, now: Int64) -> Delivery? {
-        guard subscribers[session] != nil else { return nil }
-        return Delivery(event: snapshot(now: now), to: .session(session))
+    /// A fresh SNAPSHOT for one session (after events may have been lost), numbered above `floor`
+    /// (the last sequence its gateway passed on).
+    public mutating func resnapshot(for session: SessionID, floor: UInt64 = 0, now: Int64) -> Delivery? {
+        guard places[session]?.withPresence == true else { return nil }
+        advanceSequence(to: floor)
+        return snapshotDelivery(for: session, now: now)
+    }
+
+    /// A fresh SNAPSHOT for every subscriber (a new owner: events may have been lost on the way).
+    public mutating func snapshotForAll(now: Int64) -> [Delivery] {
+        subscribers.keys.sorted().map { snapshotDelivery(for: $0, now: now) }
+    }
+
+    /// A fresh SNAPSHOT for every subscriber living at `sink` (pushes to it may have been lost).
+    public mutating func snapshotForAll(at sink: Sink, now: Int64) -> [Delivery] {
+        guard subscriberSinks[sink] != nil else { return [] }
+        return places.filter { $0.value.withPresence && $0.value.sink == sink }.keys.sorted().map { snapshotDelivery(for: $0, now: now) }
+    }
+
+    /// Resolves deliveries to the sinks they go to (one per sink with subscribers for a channel
+    /// event), at the machine's current placements: call it right after the change that made them.
+    public func route(_ deliveries: [Delivery]) -> [RoutedDelivery<Sink>] {
+        var out: [RoutedDelivery<Sink>] = []
+        for d in deliveries {
+            switch d.to {
+            case .session(let id):
+                guard let sink = places[id]?.sink else { continue }
+                out.append(RoutedDelivery(sink: sink, event: d.event, sessions: [id], except: nil))
+            case .subscribers(let except):
+                for sink in subscriberSinks.keys {
+                    out.append(RoutedDelivery(sink: sink, event: d.event, sessions: [], except: except))
+                }
+            }
+        }
+        return out
     }
 
     // MARK: Copies (replication and handoff)
@@ -205,13 +379,35 @@ public struct ChannelMachine<Sink: Hashable> {
     public func copy(of user: String) -> MemberCopy<Sink> {
         guard let m = members[user] else { return MemberCopy(userID: user, sessions: [], state: []) }
         let sessions = m.sessions.all.compactMap { s in
-            sink(of: s).map { MemberCopy<Sink>.Session(id: s, sink: $0, withPresence: subscribers[s] != nil) }
+            places[s].map { MemberCopy<Sink>.Session(id: s, sink: $0.sink, withPresence: $0.withPresence, version: $0.version) }
         }
-        return MemberCopy(userID: user, sessions: sessions, state: m.state.items, stateAt: m.stateAt)
+        return MemberCopy(userID: user, sessions: sessions, state: m.state.items, stateVersion: m.stateVersion)
     }
 
     /// Every user's record, in id order.
     public var copies: [MemberCopy<Sink>] { order.map { copy(of: $0) } }
+
+    /// The channel's whole state as copies of at most `chunk` users each; the first is `full`
+    /// (it replaces whatever the receiver held) and carries the departures.
+    public func fullCopies(handoff: Bool = false, chunk: Int = 500) -> [ChannelCopy<Sink>] {
+        let all = copies
+        var out: [ChannelCopy<Sink>] = []
+        var i = 0
+        repeat {
+            out.append(ChannelCopy(key: key, sequence: sequence, term: term, full: i == 0, handoff: handoff,
+                                   members: Array(all[i..<min(all.count, i + chunk)]), departed: i == 0 ? departed : [:]))
+            i += chunk
+        } while i < all.count
+        return out
+    }
+
+    /// The records of `users` for the replicas, with the departure of `left` (a session that just left).
+    public func delta(users: [String], left: SessionID? = nil) -> ChannelCopy<Sink> {
+        var gone: [SessionID: Departure] = [:]
+        if let left, let d = departed[left] { gone[left] = d }
+        return ChannelCopy(key: key, sequence: sequence, term: term, full: false, handoff: false,
+                           members: users.map { copy(of: $0) }, departed: gone)
+    }
 
     /// Replaces a user's record with `copy`, silently (a replica applying its owner's change, or a
     /// new owner taking a channel over). Events were already sent by whoever made the change.
@@ -228,40 +424,70 @@ public struct ChannelMachine<Sink: Hashable> {
             var list = SessionList()
             for s in copy.sessions {
                 list.append(s.id)
-                place(s.id, at: s.sink, withPresence: s.withPresence)
+                place(s.id, user: copy.userID, at: s.sink, withPresence: s.withPresence, version: s.version)
+                departed[s.id] = nil
             }
             if members[copy.userID] == nil { order.insert(copy.userID, at: insertionIndex(for: copy.userID)) }
-            members[copy.userID] = Member(sessions: list, state: StateItems(copy.state), stateAt: copy.stateAt)
+            members[copy.userID] = Member(sessions: list, state: StateItems(copy.state), stateVersion: copy.stateVersion)
         }
         mode = occupancy > maxInstantEvents ? .interval : .realtime
     }
 
-    /// Merges another version of a user's record into this one, silently (a channel handed over
-    /// after a partition, when each side kept its own version): sessions are the union (where a
-    /// session lives, this version says), and the state is the one changed last.
-    public mutating func merge(_ copy: MemberCopy<Sink>) {
-        guard let m = members[copy.userID] else {
-            if !copy.sessions.isEmpty { install(copy) }
-            return
+    /// Applies a copy silently (a replica following its owner): a full copy replaces everything.
+    public mutating func install(_ copy: ChannelCopy<Sink>) {
+        if copy.full {
+            let keep = (maxInstantEvents, sequence, term)
+            self = ChannelMachine(key: key, maxInstantEvents: keep.0)
+            sequence = keep.1
+            term = keep.2
         }
-        var merged = MemberCopy<Sink>(userID: copy.userID, sessions: [], state: m.state.items, stateAt: m.stateAt)
-        for s in m.sessions.all {
-            if let sink = sink(of: s) { merged.sessions.append(.init(id: s, sink: sink, withPresence: subscribers[s] != nil)) }
-        }
-        for s in copy.sessions where !m.sessions.contains(s.id) { merged.sessions.append(s) }
-        if copy.stateAt > m.stateAt {
-            merged.state = copy.state
-            merged.stateAt = copy.stateAt
-        }
-        install(merged)
+        for m in copy.members { install(m) }
+        for (id, d) in copy.departed where places[id] == nil { departed[id] = d }
+        term = max(term, copy.term)
+        sequence = max(sequence, copy.sequence)
     }
 
-    /// Keeps the event sequence going from where the previous owner left it.
-    public mutating func advanceSequence(to s: UInt64) { sequence = max(sequence, s) }
-
-    /// A SNAPSHOT to every subscriber (a new owner after a failover: events may have been lost).
-    public func snapshotForAll(now: Int64) -> [Delivery] {
-        subscribers.keys.sorted().map { Delivery(event: snapshot(now: now), to: .session($0)) }
+    /// Merges another version of this channel into this one, as its owner (each side of a
+    /// partition, or an owner that was wrongly thought dead and a replica that took over, kept
+    /// one): a session is here if either version has it and the other did not see it leave later;
+    /// each user's state is the one with the later version. Returns the joins, leaves and state
+    /// changes that makes, as events, and SNAPSHOTs for subscribers that came with the other version.
+    /// A timeout the other side decided is not applied to a session whose gateway `isLive` here:
+    /// that gateway, not a copy, says whether its session lives.
+    public mutating func merge(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool = { _ in false }, now: Int64) -> [Delivery] {
+        var out: [Delivery] = []
+        sequence = max(sequence, other.sequence)
+        term = max(term, other.term)
+        // sessions the other version saw leave after the version this one holds
+        for (id, d) in other.departed {
+            if let p = places[id], d.version >= p.version, d.byGateway || !isLive(p.sink) {
+                out += leave(user: p.user, session: id, version: d.version, timedOut: !d.byGateway, byGateway: d.byGateway, now: now)
+            } else if places[id] == nil, departed[id].map({ $0.version < d.version }) ?? true {
+                departed[id] = d
+            }
+        }
+        for c in other.members {
+            for s in c.sessions {
+                if let p = places[s.id] {
+                    // the same session on both sides: the later placement wins, silently
+                    if s.version > p.version {
+                        place(s.id, user: c.userID, at: s.sink, withPresence: s.withPresence, version: s.version)
+                        if s.withPresence && (p.sink != s.sink || !p.withPresence) { out.append(snapshotDelivery(for: s.id, now: now)) }
+                    }
+                    continue
+                }
+                if let d = departed[s.id], d.version >= s.version { continue }  // it left here after that
+                out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version, now: now)
+            }
+            guard var m = members[c.userID], c.stateVersion > m.stateVersion else { continue }
+            let next = StateItems(c.state)
+            let changed = next != m.state
+            m.state = next
+            m.stateVersion = c.stateVersion
+            members[c.userID] = m
+            if changed { emit(.remoteStateChanged, user: c.userID, except: nil, now: now, into: &out) }
+        }
+        return out
     }
 
     // MARK: Queries
@@ -310,8 +536,7 @@ public struct ChannelMachine<Sink: Hashable> {
             batch.record(type, user: user)
             return
         }
-        sequence += 1
-        var e = PresenceEvent(type: type, channelType: key.type, channelName: key.name, publisher: user, timestampMs: now, sequence: sequence)
+        var e = PresenceEvent(type: type, channelType: key.type, channelName: key.name, publisher: user, timestampMs: now, sequence: nextSequence())
         if type == .remoteStateChanged { e.states = members[user]?.state.items ?? [] }
         out.append(Delivery(event: e, to: .subscribers(except: except)))
     }
@@ -320,52 +545,80 @@ public struct ChannelMachine<Sink: Hashable> {
         guard !batch.isEmpty else { return }
         let b = batch
         batch = IntervalBatch()
-        sequence += 1
         let states = b.stateChanged.sorted().compactMap { id in
             members[id].map { UserState(userID: id, states: $0.state.items) }
         }
         let info = IntervalInfo(joinUserIDs: b.joins.sorted(), leaveUserIDs: b.leaves.sorted(),
                                 timeoutUserIDs: b.timeouts.sorted(), userStates: states)
         let e = PresenceEvent(type: .interval, channelType: key.type, channelName: key.name, interval: info,
-                              timestampMs: now, sequence: sequence)
+                              timestampMs: now, sequence: nextSequence())
         out.append(Delivery(event: e, to: .subscribers(except: nil)))
     }
 
-    private func snapshot(now: Int64) -> PresenceEvent {
+    /// A SNAPSHOT for one session; it takes a sequence number of its own, so it is above every
+    /// event the session received before it, wherever it received them.
+    private mutating func snapshotDelivery(for session: SessionID, now: Int64) -> Delivery {
         let users = order.map { UserState(userID: $0, states: members[$0]?.state.items ?? []) }
-        return PresenceEvent(type: .snapshot, channelType: key.type, channelName: key.name, snapshot: users,
-                             timestampMs: now, sequence: sequence)
+        let e = PresenceEvent(type: .snapshot, channelType: key.type, channelName: key.name, snapshot: users,
+                              timestampMs: now, sequence: nextSequence())
+        return Delivery(event: e, to: .session(session))
     }
 }
 
 /// One user's record in a channel, as replicas and new owners receive it.
-public struct MemberCopy<Sink: Hashable>: Equatable {
-    public struct Session: Equatable {
+public struct MemberCopy<Sink: Hashable & Sendable>: Equatable, Sendable {
+    public struct Session: Equatable, Sendable {
         public var id: SessionID
         public var sink: Sink
         public var withPresence: Bool
-        public init(id: SessionID, sink: Sink, withPresence: Bool) {
+        public var version: UInt64
+        public init(id: SessionID, sink: Sink, withPresence: Bool, version: UInt64 = 0) {
             self.id = id
             self.sink = sink
             self.withPresence = withPresence
+            self.version = version
         }
     }
     public var userID: String
     public var sessions: [Session]
     public var state: [StateItem]
-    /// When the state last changed (wall ms; 0: never set).
-    public var stateAt: Int64
-    public init(userID: String, sessions: [Session], state: [StateItem], stateAt: Int64 = 0) {
+    /// The channel counter value at the state's last change (0: never set).
+    public var stateVersion: UInt64
+    public init(userID: String, sessions: [Session], state: [StateItem], stateVersion: UInt64 = 0) {
         self.userID = userID
         self.sessions = sessions
         self.state = state
-        self.stateAt = stateAt
+        self.stateVersion = stateVersion
+    }
+}
+
+/// A channel's state (or the part of it that changed) for a replica or a new owner.
+public struct ChannelCopy<Sink: Hashable & Sendable>: Equatable, Sendable {
+    public var key: ChannelKey
+    public var sequence: UInt64
+    public var term: UInt64
+    /// Every member is listed (users not listed are gone); else only the users that changed.
+    public var full: Bool
+    /// Sent by the owner giving the channel up (a ring change or a graceful leave).
+    public var handoff: Bool
+    public var members: [MemberCopy<Sink>]
+    public var departed: [SessionID: ChannelMachine<Sink>.Departure]
+
+    public init(key: ChannelKey, sequence: UInt64, term: UInt64, full: Bool, handoff: Bool,
+                members: [MemberCopy<Sink>], departed: [SessionID: ChannelMachine<Sink>.Departure] = [:]) {
+        self.key = key
+        self.sequence = sequence
+        self.term = term
+        self.full = full
+        self.handoff = handoff
+        self.members = members
+        self.departed = departed
     }
 }
 
 /// What happened in a channel since the last INTERVAL event. A join and a leave of the same user
 /// within one interval cancel out: subscribers never knew of that visit.
-struct IntervalBatch {
+struct IntervalBatch: Sendable {
     var joins = Set<String>()
     var leaves = Set<String>()
     var timeouts = Set<String>()
@@ -395,7 +648,7 @@ struct IntervalBatch {
 }
 
 /// The sessions of one user in one channel: almost always one, so that case needs no allocation.
-struct SessionList: Equatable {
+struct SessionList: Equatable, Sendable {
     private var first: SessionID?
     private var more: [SessionID] = []
 

@@ -43,6 +43,35 @@ public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible
     public static func < (a: SessionID, b: SessionID) -> Bool { a.raw < b.raw }
 }
 
+/// One process of a node: its id and the boot it drew at start (RELIABILITY.md: "every process start
+/// is a new member incarnation"). Sessions live at an instance; when that instance is gone (dead,
+/// left, or replaced by a restart of the same id) its sessions are orphans.
+public struct NodeInstance: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public let id: String
+    public let boot: UInt64
+
+    public init(_ id: String, boot: UInt64) {
+        self.id = id
+        self.boot = boot
+    }
+
+    public static func < (a: NodeInstance, b: NodeInstance) -> Bool { (a.id, a.boot) < (b.id, b.boot) }
+    public var description: String { "\(id)@\(boot)" }
+}
+
+/// A session's version as its gateway stamps every call: the *epoch* in the high 32 bits (bumped
+/// by the user's home each time the session is claimed by a gateway, so a superseded gateway's word
+/// loses), and a counter in the low 32 bits that the gateway bumps on every join and leave (so an
+/// owner can tell a leave, or "I no longer hold it", from a join that came after it).
+public enum SessionVersion {
+    public static func epoch(_ v: UInt64) -> UInt64 { v >> 32 }
+    public static func make(epoch: UInt64, counter: UInt64) -> UInt64 { (epoch << 32) | (counter & 0xffff_ffff) }
+    /// The next counter value in the same epoch (saturating: a session never makes 4 billion joins).
+    public static func bumped(_ v: UInt64) -> UInt64 { v & 0xffff_ffff == 0xffff_ffff ? v : v + 1 }
+    /// The first version of the epoch after `v`'s.
+    public static func nextEpoch(_ v: UInt64) -> UInt64 { epoch(v) >= 0xffff_ffff ? v : make(epoch: epoch(v) + 1, counter: 0) }
+}
+
 /// A failed presence call: a gRPC-style kind, an upper-case error name and a sentence for a person.
 public struct PresenceError: Error, Equatable, Sendable, CustomStringConvertible {
     public enum Kind: Sendable, Equatable {

@@ -10,14 +10,34 @@ public struct SessionTable {
         case disconnected(since: UInt64)
     }
 
+    /// A channel the session is in, as this gateway (the authority on it) keeps it: whether it
+    /// follows presence, the session version its join was stamped with, and the user's state there
+    /// as the channel's owner last acknowledged it (with the owner's version of it), so an owner
+    /// that lost any of it can be given it back (RELIABILITY.md, anti-entropy).
+    public struct Membership: Sendable, Equatable {
+        public var withPresence: Bool
+        public var joinVersion: UInt64
+        public var state: [StateItem] = []
+        public var stateVersion: UInt64 = 0
+        public init(withPresence: Bool, joinVersion: UInt64, state: [StateItem] = [], stateVersion: UInt64 = 0) {
+            self.withPresence = withPresence
+            self.joinVersion = joinVersion
+            self.state = state
+            self.stateVersion = stateVersion
+        }
+    }
+
     public struct Session: Sendable, Equatable {
         public let id: SessionID
         public let userID: String
         public fileprivate(set) var liveness: Liveness
         /// Bumped on every (re)attachment of a stream, so a stale stream's end is ignored.
         public fileprivate(set) var generation: UInt64
-        /// Channels joined, with `with_presence`.
-        public fileprivate(set) var channels: [ChannelKey: Bool] = [:]
+        /// The session's version (`SessionVersion`): the epoch its user's home gave this gateway,
+        /// and a counter bumped on every join and leave.
+        public fileprivate(set) var version: UInt64 = SessionVersion.make(epoch: 1, counter: 0)
+        /// Channels joined.
+        public fileprivate(set) var channels: [ChannelKey: Membership] = [:]
         /// State set for channels not joined yet.
         public fileprivate(set) var pendingState: [ChannelKey: StateItems] = [:]
         public fileprivate(set) var watching: Set<String> = []
@@ -51,10 +71,21 @@ public struct SessionTable {
         return .created(newID, generation: 1)
     }
 
-    /// Takes over a session that lived on another gateway (its client resumed it here): the
-    /// channels and watched users come from the user's home.
-    public mutating func adopt(_ id: SessionID, user: String, channels: [ChannelKey: Bool], watching: Set<String>) -> OpenOutcome {
-        sessions[id] = Session(id: id, userID: user, liveness: .connected, generation: 1, channels: channels, watching: watching)
+    /// Takes over a session at `version` (the new epoch its user's home gave it): from another
+    /// gateway (its client resumed it here; the channels and watched users come from the home), or
+    /// one this gateway still holds (its channels and state here are kept).
+    public mutating func adopt(_ id: SessionID, user: String, version: UInt64, channels: [ChannelKey: Bool], watching: Set<String>) -> OpenOutcome {
+        if var s = sessions[id], s.userID == user {
+            s.liveness = .connected
+            s.generation += 1
+            s.version = max(s.version, version)
+            for (key, m) in s.channels { s.channels[key]?.joinVersion = max(m.joinVersion, s.version) }
+            sessions[id] = s
+            return .resumed(id, generation: s.generation)
+        }
+        var joined: [ChannelKey: Membership] = [:]
+        for (key, withPresence) in channels { joined[key] = Membership(withPresence: withPresence, joinVersion: version) }
+        sessions[id] = Session(id: id, userID: user, liveness: .connected, generation: 1, version: version, channels: joined, watching: watching)
         return .resumed(id, generation: 1)
     }
 
@@ -101,25 +132,39 @@ public struct SessionTable {
 
     // MARK: Membership
 
-    /// Records a join; returns state set earlier for that channel (now consumed) and whether the
-    /// session was already in it.
-    public mutating func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (pending: [StateItem], already: Bool) {
+    /// Records a join; returns state set earlier for that channel (now consumed), whether the
+    /// session was already in it, and the session version the join is stamped with.
+    public mutating func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (pending: [StateItem], already: Bool, version: UInt64) {
         guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
         let already = s.channels[channel] != nil
         if !already && s.channels.count >= Limits.maxChannelsPerSession {
             throw PresenceError(.resourceExhausted, "CHANNEL_LIMIT", "a session may be in at most \(Limits.maxChannelsPerSession) channels")
         }
-        s.channels[channel] = withPresence
+        s.version = SessionVersion.bumped(s.version)
+        var m = s.channels[channel] ?? Membership(withPresence: withPresence, joinVersion: s.version)
+        m.withPresence = withPresence
+        m.joinVersion = s.version
+        s.channels[channel] = m
         let pending = s.pendingState.removeValue(forKey: channel)?.items ?? []
         sessions[id] = s
-        return (pending, already)
+        return (pending, already, s.version)
     }
 
-    /// Records a leave; false when the session was not in the channel.
-    public mutating func left(_ id: SessionID, channel: ChannelKey) -> Bool {
-        guard var s = sessions[id], s.channels.removeValue(forKey: channel) != nil else { return false }
+    /// Records a leave; returns the version it is stamped with, or nil when the session was not in
+    /// the channel.
+    public mutating func left(_ id: SessionID, channel: ChannelKey) -> UInt64? {
+        guard var s = sessions[id], s.channels.removeValue(forKey: channel) != nil else { return nil }
+        s.version = SessionVersion.bumped(s.version)
         sessions[id] = s
-        return true
+        return s.version
+    }
+
+    /// The user's state in a channel of the session, as its owner acknowledged it at `version`
+    /// (kept if it is not older than what the session holds).
+    public mutating func stateAcknowledged(_ id: SessionID, channel: ChannelKey, state: [StateItem], version: UInt64) {
+        guard let m = sessions[id]?.channels[channel], version >= m.stateVersion else { return }
+        sessions[id]?.channels[channel]?.state = state
+        sessions[id]?.channels[channel]?.stateVersion = version
     }
 
     /// Keeps state for a channel the session has not joined (applied when it joins).

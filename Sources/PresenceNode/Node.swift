@@ -15,7 +15,8 @@ public final class Node: Sendable {
     public let membership: Membership
     private let server: GRPCServer
     private let peerServer: GRPCServer
-    private let ringChanges: AsyncStream<(HashRing, HashRing, Set<String>)>.Continuation
+    private let ringChanges: AsyncStream<(HashRing, HashRing)>.Continuation
+    private let ringTask: Task<Void, Never>
 
     /// Builds the node; throws when the auth secret file cannot be read.
     public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
@@ -24,7 +25,11 @@ public final class Node: Sendable {
         let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
         self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
         let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
+        let settings = EngineSettings(nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
+                                      maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval,
+                                      probeInterval: configuration.probeInterval)
         let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
+                                handoffLimit: settings.timings.handoffLimit,
                                 ready: !configuration.seeds.contains { $0 != configuration.peerListen })
         let membership = Membership(nodeID: configuration.nodeID, peerAddress: configuration.peerListen.description,
                                     clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
@@ -34,22 +39,21 @@ public final class Node: Sendable {
         let health = self.health
         health.setJoining(true)
         topology.onReady { health.setJoining(false) }
-        let link = PeerLink(me: configuration.nodeID) { [weak membership] id in membership?.peerClient(for: id) }
-        let engine = PresenceEngine(settings: EngineSettings(
-            nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
-            maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval),
-            loops: group.loops, topology: topology, link: link)
+        let link = PeerLink(me: { topology.instance }, timings: settings.timings) { [weak membership] id in membership?.peerClient(for: id) }
+        let engine = PresenceEngine(settings: settings, loops: group.loops, topology: topology, link: link)
         self.engine = engine
         // ring changes are carried out one at a time, in the order membership saw them
-        let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing, Set<String>).self)
-        membership.onRingChange { old, new, alive in queue.yield((old, new, alive)) }
-        membership.onRefute { engine.refutedOwnDeath() }
+        let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing).self)
+        membership.onRingChange { old, new in queue.yield((old, new)) }
+        // a node that refuted its own death: owners may have lost its pushes or timed sessions out
+        membership.onRefute { engine.antiEntropy.runSoon() }
         ringChanges = queue
         let log = self.logger
-        Task {
-            for await (old, new, alive) in changes {
-                log.info("ring changed", ["members": new.members.joined(separator: ","), "was": old.members.joined(separator: ",")])
-                await engine.ringChanged(from: old, to: new, alive: alive)
+        ringTask = Task {
+            for await (old, new) in changes {
+                log.info("ring changed", ["members": new.members.map { "\($0)@\(new.boot(of: $0))" }.joined(separator: ","),
+                                          "was": old.members.map { "\($0)@\(old.boot(of: $0))" }.joined(separator: ",")])
+                await engine.ring.ringChanged(from: old, to: new)
             }
         }
         var peerRegistry = ServiceRegistry()
@@ -78,8 +82,10 @@ public final class Node: Sendable {
         try peerServer.start()
         membership.start(peerAddress: HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
                          clientAddress: HostPort(host: configuration.listen.host, port: server.port).description)
+        engine.start()
         logger.info("presenced started", [
             "node_id": configuration.nodeID,
+            "boot": String(engine.topology.boot),
             "listen": HostPort(host: configuration.listen.host, port: server.port).description,
             "peer_listen": HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
         ])
@@ -95,10 +101,13 @@ public final class Node: Sendable {
     public func shutdown(gracePeriod: UInt64 = 5_000_000_000) async {
         health.setNotServing()
         logger.info("shutting down", ["node_id": configuration.nodeID])
-        await engine.handOffBeforeLeaving(timeout: 2_000_000_000)
+        // hand everything off first and own nothing from then on; then say goodbye; then end the
+        // streams, so clients resume their sessions on other nodes
+        await engine.ring.handOffBeforeLeaving(timeout: 2_000_000_000)
         await membership.leave()
         ringChanges.finish()
         await engine.endAllStreams()
+        await engine.stop()
         await peerServer.shutdown(gracePeriod: 200_000_000)
         await server.shutdown(gracePeriod: gracePeriod)
         group.shutdown()
@@ -112,6 +121,8 @@ extension Node {
     public func crashForTesting() async {
         membership.halt()
         ringChanges.finish()
+        ringTask.cancel()
+        await engine.stop()
         group.shutdown()
     }
 }

@@ -210,6 +210,13 @@ struct CArena {
         return (items.count, list)
     }
 
+    mutating func scalarArray<T: FixedWidthInteger>(_ items: [T]) -> (Int, UnsafeMutablePointer<T>?) {
+        guard !items.isEmpty else { return (0, nil) }
+        let list = raw(MemoryLayout<T>.stride * items.count, alignment: 8).bindMemory(to: T.self, capacity: items.count)
+        for (i, v) in items.enumerated() { list[i] = v }
+        return (items.count, list)
+    }
+
     mutating func release() {
         for c in chunks { c.deallocate() }
         chunks.removeAll()

@@ -131,15 +131,108 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(m.removeState(user: "tony", session: s2, keys: [], now: 5).isEmpty)
     }
 
-    @Test func sequenceIncreasesAndSnapshotCarriesTheCurrentOne() throws {
+    @Test func everyEventTakesTheNextSequenceASnapshotIncluded() throws {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
-        _ = m.join(user: "a", session: s1, withPresence: true, sink: "a", now: 1)
+        let a = m.join(user: "a", session: s1, withPresence: true, sink: "a", now: 1)
         let j = m.join(user: "b", session: s2, withPresence: true, sink: "b", now: 2)
         let st = try m.setState(user: "a", session: s1, items: [item("k", "v")], now: 3)
-        // a's own join took sequence 1 (sent to nobody); b's join is 2, its snapshot carries 2
-        #expect(j[0].event.sequence == 2 && j[1].event.type == .snapshot && j[1].event.sequence == 2)
-        #expect(st[0].event.sequence == 3)
-        #expect(m.sequence == 3)
+        // a's join (sent to nobody) and its SNAPSHOT; b's join, then b's SNAPSHOT above it
+        #expect(a.map(\.event.sequence) == [1, 2])
+        #expect(j.map(\.event.type) == [.remoteJoin, .snapshot] && j.map(\.event.sequence) == [3, 4])
+        // a state change takes a version of its own (5) and its event the next sequence
+        #expect(st[0].event.sequence == 6 && m.stateVersion(of: "a") == 5)
+        #expect(m.sequence == 6)
+        // a fresh SNAPSHOT for a session is above everything before it, and above a gateway's floor
+        #expect(m.resnapshot(for: s2, now: 4)?.event.sequence == 7)
+        #expect(m.resnapshot(for: s2, floor: 100, now: 5)?.event.sequence == 101)
+    }
+
+    @Test func aNewOwnersLineageIsAboveEverythingTheOldOneIssued() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "a", session: s1, withPresence: true, sink: "a", now: 1)
+        let before = m.sequence
+        m.startLineage(now: 1_000)
+        #expect(m.term >= before + (1 << 32) && m.term >= 1_000 << 22 && m.sequence == m.term)
+        let snap = m.snapshotForAll(now: 2)
+        #expect(snap.map(\.event.sequence) == [m.term + 1])
+        // a copy of it keeps the lineage
+        var replica = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        for c in m.fullCopies() { replica.install(c) }
+        #expect(replica.term == m.term && replica.sequence == m.sequence)
+    }
+
+    @Test func aSupersededGatewaysCallsAreRecognised() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        let e1 = SessionVersion.make(epoch: 1, counter: 3), e2 = SessionVersion.make(epoch: 2, counter: 0)
+        _ = m.join(user: "a", session: s1, withPresence: false, sink: "gw1", version: e1, now: 1)
+        #expect(m.supersedingVersion(of: s1, e1) == nil)
+        // the session was claimed by gw2 (epoch 2) and announced there
+        #expect(m.announce(user: "a", session: s1, withPresence: false, sink: "gw2", version: e2, now: 2).deliveries.isEmpty)
+        #expect(m.sink(of: s1) == "gw2")
+        // gw1 still thinks it holds it: its word is older
+        #expect(m.supersedingVersion(of: s1, e1 + 1) == e2)
+        #expect(m.announce(user: "a", session: s1, withPresence: false, sink: "gw1", version: e1 + 1, now: 3).superseded == e2)
+        #expect(m.sink(of: s1) == "gw2")
+    }
+
+    @Test func aLeaveIsRememberedSoAnOlderJoinOrCopyDoesNotBringItBack() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "w", session: s1, withPresence: true, sink: "gw", version: 1, now: 1)
+        _ = m.join(user: "a", session: s2, withPresence: false, sink: "gw", version: 5, now: 1)
+        let before = m.fullCopies()[0]
+        _ = m.leave(user: "a", session: s2, version: 6, now: 2)
+        #expect(m.leftAfter(s2, 5) && m.leftAfter(s2, 6) && !m.leftAfter(s2, 7))
+        // an announce from before the leave changes nothing
+        #expect(m.announce(user: "a", session: s2, withPresence: false, sink: "gw", version: 5, now: 3).deliveries.isEmpty)
+        #expect(!m.contains(user: "a"))
+        // neither does merging the copy from before the leave (a partition's other side)
+        #expect(m.merge(before, now: 4).isEmpty)
+        #expect(!m.contains(user: "a"))
+        // while the older copy, merging this one, learns the leave: REMOTE_LEAVE to its subscribers
+        var old = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        old.install(before)
+        let learnt = old.merge(m.fullCopies()[0], now: 5)
+        #expect(learnt.map(\.event.type) == [.remoteLeave] && !old.contains(user: "a"))
+    }
+
+    @Test func mergingTwoVersionsKeepsEveryJoinAndTheLaterState() throws {
+        var base = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = base.join(user: "w", session: s1, withPresence: true, sink: "gw", version: 1, now: 1)
+        _ = base.join(user: "a", session: s2, withPresence: false, sink: "gw", version: 1, now: 1)
+        var left = base, right = base
+        right.startLineage(now: 10)  // the other side took the channel over
+        _ = left.join(user: "b", session: s3, withPresence: false, sink: "gw", version: 1, now: 2)
+        _ = try right.setState(user: "a", session: s2, items: [item("k", "v")], now: 3)
+        let d = left.merge(right.fullCopies()[0], now: 4)
+        #expect(left.contains(user: "b") && left.state(of: "a") == [item("k", "v")])
+        #expect(d.map(\.event.type) == [.remoteStateChanged])
+        #expect(left.sequence >= right.sequence && left.term == right.term)
+        let e = right.merge(left.fullCopies()[0], now: 5)
+        #expect(e.map(\.event.type) == [.remoteJoin] && right.contains(user: "b"))
+    }
+
+    @Test func aGatewaysLaterStateRestoresWhatTheOwnerLost() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "w", session: s1, withPresence: true, sink: "gw", now: 1)
+        // the owner lost the user (a copy that missed it); the gateway still holds it with state
+        let o = m.announce(user: "a", session: s2, withPresence: false, sink: "gw2", version: 3, state: [item("mic", "on")], stateVersion: 40, now: 2)
+        #expect(o.deliveries.map(\.event.type) == [.remoteJoin, .remoteStateChanged])
+        #expect(m.state(of: "a") == [item("mic", "on")] && m.stateVersion(of: "a") == 40)
+        // a gateway with an older state is corrected, not obeyed
+        let stale = m.announce(user: "a", session: s2, withPresence: false, sink: "gw2", version: 3, state: [], stateVersion: 7, now: 3)
+        #expect(stale.deliveries.isEmpty && stale.correction?.state == [item("mic", "on")] && stale.correction?.version == 40)
+    }
+
+    @Test func sessionsOfAGoneGatewayTimeOut() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "w", session: s1, withPresence: true, sink: "gw1", now: 1)
+        _ = m.join(user: "a", session: s2, withPresence: false, sink: "gw2", now: 1)
+        _ = m.join(user: "a", session: s3, withPresence: false, sink: "gw1", now: 1)
+        // a has another session on a live gateway: no event
+        #expect(m.timeOut(sessionsAt: "gw2", now: 2).isEmpty)
+        #expect(m.contains(user: "a") && m.departed[s2]?.byGateway == false)
+        _ = m.leave(user: "a", session: s3, now: 3)
+        #expect(m.route(m.timeOut(sessionsAt: "gw2", now: 4)).isEmpty)
     }
 
     @Test func intervalModeAboveTheLimitAndBack() throws {
@@ -235,13 +328,13 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)
         _ = m.join(user: "bob", session: s2, withPresence: true, sink: "node-b", now: 2)
         // ann's session moved to node-c: only she gets a fresh SNAPSHOT, nobody sees an event
-        let moved = m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", now: 3)
+        let moved = m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", now: 3).deliveries
         #expect(moved.map(\.to) == [.session(s1)] && moved.map(\.event.type) == [.snapshot])
         #expect(m.sink(of: s1) == "node-c" && m.sessions(at: "node-a").isEmpty)
         // the same announce again changes nothing
-        #expect(m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", now: 4).isEmpty)
+        #expect(m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", now: 4).deliveries.isEmpty)
         // a session the owner lost is joined back, with the usual events
-        let back = m.announce(user: "cy", session: s3, withPresence: false, sink: "node-b", now: 5)
+        let back = m.announce(user: "cy", session: s3, withPresence: false, sink: "node-b", now: 5).deliveries
         #expect(back.map(\.event.type) == [.remoteJoin])
     }
 

@@ -13,7 +13,7 @@ let sec: UInt64 = 1_000_000_000
         #expect(t.expireIfDue(id, now: 14 * sec) == nil)
         guard case .resumed(let again, let g2) = t.open(user: "ann", resume: id, newID: s2, now: 14 * sec) else { Issue.record("not resumed"); return }
         #expect(again == id && g2 == g1 + 1)
-        #expect(t[id]?.channels[lobby] == true)
+        #expect(t[id]?.channels[lobby]?.withPresence == true)
         #expect(t.expireIfDue(id, now: 100 * sec) == nil)  // connected again: never expires
     }
 
@@ -49,9 +49,10 @@ let sec: UInt64 = 1_000_000_000
         try t.setPendingState(s1, channel: lobby, items: [item("a", "9")])
         #expect(throws: PresenceError.self) { try t.setPendingState(s1, channel: lobby, items: (0..<31).map { item("k\($0)", "") }) }
         t.removePendingState(s1, channel: lobby, keys: ["b"])
-        let (pending, already) = try t.joined(s1, channel: lobby, withPresence: false)
+        let (pending, already, v1) = try t.joined(s1, channel: lobby, withPresence: false)
         #expect(pending == [item("a", "9")] && !already)
-        #expect(try t.joined(s1, channel: lobby, withPresence: true) == ([], true))
+        let again = try t.joined(s1, channel: lobby, withPresence: true)
+        #expect(again.pending.isEmpty && again.already && again.version > v1)
     }
 
     @Test func closeRemovesAtOnce() {
@@ -71,108 +72,111 @@ let sec: UInt64 = 1_000_000_000
     }
 }
 
-@Suite struct UserDirectoryTests {
+@Suite struct HomeRecordTests {
     @Test func visibleStatusFollowsTheRules() {
-        var d = UserDirectory<String>()
-        #expect(d.visibleStatus("ann") == .unknown)
-        #expect(d.sessionOpened("ann", session: s1, sink: "gw", initial: .unknown)?.status == .online)
-        #expect(d.setStatus("ann", .away)?.status == .away)
-        #expect(d.sessionOpened("ann", session: s2, sink: "gw", initial: .unknown) == nil)  // keeps AWAY
-        #expect(d.visibleStatus("ann") == .away)
-        #expect(d.sessionEnded("ann", session: s1) == nil)
-        #expect(d.sessionEnded("ann", session: s2)?.status == .offline)
-        #expect(d.visibleStatus("ann") == .offline)  // stays OFFLINE
-        #expect(d.sessionOpened("ann", session: s3, sink: "gw", initial: .unknown)?.status == .online)  // a new session starts ONLINE
+        var r = HomeRecord<String>(userID: "ann")
+        #expect(r.visibleStatus == .unknown)
+        #expect(r.sessionOpened(session: s1, sink: "gw", initial: .unknown)?.status == .online)
+        #expect(r.setStatus(.away)?.status == .away)
+        #expect(r.sessionOpened(session: s2, sink: "gw", initial: .unknown) == nil)  // keeps AWAY
+        #expect(r.visibleStatus == .away)
+        #expect(r.sessionEnded(session: s1) == nil)
+        #expect(r.sessionEnded(session: s2)?.status == .offline)
+        #expect(r.visibleStatus == .offline)  // stays OFFLINE
+        #expect(r.sessionOpened(session: s3, sink: "gw", initial: .unknown)?.status == .online)  // a new session starts ONLINE
     }
 
     @Test func invisibleReadsOfflineWhileConnected() {
-        var d = UserDirectory<String>()
-        _ = d.sessionOpened("ann", session: s1, sink: "gw", initial: .offline)
-        #expect(d.visibleStatus("ann") == .offline)
-        #expect(d.setStatus("ann", .busy)?.status == .busy)
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw", initial: .offline)
+        #expect(r.visibleStatus == .offline)
+        #expect(r.setStatus(.busy)?.status == .busy)
         // going invisible is a change watchers see as OFFLINE
-        #expect(d.setStatus("ann", .offline)?.status == .offline)
+        #expect(r.setStatus(.offline)?.status == .offline)
         // ending the session while invisible changes nothing visible
-        #expect(d.sessionEnded("ann", session: s1) == nil)
+        #expect(r.sessionEnded(session: s1) == nil)
     }
 
     @Test func watchersAreReturnedWithChanges() {
-        var d = UserDirectory<String>()
-        d.watch("tony", by: s1, sink: "ann")
-        let c = d.sessionOpened("tony", session: s2, sink: "gw", initial: .busy)
+        var r = HomeRecord<String>(userID: "tony")
+        r.watch(by: s1, sink: "ann")
+        let c = r.sessionOpened(session: s2, sink: "gw", initial: .busy)
         #expect(c?.status == .busy && c?.watchers[s1] == "ann")
-        d.unwatch("tony", by: s1)
-        #expect(d.setStatus("tony", .away)?.watchers.isEmpty == true)
+        r.unwatch(by: s1)
+        #expect(r.setStatus(.away)?.watchers.isEmpty == true)
     }
 
     @Test func channelIndexIsTheUnionOfTheSessionsChannels() {
-        var d = UserDirectory<String>()
+        var r = HomeRecord<String>(userID: "ann")
         let b = ChannelKey(name: "b", type: .stream), a = ChannelKey(name: "a", type: .message)
-        _ = d.sessionOpened("ann", session: s1, sink: "gw", initial: .unknown)
-        _ = d.sessionOpened("ann", session: s2, sink: "gw2", initial: .unknown)
-        d.sessionJoined("ann", session: s1, channel: b, withPresence: true)
-        d.sessionJoined("ann", session: s2, channel: a, withPresence: false)
-        d.sessionJoined("ann", session: s2, channel: b, withPresence: false)
-        #expect(d.channels(of: "ann") == [a, b])
-        d.sessionLeft("ann", session: s1, channel: b)
-        #expect(d.channels(of: "ann") == [a, b])  // s2 is still in b
-        _ = d.sessionEnded("ann", session: s2)
-        #expect(d.channels(of: "ann").isEmpty)
-        #expect(d.channels(of: "nobody").isEmpty)
+        _ = r.sessionOpened(session: s1, sink: "gw", initial: .unknown)
+        _ = r.sessionOpened(session: s2, sink: "gw2", initial: .unknown)
+        r.sessionJoined(session: s1, channel: b, withPresence: true)
+        r.sessionJoined(session: s2, channel: a, withPresence: false)
+        r.sessionJoined(session: s2, channel: b, withPresence: false)
+        #expect(r.channels == [a, b])
+        r.sessionLeft(session: s1, channel: b)
+        #expect(r.channels == [a, b])  // s2 is still in b
+        _ = r.sessionEnded(session: s2)
+        #expect(r.channels == [])
+        #expect(HomeRecord<String>(userID: "nobody").channels.isEmpty)
     }
 
-    @Test func aSessionRecordCanMoveToAnotherGatewayWithoutAStatusChange() {
-        var d = UserDirectory<String>()
+    @Test func aClaimStartsANewEpochAndTheOldGatewaysWordLoses() {
+        var r = HomeRecord<String>(userID: "ann")
         let lobby = ChannelKey(name: "lobby", type: .message)
-        d.watch("ann", by: s3, sink: "gw3")
-        _ = d.sessionOpened("ann", session: s1, sink: "gw1", initial: .busy)
-        d.sessionJoined("ann", session: s1, channel: lobby, withPresence: true)
-        d.sessionWatching("ann", session: s1, watching: ["tony"])
-        #expect(d.sessions(at: "gw1").map(\.session) == [s1])
-        #expect(d.watchers(at: "gw3").map(\.user) == ["ann"])
-        let r = d.session("ann", s1)
-        #expect(r?.channels == [lobby: true] && r?.watching == ["tony"])
-        // its client resumed it on gw2: no status change, and gw1's late end is not the session's end
-        #expect(d.announce("ann", session: s1, record: .init(sink: "gw2", channels: r!.channels, watching: r!.watching)) == nil)
-        #expect(d.sessions(at: "gw1").isEmpty && d.session("ann", s1)?.sink == "gw2")
-        #expect(d.visibleStatus("ann") == .busy)
+        r.watch(by: s3, sink: "gw3")
+        let v1 = SessionVersion.make(epoch: 1, counter: 0)
+        _ = r.sessionOpened(session: s1, sink: "gw1", version: v1, initial: .busy)
+        r.sessionJoined(session: s1, channel: lobby, withPresence: true, version: v1 + 1)
+        r.sessionWatching(session: s1, watching: ["tony"], version: v1 + 1)
+        // its client resumed it on gw2: a new epoch, the record moves there, no status change
+        let claimed = r.claim(session: s1, sink: "gw2")
+        #expect(claimed?.previous == "gw1" && claimed?.record.sink == "gw2")
+        #expect(claimed.map { SessionVersion.epoch($0.record.version) } == 2)
+        #expect(claimed?.record.channels == [lobby: true] && claimed?.record.watching == ["tony"])
+        #expect(r.visibleStatus == .busy)
+        // what gw1 still says of it (an announce, an end) is older: it changes nothing
+        #expect(r.supersedingVersion(of: s1, v1 + 5) != nil)
+        #expect(r.announce(session: s1, record: .init(sink: "gw1", version: v1 + 5)).superseded != nil)
+        #expect(r.sessions[s1]?.sink == "gw2")
+        // the unknown is not claimed
+        #expect(r.claim(session: s2, sink: "gw2") == nil)
     }
 
-    @Test func aUserCopyRoundTrips() {
-        var d = UserDirectory<String>()
-        _ = d.sessionOpened("ann", session: s1, sink: "gw1", initial: .away)
-        d.sessionJoined("ann", session: s1, channel: ChannelKey(name: "x", type: .stream), withPresence: false)
-        d.watch("ann", by: s2, sink: "gw2")
-        var replica = UserDirectory<String>()
-        replica.install(d.copy(of: "ann"))
-        #expect(replica.copy(of: "ann") == d.copy(of: "ann"))
-        #expect(replica.visibleStatus("ann") == .away)
-        replica.remove("ann")
-        #expect(replica.visibleStatus("ann") == .unknown)
-    }
-}
-
-@Suite struct OrphanTimerTests {
-    @Test func dueOnlyAfterTheDeadlineAndCancelable() {
-        var t = OrphanTimers<String>()
-        t.start("a", deadline: 100)
-        t.start("b", deadline: 200)
-        t.start("a", deadline: 500)  // keeps the earlier deadline
-        #expect(t.next == 100)
-        #expect(t.due(now: 99).isEmpty)
-        #expect(t.due(now: 100) == ["a"])
-        t.cancel("b")
-        #expect(t.due(now: 1_000).isEmpty && t.isEmpty)
+    @Test func anEndedSessionDoesNotComeBackFromAnOlderCopy() {
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw1", version: 10, initial: .unknown)
+        let before = r
+        #expect(r.sessionEnded(session: s1, version: 11, now: 5)?.status == .offline)
+        // a copy from before the end (the other side of a partition) is merged: s1 stays ended
+        #expect(r.merge(before) == nil)
+        #expect(r.sessions.isEmpty && r.visibleStatus == .offline)
+        // and the older copy, merging the newer one, learns the end
+        var old = before
+        #expect(old.merge(r)?.status == .offline)
     }
 
-    @Test func postponingOnlyMovesARunningTimerLater() {
-        var t = OrphanTimers<String>()
-        t.start("a", deadline: 100)
-        t.postpone("a", to: 50)    // never earlier
-        t.postpone("b", to: 500)   // not running: nothing starts
-        #expect(t.deadline("a") == 100 && t.deadline("b") == nil)
-        t.postpone("a", to: 300)
-        #expect(t.due(now: 200).isEmpty && t.due(now: 300) == ["a"])
+    @Test func aTimeoutByAnotherHomeDoesNotEndASessionWhoseGatewayIsLive() {
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw1", version: 10, initial: .unknown)
+        var other = r
+        _ = other.timeOut(at: "gw1", now: 5)
+        #expect(other.visibleStatus == .offline)
+        #expect(r.merge(other, isLive: { $0 == "gw1" }) == nil)
+        #expect(r.sessions[s1] != nil)
+        #expect(r.merge(other, isLive: { _ in false })?.status == .offline)
+    }
+
+    @Test func aRecordCopyRoundTrips() {
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw1", initial: .away)
+        r.sessionJoined(session: s1, channel: ChannelKey(name: "x", type: .stream), withPresence: false)
+        r.watch(by: s2, sink: "gw2")
+        var replica = HomeRecord<String>(userID: "ann")
+        replica.install(r)
+        #expect(replica == r)
+        #expect(replica.visibleStatus == .away)
     }
 }
 

@@ -135,7 +135,7 @@ import Testing
         await nodes[2].node.crashForTesting()
         first.cancel()
         onC.close()
-        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.alive.contains("n2") }
+        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.ring.members.contains("n2") }
         // dave's client reconnects to n0 and resumes
         let onA = nodes[0].raw()
         let second = onA.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "dave", resumeSessionID: o.sessionID))
@@ -177,7 +177,7 @@ import Testing
         }
         try await inbox.waitFor(.remoteJoin, publisher: "cy", count: Self.channels.count)
         await nodes[2].node.crashForTesting()
-        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.alive.contains("n2") }
+        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.ring.members.contains("n2") }
         // the same node id comes back (a fresh process: it knows nothing of cy's session)
         let seed = HostPort(host: "127.0.0.1", port: nodes[0].node.peerPort)
         let again = try TestNode(presenceTimeout: 2, nodeID: "n2", seeds: [seed])

@@ -109,14 +109,17 @@ import Testing
                          ClusterChannelRecord(channelName: "lobby", channelType: .message,
                                               members: [ClusterMemberRecord(userID: "no such id!", sessions: [ClusterSessionRef(sessionID: "zz", gateway: "x")])])]
         junk.deliveries = [ClusterDelivery(channelName: "lobby", channelType: .message, toSessions: ["not-a-session"], framed: [1, 2, 3])]
-        junk.announces = [ClusterChannelCall(channelName: "lobby", channelType: .message, op: .announce)]
+        junk.moved = [ClusterSessionMoved(sessionID: "junk", gateway: "x y")]
         _ = try await peer.unary(PeerPresenceMethods.push, junk)
-        // a gateway asked which sessions it holds names only real ones, and refuses huge lists
-        let check = try await peer.unary(PeerPresenceMethods.checkSessions, ClusterSessionCheck(sessionIDs: ["00000000000000aa", "junk"]))
-        #expect(check.liveSessionIDs.isEmpty)
-        await expectError(.resourceExhausted, "TOO_MANY_SESSIONS") {
-            _ = try await peer.unary(PeerPresenceMethods.checkSessions, ClusterSessionCheck(sessionIDs: Array(repeating: "00000000000000aa", count: 100_001)))
-        }
+        // anti-entropy input with bad ids is skipped; digests of another size are no digests
+        let digest = try await peer.unary(PeerPresenceMethods.digest, ClusterDigestRequest(fromNodeID: "a b", channelCounts: [1, 2, 3]))
+        #expect(digest.channelBuckets.isEmpty && digest.homeBuckets.isEmpty)
+        let exchange = try await peer.unary(PeerPresenceMethods.exchange, ClusterExchangeRequest(fromNodeID: "x", channelBuckets: [9_999],
+            channelFacts: [ClusterChannelFact(channelName: "lobby", channelType: .message, session: ClusterSessionRef(sessionID: "junk", userID: "ann"))],
+            homeFacts: [ClusterHomeFact(userID: "ann", session: ClusterHomeSession(sessionID: "00000000000000aa", gateway: "no good"))]))
+        #expect(exchange.suspects.isEmpty && exchange.superseded.isEmpty)
+        _ = try await peer.unary(PeerPresenceMethods.confirm, ClusterConfirmRequest(fromNodeID: "x",
+            gone: [ClusterKeySession(channelName: "bad name", sessionID: "00000000000000aa"), ClusterKeySession(userID: "a b", sessionID: "00000000000000aa")]))
         // nothing changed
         let list = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list))
         #expect(list.error == nil && list.total == 0)

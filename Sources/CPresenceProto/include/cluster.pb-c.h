@@ -31,13 +31,23 @@ typedef struct Presence__Cluster__V1__HomeSession Presence__Cluster__V1__HomeSes
 typedef struct Presence__Cluster__V1__HomeCall Presence__Cluster__V1__HomeCall;
 typedef struct Presence__Cluster__V1__HomeResult Presence__Cluster__V1__HomeResult;
 typedef struct Presence__Cluster__V1__MemberRecord Presence__Cluster__V1__MemberRecord;
+typedef struct Presence__Cluster__V1__Departure Presence__Cluster__V1__Departure;
 typedef struct Presence__Cluster__V1__ChannelRecord Presence__Cluster__V1__ChannelRecord;
 typedef struct Presence__Cluster__V1__UserRecord Presence__Cluster__V1__UserRecord;
 typedef struct Presence__Cluster__V1__Delivery Presence__Cluster__V1__Delivery;
+typedef struct Presence__Cluster__V1__SessionMoved Presence__Cluster__V1__SessionMoved;
 typedef struct Presence__Cluster__V1__PushBatch Presence__Cluster__V1__PushBatch;
 typedef struct Presence__Cluster__V1__PushAck Presence__Cluster__V1__PushAck;
-typedef struct Presence__Cluster__V1__SessionCheck Presence__Cluster__V1__SessionCheck;
-typedef struct Presence__Cluster__V1__SessionCheckResult Presence__Cluster__V1__SessionCheckResult;
+typedef struct Presence__Cluster__V1__DigestRequest Presence__Cluster__V1__DigestRequest;
+typedef struct Presence__Cluster__V1__DigestResponse Presence__Cluster__V1__DigestResponse;
+typedef struct Presence__Cluster__V1__ChannelFact Presence__Cluster__V1__ChannelFact;
+typedef struct Presence__Cluster__V1__HomeFact Presence__Cluster__V1__HomeFact;
+typedef struct Presence__Cluster__V1__ExchangeRequest Presence__Cluster__V1__ExchangeRequest;
+typedef struct Presence__Cluster__V1__KeySession Presence__Cluster__V1__KeySession;
+typedef struct Presence__Cluster__V1__StateCorrection Presence__Cluster__V1__StateCorrection;
+typedef struct Presence__Cluster__V1__ExchangeResponse Presence__Cluster__V1__ExchangeResponse;
+typedef struct Presence__Cluster__V1__ConfirmRequest Presence__Cluster__V1__ConfirmRequest;
+typedef struct Presence__Cluster__V1__ConfirmResponse Presence__Cluster__V1__ConfirmResponse;
 
 
 /* --- enums --- */
@@ -60,7 +70,7 @@ typedef enum _Presence__Cluster__V1__ChannelOp {
   PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_LIST = 6,
   PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_RESNAPSHOT = 7,
   /*
-   * Anti-entropy: a gateway says its live session is in the channel. Adds it if missing (with
+   * A gateway that just claimed a session says it is in the channel. Adds it if missing (with
    * events), moves it to the announcing gateway if it was elsewhere (no event; a SNAPSHOT to it).
    */
   PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_ANNOUNCE = 8
@@ -90,7 +100,11 @@ typedef enum _Presence__Cluster__V1__HomeOp {
   /*
    * The session's own list of watched users changed.
    */
-  PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_WATCHING = 11
+  PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_SESSION_WATCHING = 11,
+  /*
+   * A gateway takes the session over (a resume): a new epoch starts; the record is returned.
+   */
+  PRESENCE__CLUSTER__V1__HOME_OP__HOME_OP_CLAIM_SESSION = 12
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(PRESENCE__CLUSTER__V1__HOME_OP)
 } Presence__Cluster__V1__HomeOp;
 
@@ -113,10 +127,15 @@ struct  Presence__Cluster__V1__MemberUpdate
    * The member's client address, for admin tools.
    */
   char *client_address;
+  /*
+   * The member's process instance, drawn at its start: a later boot supersedes anything said of
+   * an earlier one (a restarted node is admitted whatever was last believed of its id).
+   */
+  uint64_t boot;
 };
 #define PRESENCE__CLUSTER__V1__MEMBER_UPDATE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__member_update__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED, 0, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED, 0, (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Presence__Cluster__V1__PingRequest
@@ -127,10 +146,11 @@ struct  Presence__Cluster__V1__PingRequest
   uint64_t sequence;
   size_t n_gossip;
   Presence__Cluster__V1__MemberUpdate **gossip;
+  uint64_t from_boot;
 };
 #define PRESENCE__CLUSTER__V1__PING_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__ping_request__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0,NULL }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0,NULL, 0 }
 
 
 struct  Presence__Cluster__V1__PingResponse
@@ -159,10 +179,11 @@ struct  Presence__Cluster__V1__IndirectPingRequest
   uint64_t sequence;
   size_t n_gossip;
   Presence__Cluster__V1__MemberUpdate **gossip;
+  uint64_t from_boot;
 };
 #define PRESENCE__CLUSTER__V1__INDIRECT_PING_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__indirect_ping_request__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0,NULL }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0,NULL, 0 }
 
 
 struct  Presence__Cluster__V1__JoinRequest
@@ -187,7 +208,9 @@ struct  Presence__Cluster__V1__JoinResponse
 
 
 /*
- * A session as owners and homes know it: whose it is and which node is its gateway.
+ * A session as owners and homes know it: whose it is, which process is its gateway, and the
+ * session's version there (epoch in the high 32 bits, bumped by the user's home when a gateway
+ * claims the session; a counter of joins and leaves in the low 32).
  */
 struct  Presence__Cluster__V1__SessionRef
 {
@@ -199,14 +222,12 @@ struct  Presence__Cluster__V1__SessionRef
    */
   char *gateway;
   protobuf_c_boolean with_presence;
-  /*
-   * In a record: the gateway is gone, and the session times out in this many ms unless resumed.
-   */
-  uint64_t orphan_ms;
+  uint64_t gateway_boot;
+  uint64_t version;
 };
 #define PRESENCE__CLUSTER__V1__SESSION_REF__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_ref__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0 }
 
 
 /*
@@ -271,10 +292,18 @@ struct  Presence__Cluster__V1__ChannelCall
    * call (UNAVAILABLE, retried) rather than answer from state the sender does not expect. 0: unchecked.
    */
   uint64_t ring_fingerprint;
+  /*
+   * RESNAPSHOT: the last sequence the session's gateway passed on (the SNAPSHOT goes above it).
+   */
+  uint64_t floor;
+  /*
+   * ANNOUNCE: the user's state there as the gateway holds it, and the owner's version of it.
+   */
+  uint64_t state_version;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_CALL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_call__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Presence__Cluster__V1__ChannelResult
@@ -289,6 +318,9 @@ struct  Presence__Cluster__V1__ChannelResult
    * GET_STATE
    */
   protobuf_c_boolean found;
+  /*
+   * GET_STATE; JOIN, SET_STATE, REMOVE_STATE: the user's whole state after the call
+   */
   size_t n_state;
   Presence__V1__StateItem **state;
   /*
@@ -298,10 +330,14 @@ struct  Presence__Cluster__V1__ChannelResult
   size_t n_users;
   Presence__V1__UserState **users;
   char *next;
+  /*
+   * JOIN, SET_STATE, REMOVE_STATE: the owner's version of that state.
+   */
+  uint64_t state_version;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_RESULT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_result__descriptor) \
-    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string }
+    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Presence__Cluster__V1__SessionChannel
@@ -328,14 +364,12 @@ struct  Presence__Cluster__V1__HomeSession
   Presence__Cluster__V1__SessionChannel **channels;
   size_t n_watching;
   char **watching;
-  /*
-   * The gateway is gone, and the session times out in this many ms unless resumed.
-   */
-  uint64_t orphan_ms;
+  uint64_t gateway_boot;
+  uint64_t version;
 };
 #define PRESENCE__CLUSTER__V1__HOME_SESSION__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__home_session__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0, 0 }
 
 
 /*
@@ -381,6 +415,10 @@ struct  Presence__Cluster__V1__HomeResult
   size_t n_statuses;
   Presence__V1__UserStatusEntry **statuses;
   protobuf_c_boolean found;
+  /*
+   * LOOKUP_SESSION, CLAIM_SESSION: the session's record (CLAIM: with its new version; gateway is
+   * the one it had before).
+   */
   Presence__Cluster__V1__HomeSession *session;
 };
 #define PRESENCE__CLUSTER__V1__HOME_RESULT__INIT \
@@ -403,13 +441,34 @@ struct  Presence__Cluster__V1__MemberRecord
   size_t n_state;
   Presence__V1__StateItem **state;
   /*
-   * When the state last changed (wall ms; 0: never set): after a partition the later change wins.
+   * The owner's version of the state (the channel counter at its last change; 0: never set).
    */
-  int64_t state_at_ms;
+  uint64_t state_version;
 };
 #define PRESENCE__CLUSTER__V1__MEMBER_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__member_record__descriptor) \
     , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0 }
+
+
+/*
+ * A session that left a channel or ended at a home, remembered so that merging an older copy
+ * does not bring it back.
+ */
+struct  Presence__Cluster__V1__Departure
+{
+  ProtobufCMessage base;
+  char *session_id;
+  char *user_id;
+  uint64_t version;
+  /*
+   * Its gateway said so (a leave); else an owner timed it out (its gateway was gone).
+   */
+  protobuf_c_boolean by_gateway;
+  int64_t at_ms;
+};
+#define PRESENCE__CLUSTER__V1__DEPARTURE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__departure__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0 }
 
 
 /*
@@ -428,14 +487,19 @@ struct  Presence__Cluster__V1__ChannelRecord
   size_t n_members;
   Presence__Cluster__V1__MemberRecord **members;
   /*
-   * Sent by the channel's owner giving it up (a ring change or a graceful leave): nothing was lost,
-   * so the node taking it over sends no fresh SNAPSHOTs.
+   * Sent by the channel's owner giving it up (a ring change or a graceful leave).
    */
   protobuf_c_boolean handoff;
+  /*
+   * Where the sender's lineage of sequence numbers started: copies from a superseded owner are older.
+   */
+  uint64_t term;
+  size_t n_departed;
+  Presence__Cluster__V1__Departure **departed;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_record__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, 0, 0, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, 0, 0, 0,NULL, 0, 0, 0,NULL }
 
 
 /*
@@ -451,10 +515,16 @@ struct  Presence__Cluster__V1__UserRecord
   Presence__Cluster__V1__HomeSession **sessions;
   size_t n_watchers;
   Presence__Cluster__V1__SessionRef **watchers;
+  uint64_t term;
+  uint64_t chosen_version;
+  size_t n_departed;
+  Presence__Cluster__V1__Departure **departed;
+  uint64_t counter;
+  protobuf_c_boolean handoff;
 };
 #define PRESENCE__CLUSTER__V1__USER_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__user_record__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, 0, 0,NULL, 0,NULL }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, 0, 0,NULL, 0,NULL, 0, 0, 0,NULL, 0, 0 }
 
 
 /*
@@ -479,14 +549,35 @@ struct  Presence__Cluster__V1__Delivery
    */
   ProtobufCBinaryData framed;
   protobuf_c_boolean snapshot;
+  /*
+   * The event's sequence (a gateway passes a session only events above what it saw, in order
+   * from the owner it follows).
+   */
+  uint64_t sequence;
 };
 #define PRESENCE__CLUSTER__V1__DELIVERY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__delivery__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, (char *)protobuf_c_empty_string, 0,NULL, {0,NULL}, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, (char *)protobuf_c_empty_string, 0,NULL, {0,NULL}, 0, 0 }
 
 
 /*
- * What one node pushes to another, in order: deliveries, replica updates, handoffs, announces.
+ * The user's home tells a gateway that a session it held was claimed by another gateway.
+ */
+struct  Presence__Cluster__V1__SessionMoved
+{
+  ProtobufCMessage base;
+  char *session_id;
+  char *gateway;
+  uint64_t gateway_boot;
+  uint64_t version;
+};
+#define PRESENCE__CLUSTER__V1__SESSION_MOVED__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_moved__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0 }
+
+
+/*
+ * What one node pushes to another, in order: deliveries, replica updates, handoffs, moved sessions.
  */
 struct  Presence__Cluster__V1__PushBatch
 {
@@ -506,20 +597,21 @@ struct  Presence__Cluster__V1__PushBatch
    */
   protobuf_c_boolean handoff_done;
   /*
-   * Gateway anti-entropy: sessions the sender's gateway holds, for channels/users the receiver owns.
-   */
-  size_t n_announces;
-  Presence__Cluster__V1__ChannelCall **announces;
-  size_t n_home_announces;
-  Presence__Cluster__V1__HomeCall **home_announces;
-  /*
    * With handoff_done: the ring (ClusterCore.HashRing.fingerprint) the sender handed off for.
    */
   uint64_t ring_fingerprint;
+  /*
+   * The sender's process, and the receiver's process it was queued for (a push meant for an
+   * earlier process of the receiver is dropped).
+   */
+  uint64_t from_boot;
+  uint64_t to_boot;
+  size_t n_moved;
+  Presence__Cluster__V1__SessionMoved **moved;
 };
 #define PRESENCE__CLUSTER__V1__PUSH_BATCH__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__push_batch__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0,NULL, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL }
 
 
 struct  Presence__Cluster__V1__PushAck
@@ -532,29 +624,194 @@ struct  Presence__Cluster__V1__PushAck
 
 
 /*
- * Which of these sessions does the receiving gateway still hold? (An owner asks a gateway that is
- * back after being declared dead, before its sessions' orphan timers fire.)
+ * Anti-entropy (RELIABILITY.md): every second each gateway sends each owner a digest of what it
+ * holds for the owner's keys; mismatching buckets are exchanged whole; what the owner holds and
+ * the gateway did not mention is confirmed gone (or moved) before the owner drops it.
  */
-struct  Presence__Cluster__V1__SessionCheck
+struct  Presence__Cluster__V1__DigestRequest
 {
   ProtobufCMessage base;
-  size_t n_session_ids;
-  char **session_ids;
+  char *from_node_id;
+  uint64_t from_boot;
+  uint64_t ring_fingerprint;
+  /*
+   * 64 buckets each (ClusterCore.FactDigest).
+   */
+  size_t n_channel_counts;
+  uint32_t *channel_counts;
+  size_t n_channel_sums;
+  uint64_t *channel_sums;
+  size_t n_home_counts;
+  uint32_t *home_counts;
+  size_t n_home_sums;
+  uint64_t *home_sums;
 };
-#define PRESENCE__CLUSTER__V1__SESSION_CHECK__INIT \
- { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_check__descriptor) \
-    , 0,NULL }
+#define PRESENCE__CLUSTER__V1__DIGEST_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__digest_request__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0,NULL, 0,NULL, 0,NULL, 0,NULL }
 
 
-struct  Presence__Cluster__V1__SessionCheckResult
+struct  Presence__Cluster__V1__DigestResponse
 {
   ProtobufCMessage base;
-  size_t n_live_session_ids;
-  char **live_session_ids;
+  size_t n_channel_buckets;
+  uint32_t *channel_buckets;
+  size_t n_home_buckets;
+  uint32_t *home_buckets;
+  /*
+   * The receiver routes by another ring: try again later.
+   */
+  protobuf_c_boolean ring_mismatch;
 };
-#define PRESENCE__CLUSTER__V1__SESSION_CHECK_RESULT__INIT \
- { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_check_result__descriptor) \
-    , 0,NULL }
+#define PRESENCE__CLUSTER__V1__DIGEST_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__digest_response__descriptor) \
+    , 0,NULL, 0,NULL, 0 }
+
+
+/*
+ * What a gateway holds for one session in one channel.
+ */
+struct  Presence__Cluster__V1__ChannelFact
+{
+  ProtobufCMessage base;
+  char *channel_name;
+  Presence__V1__ChannelType channel_type;
+  /*
+   * user_id, with_presence; version: the version of the session's join there.
+   */
+  Presence__Cluster__V1__SessionRef *session;
+  size_t n_state;
+  Presence__V1__StateItem **state;
+  uint64_t state_version;
+};
+#define PRESENCE__CLUSTER__V1__CHANNEL_FACT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_fact__descriptor) \
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, NULL, 0,NULL, 0 }
+
+
+/*
+ * What a gateway holds for one session at a user's home: the session (its record), or that it
+ * watches the user.
+ */
+struct  Presence__Cluster__V1__HomeFact
+{
+  ProtobufCMessage base;
+  char *user_id;
+  Presence__Cluster__V1__HomeSession *session;
+  protobuf_c_boolean watcher;
+};
+#define PRESENCE__CLUSTER__V1__HOME_FACT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__home_fact__descriptor) \
+    , (char *)protobuf_c_empty_string, NULL, 0 }
+
+
+struct  Presence__Cluster__V1__ExchangeRequest
+{
+  ProtobufCMessage base;
+  char *from_node_id;
+  uint64_t from_boot;
+  uint64_t ring_fingerprint;
+  size_t n_channel_buckets;
+  uint32_t *channel_buckets;
+  size_t n_home_buckets;
+  uint32_t *home_buckets;
+  size_t n_channel_facts;
+  Presence__Cluster__V1__ChannelFact **channel_facts;
+  size_t n_home_facts;
+  Presence__Cluster__V1__HomeFact **home_facts;
+};
+#define PRESENCE__CLUSTER__V1__EXCHANGE_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__exchange_request__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0,NULL, 0,NULL, 0,NULL, 0,NULL }
+
+
+/*
+ * A session of a key (a channel, or a user's home when channel_name is empty).
+ */
+struct  Presence__Cluster__V1__KeySession
+{
+  ProtobufCMessage base;
+  char *channel_name;
+  Presence__V1__ChannelType channel_type;
+  char *user_id;
+  char *session_id;
+  uint64_t version;
+  /*
+   * ConfirmRequest.moved: where it went.
+   */
+  char *gateway;
+  uint64_t gateway_boot;
+};
+#define PRESENCE__CLUSTER__V1__KEY_SESSION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__key_session__descriptor) \
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0 }
+
+
+struct  Presence__Cluster__V1__StateCorrection
+{
+  ProtobufCMessage base;
+  char *channel_name;
+  Presence__V1__ChannelType channel_type;
+  char *session_id;
+  size_t n_state;
+  Presence__V1__StateItem **state;
+  uint64_t state_version;
+};
+#define PRESENCE__CLUSTER__V1__STATE_CORRECTION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__state_correction__descriptor) \
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, (char *)protobuf_c_empty_string, 0,NULL, 0 }
+
+
+struct  Presence__Cluster__V1__ExchangeResponse
+{
+  ProtobufCMessage base;
+  /*
+   * Sessions the owner places at the gateway that it did not mention.
+   */
+  size_t n_suspects;
+  Presence__Cluster__V1__KeySession **suspects;
+  /*
+   * Sessions the gateway holds under an older epoch than the owner knows (version: the later one).
+   */
+  size_t n_superseded;
+  Presence__Cluster__V1__KeySession **superseded;
+  size_t n_corrections;
+  Presence__Cluster__V1__StateCorrection **corrections;
+  protobuf_c_boolean ring_mismatch;
+};
+#define PRESENCE__CLUSTER__V1__EXCHANGE_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__exchange_response__descriptor) \
+    , 0,NULL, 0,NULL, 0,NULL, 0 }
+
+
+struct  Presence__Cluster__V1__ConfirmRequest
+{
+  ProtobufCMessage base;
+  char *from_node_id;
+  uint64_t from_boot;
+  /*
+   * Suspects the gateway does not hold (version: its session's version now, or the maximum).
+   */
+  size_t n_gone;
+  Presence__Cluster__V1__KeySession **gone;
+  /*
+   * Suspects whose client resumed them on another gateway.
+   */
+  size_t n_moved;
+  Presence__Cluster__V1__KeySession **moved;
+};
+#define PRESENCE__CLUSTER__V1__CONFIRM_REQUEST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__confirm_request__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0,NULL, 0,NULL }
+
+
+struct  Presence__Cluster__V1__ConfirmResponse
+{
+  ProtobufCMessage base;
+};
+#define PRESENCE__CLUSTER__V1__CONFIRM_RESPONSE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__confirm_response__descriptor) \
+     }
 
 
 /* Presence__Cluster__V1__MemberUpdate methods */
@@ -842,6 +1099,25 @@ Presence__Cluster__V1__MemberRecord *
 void   presence__cluster__v1__member_record__free_unpacked
                      (Presence__Cluster__V1__MemberRecord *message,
                       ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__Departure methods */
+void   presence__cluster__v1__departure__init
+                     (Presence__Cluster__V1__Departure         *message);
+size_t presence__cluster__v1__departure__get_packed_size
+                     (const Presence__Cluster__V1__Departure   *message);
+size_t presence__cluster__v1__departure__pack
+                     (const Presence__Cluster__V1__Departure   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__departure__pack_to_buffer
+                     (const Presence__Cluster__V1__Departure   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__Departure *
+       presence__cluster__v1__departure__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__departure__free_unpacked
+                     (Presence__Cluster__V1__Departure *message,
+                      ProtobufCAllocator *allocator);
 /* Presence__Cluster__V1__ChannelRecord methods */
 void   presence__cluster__v1__channel_record__init
                      (Presence__Cluster__V1__ChannelRecord         *message);
@@ -899,6 +1175,25 @@ Presence__Cluster__V1__Delivery *
 void   presence__cluster__v1__delivery__free_unpacked
                      (Presence__Cluster__V1__Delivery *message,
                       ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__SessionMoved methods */
+void   presence__cluster__v1__session_moved__init
+                     (Presence__Cluster__V1__SessionMoved         *message);
+size_t presence__cluster__v1__session_moved__get_packed_size
+                     (const Presence__Cluster__V1__SessionMoved   *message);
+size_t presence__cluster__v1__session_moved__pack
+                     (const Presence__Cluster__V1__SessionMoved   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__session_moved__pack_to_buffer
+                     (const Presence__Cluster__V1__SessionMoved   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__SessionMoved *
+       presence__cluster__v1__session_moved__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__session_moved__free_unpacked
+                     (Presence__Cluster__V1__SessionMoved *message,
+                      ProtobufCAllocator *allocator);
 /* Presence__Cluster__V1__PushBatch methods */
 void   presence__cluster__v1__push_batch__init
                      (Presence__Cluster__V1__PushBatch         *message);
@@ -937,43 +1232,195 @@ Presence__Cluster__V1__PushAck *
 void   presence__cluster__v1__push_ack__free_unpacked
                      (Presence__Cluster__V1__PushAck *message,
                       ProtobufCAllocator *allocator);
-/* Presence__Cluster__V1__SessionCheck methods */
-void   presence__cluster__v1__session_check__init
-                     (Presence__Cluster__V1__SessionCheck         *message);
-size_t presence__cluster__v1__session_check__get_packed_size
-                     (const Presence__Cluster__V1__SessionCheck   *message);
-size_t presence__cluster__v1__session_check__pack
-                     (const Presence__Cluster__V1__SessionCheck   *message,
+/* Presence__Cluster__V1__DigestRequest methods */
+void   presence__cluster__v1__digest_request__init
+                     (Presence__Cluster__V1__DigestRequest         *message);
+size_t presence__cluster__v1__digest_request__get_packed_size
+                     (const Presence__Cluster__V1__DigestRequest   *message);
+size_t presence__cluster__v1__digest_request__pack
+                     (const Presence__Cluster__V1__DigestRequest   *message,
                       uint8_t             *out);
-size_t presence__cluster__v1__session_check__pack_to_buffer
-                     (const Presence__Cluster__V1__SessionCheck   *message,
+size_t presence__cluster__v1__digest_request__pack_to_buffer
+                     (const Presence__Cluster__V1__DigestRequest   *message,
                       ProtobufCBuffer     *buffer);
-Presence__Cluster__V1__SessionCheck *
-       presence__cluster__v1__session_check__unpack
+Presence__Cluster__V1__DigestRequest *
+       presence__cluster__v1__digest_request__unpack
                      (ProtobufCAllocator  *allocator,
                       size_t               len,
                       const uint8_t       *data);
-void   presence__cluster__v1__session_check__free_unpacked
-                     (Presence__Cluster__V1__SessionCheck *message,
+void   presence__cluster__v1__digest_request__free_unpacked
+                     (Presence__Cluster__V1__DigestRequest *message,
                       ProtobufCAllocator *allocator);
-/* Presence__Cluster__V1__SessionCheckResult methods */
-void   presence__cluster__v1__session_check_result__init
-                     (Presence__Cluster__V1__SessionCheckResult         *message);
-size_t presence__cluster__v1__session_check_result__get_packed_size
-                     (const Presence__Cluster__V1__SessionCheckResult   *message);
-size_t presence__cluster__v1__session_check_result__pack
-                     (const Presence__Cluster__V1__SessionCheckResult   *message,
+/* Presence__Cluster__V1__DigestResponse methods */
+void   presence__cluster__v1__digest_response__init
+                     (Presence__Cluster__V1__DigestResponse         *message);
+size_t presence__cluster__v1__digest_response__get_packed_size
+                     (const Presence__Cluster__V1__DigestResponse   *message);
+size_t presence__cluster__v1__digest_response__pack
+                     (const Presence__Cluster__V1__DigestResponse   *message,
                       uint8_t             *out);
-size_t presence__cluster__v1__session_check_result__pack_to_buffer
-                     (const Presence__Cluster__V1__SessionCheckResult   *message,
+size_t presence__cluster__v1__digest_response__pack_to_buffer
+                     (const Presence__Cluster__V1__DigestResponse   *message,
                       ProtobufCBuffer     *buffer);
-Presence__Cluster__V1__SessionCheckResult *
-       presence__cluster__v1__session_check_result__unpack
+Presence__Cluster__V1__DigestResponse *
+       presence__cluster__v1__digest_response__unpack
                      (ProtobufCAllocator  *allocator,
                       size_t               len,
                       const uint8_t       *data);
-void   presence__cluster__v1__session_check_result__free_unpacked
-                     (Presence__Cluster__V1__SessionCheckResult *message,
+void   presence__cluster__v1__digest_response__free_unpacked
+                     (Presence__Cluster__V1__DigestResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__ChannelFact methods */
+void   presence__cluster__v1__channel_fact__init
+                     (Presence__Cluster__V1__ChannelFact         *message);
+size_t presence__cluster__v1__channel_fact__get_packed_size
+                     (const Presence__Cluster__V1__ChannelFact   *message);
+size_t presence__cluster__v1__channel_fact__pack
+                     (const Presence__Cluster__V1__ChannelFact   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__channel_fact__pack_to_buffer
+                     (const Presence__Cluster__V1__ChannelFact   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__ChannelFact *
+       presence__cluster__v1__channel_fact__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__channel_fact__free_unpacked
+                     (Presence__Cluster__V1__ChannelFact *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__HomeFact methods */
+void   presence__cluster__v1__home_fact__init
+                     (Presence__Cluster__V1__HomeFact         *message);
+size_t presence__cluster__v1__home_fact__get_packed_size
+                     (const Presence__Cluster__V1__HomeFact   *message);
+size_t presence__cluster__v1__home_fact__pack
+                     (const Presence__Cluster__V1__HomeFact   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__home_fact__pack_to_buffer
+                     (const Presence__Cluster__V1__HomeFact   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__HomeFact *
+       presence__cluster__v1__home_fact__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__home_fact__free_unpacked
+                     (Presence__Cluster__V1__HomeFact *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__ExchangeRequest methods */
+void   presence__cluster__v1__exchange_request__init
+                     (Presence__Cluster__V1__ExchangeRequest         *message);
+size_t presence__cluster__v1__exchange_request__get_packed_size
+                     (const Presence__Cluster__V1__ExchangeRequest   *message);
+size_t presence__cluster__v1__exchange_request__pack
+                     (const Presence__Cluster__V1__ExchangeRequest   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__exchange_request__pack_to_buffer
+                     (const Presence__Cluster__V1__ExchangeRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__ExchangeRequest *
+       presence__cluster__v1__exchange_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__exchange_request__free_unpacked
+                     (Presence__Cluster__V1__ExchangeRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__KeySession methods */
+void   presence__cluster__v1__key_session__init
+                     (Presence__Cluster__V1__KeySession         *message);
+size_t presence__cluster__v1__key_session__get_packed_size
+                     (const Presence__Cluster__V1__KeySession   *message);
+size_t presence__cluster__v1__key_session__pack
+                     (const Presence__Cluster__V1__KeySession   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__key_session__pack_to_buffer
+                     (const Presence__Cluster__V1__KeySession   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__KeySession *
+       presence__cluster__v1__key_session__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__key_session__free_unpacked
+                     (Presence__Cluster__V1__KeySession *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__StateCorrection methods */
+void   presence__cluster__v1__state_correction__init
+                     (Presence__Cluster__V1__StateCorrection         *message);
+size_t presence__cluster__v1__state_correction__get_packed_size
+                     (const Presence__Cluster__V1__StateCorrection   *message);
+size_t presence__cluster__v1__state_correction__pack
+                     (const Presence__Cluster__V1__StateCorrection   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__state_correction__pack_to_buffer
+                     (const Presence__Cluster__V1__StateCorrection   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__StateCorrection *
+       presence__cluster__v1__state_correction__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__state_correction__free_unpacked
+                     (Presence__Cluster__V1__StateCorrection *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__ExchangeResponse methods */
+void   presence__cluster__v1__exchange_response__init
+                     (Presence__Cluster__V1__ExchangeResponse         *message);
+size_t presence__cluster__v1__exchange_response__get_packed_size
+                     (const Presence__Cluster__V1__ExchangeResponse   *message);
+size_t presence__cluster__v1__exchange_response__pack
+                     (const Presence__Cluster__V1__ExchangeResponse   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__exchange_response__pack_to_buffer
+                     (const Presence__Cluster__V1__ExchangeResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__ExchangeResponse *
+       presence__cluster__v1__exchange_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__exchange_response__free_unpacked
+                     (Presence__Cluster__V1__ExchangeResponse *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__ConfirmRequest methods */
+void   presence__cluster__v1__confirm_request__init
+                     (Presence__Cluster__V1__ConfirmRequest         *message);
+size_t presence__cluster__v1__confirm_request__get_packed_size
+                     (const Presence__Cluster__V1__ConfirmRequest   *message);
+size_t presence__cluster__v1__confirm_request__pack
+                     (const Presence__Cluster__V1__ConfirmRequest   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__confirm_request__pack_to_buffer
+                     (const Presence__Cluster__V1__ConfirmRequest   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__ConfirmRequest *
+       presence__cluster__v1__confirm_request__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__confirm_request__free_unpacked
+                     (Presence__Cluster__V1__ConfirmRequest *message,
+                      ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__ConfirmResponse methods */
+void   presence__cluster__v1__confirm_response__init
+                     (Presence__Cluster__V1__ConfirmResponse         *message);
+size_t presence__cluster__v1__confirm_response__get_packed_size
+                     (const Presence__Cluster__V1__ConfirmResponse   *message);
+size_t presence__cluster__v1__confirm_response__pack
+                     (const Presence__Cluster__V1__ConfirmResponse   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__confirm_response__pack_to_buffer
+                     (const Presence__Cluster__V1__ConfirmResponse   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__ConfirmResponse *
+       presence__cluster__v1__confirm_response__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__confirm_response__free_unpacked
+                     (Presence__Cluster__V1__ConfirmResponse *message,
                       ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
@@ -1022,6 +1469,9 @@ typedef void (*Presence__Cluster__V1__HomeResult_Closure)
 typedef void (*Presence__Cluster__V1__MemberRecord_Closure)
                  (const Presence__Cluster__V1__MemberRecord *message,
                   void *closure_data);
+typedef void (*Presence__Cluster__V1__Departure_Closure)
+                 (const Presence__Cluster__V1__Departure *message,
+                  void *closure_data);
 typedef void (*Presence__Cluster__V1__ChannelRecord_Closure)
                  (const Presence__Cluster__V1__ChannelRecord *message,
                   void *closure_data);
@@ -1031,17 +1481,44 @@ typedef void (*Presence__Cluster__V1__UserRecord_Closure)
 typedef void (*Presence__Cluster__V1__Delivery_Closure)
                  (const Presence__Cluster__V1__Delivery *message,
                   void *closure_data);
+typedef void (*Presence__Cluster__V1__SessionMoved_Closure)
+                 (const Presence__Cluster__V1__SessionMoved *message,
+                  void *closure_data);
 typedef void (*Presence__Cluster__V1__PushBatch_Closure)
                  (const Presence__Cluster__V1__PushBatch *message,
                   void *closure_data);
 typedef void (*Presence__Cluster__V1__PushAck_Closure)
                  (const Presence__Cluster__V1__PushAck *message,
                   void *closure_data);
-typedef void (*Presence__Cluster__V1__SessionCheck_Closure)
-                 (const Presence__Cluster__V1__SessionCheck *message,
+typedef void (*Presence__Cluster__V1__DigestRequest_Closure)
+                 (const Presence__Cluster__V1__DigestRequest *message,
                   void *closure_data);
-typedef void (*Presence__Cluster__V1__SessionCheckResult_Closure)
-                 (const Presence__Cluster__V1__SessionCheckResult *message,
+typedef void (*Presence__Cluster__V1__DigestResponse_Closure)
+                 (const Presence__Cluster__V1__DigestResponse *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__ChannelFact_Closure)
+                 (const Presence__Cluster__V1__ChannelFact *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__HomeFact_Closure)
+                 (const Presence__Cluster__V1__HomeFact *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__ExchangeRequest_Closure)
+                 (const Presence__Cluster__V1__ExchangeRequest *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__KeySession_Closure)
+                 (const Presence__Cluster__V1__KeySession *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__StateCorrection_Closure)
+                 (const Presence__Cluster__V1__StateCorrection *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__ExchangeResponse_Closure)
+                 (const Presence__Cluster__V1__ExchangeResponse *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__ConfirmRequest_Closure)
+                 (const Presence__Cluster__V1__ConfirmRequest *message,
+                  void *closure_data);
+typedef void (*Presence__Cluster__V1__ConfirmResponse_Closure)
+                 (const Presence__Cluster__V1__ConfirmResponse *message,
                   void *closure_data);
 
 /* --- services --- */
@@ -1101,10 +1578,18 @@ struct Presence__Cluster__V1__PeerPresence_Service
                const Presence__Cluster__V1__PushBatch *input,
                Presence__Cluster__V1__PushAck_Closure closure,
                void *closure_data);
-  void (*check_sessions)(Presence__Cluster__V1__PeerPresence_Service *service,
-                         const Presence__Cluster__V1__SessionCheck *input,
-                         Presence__Cluster__V1__SessionCheckResult_Closure closure,
-                         void *closure_data);
+  void (*digest)(Presence__Cluster__V1__PeerPresence_Service *service,
+                 const Presence__Cluster__V1__DigestRequest *input,
+                 Presence__Cluster__V1__DigestResponse_Closure closure,
+                 void *closure_data);
+  void (*exchange)(Presence__Cluster__V1__PeerPresence_Service *service,
+                   const Presence__Cluster__V1__ExchangeRequest *input,
+                   Presence__Cluster__V1__ExchangeResponse_Closure closure,
+                   void *closure_data);
+  void (*confirm)(Presence__Cluster__V1__PeerPresence_Service *service,
+                  const Presence__Cluster__V1__ConfirmRequest *input,
+                  Presence__Cluster__V1__ConfirmResponse_Closure closure,
+                  void *closure_data);
 };
 typedef void (*Presence__Cluster__V1__PeerPresence_ServiceDestroy)(Presence__Cluster__V1__PeerPresence_Service *);
 void presence__cluster__v1__peer_presence__init (Presence__Cluster__V1__PeerPresence_Service *service,
@@ -1116,7 +1601,9 @@ void presence__cluster__v1__peer_presence__init (Presence__Cluster__V1__PeerPres
       function_prefix__ ## channel,\
       function_prefix__ ## home,\
       function_prefix__ ## push,\
-      function_prefix__ ## check_sessions  }
+      function_prefix__ ## digest,\
+      function_prefix__ ## exchange,\
+      function_prefix__ ## confirm  }
 void presence__cluster__v1__peer_presence__channel(ProtobufCService *service,
                                                    const Presence__Cluster__V1__ChannelCall *input,
                                                    Presence__Cluster__V1__ChannelResult_Closure closure,
@@ -1129,10 +1616,18 @@ void presence__cluster__v1__peer_presence__push(ProtobufCService *service,
                                                 const Presence__Cluster__V1__PushBatch *input,
                                                 Presence__Cluster__V1__PushAck_Closure closure,
                                                 void *closure_data);
-void presence__cluster__v1__peer_presence__check_sessions(ProtobufCService *service,
-                                                          const Presence__Cluster__V1__SessionCheck *input,
-                                                          Presence__Cluster__V1__SessionCheckResult_Closure closure,
-                                                          void *closure_data);
+void presence__cluster__v1__peer_presence__digest(ProtobufCService *service,
+                                                  const Presence__Cluster__V1__DigestRequest *input,
+                                                  Presence__Cluster__V1__DigestResponse_Closure closure,
+                                                  void *closure_data);
+void presence__cluster__v1__peer_presence__exchange(ProtobufCService *service,
+                                                    const Presence__Cluster__V1__ExchangeRequest *input,
+                                                    Presence__Cluster__V1__ExchangeResponse_Closure closure,
+                                                    void *closure_data);
+void presence__cluster__v1__peer_presence__confirm(ProtobufCService *service,
+                                                   const Presence__Cluster__V1__ConfirmRequest *input,
+                                                   Presence__Cluster__V1__ConfirmResponse_Closure closure,
+                                                   void *closure_data);
 
 /* --- descriptors --- */
 
@@ -1154,13 +1649,23 @@ extern const ProtobufCMessageDescriptor presence__cluster__v1__home_session__des
 extern const ProtobufCMessageDescriptor presence__cluster__v1__home_call__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__home_result__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__departure__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__delivery__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__push_ack__descriptor;
-extern const ProtobufCMessageDescriptor presence__cluster__v1__session_check__descriptor;
-extern const ProtobufCMessageDescriptor presence__cluster__v1__session_check_result__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__digest_request__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__digest_response__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__channel_fact__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__home_fact__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__exchange_request__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__key_session__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__state_correction__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__exchange_response__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__confirm_request__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__confirm_response__descriptor;
 extern const ProtobufCServiceDescriptor presence__cluster__v1__membership__descriptor;
 extern const ProtobufCServiceDescriptor presence__cluster__v1__peer_presence__descriptor;
 

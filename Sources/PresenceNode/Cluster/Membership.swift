@@ -2,6 +2,7 @@ import ClusterCore
 import EventLoop
 import Foundation
 import GRPCTransport
+import PresenceCore
 import PresenceWire
 import Synchronization
 
@@ -26,12 +27,15 @@ public final class Membership: Sendable {
     public let settings: SWIM.Settings
     /// Routing state shared with the engine; this shell keeps its ring current.
     public let topology: Topology
-    /// Called with (old ring, new ring, alive members) after every ring change, in order.
-    private let ringObserver = Mutex<(@Sendable (HashRing, HashRing, Set<String>) -> Void)?>(nil)
+    /// Called with (old ring, new ring) after every ring change, in order.
+    private let ringObserver = Mutex<(@Sendable (HashRing, HashRing) -> Void)?>(nil)
     /// Called when this node refuted a suspicion or death of itself (others may have timed its
     /// sessions out meanwhile: its gateway re-announces them).
     private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let lastIncarnation = Atomic<UInt64>(0)
+    /// The process each member was last known as (to tell a restart from a status change).
+    private let knownBoots = Mutex<[String: UInt64]>([:])
+    private var myBoot: UInt64 { swim.withLock { $0.myself.boot } }
     /// A node with seeds that no seed answered within this long starts a cluster of its own.
     public let aloneAfter: UInt64 = 3_000_000_000
 
@@ -45,8 +49,9 @@ public final class Membership: Sendable {
         self.logger = logger
         self.settings = settings
         self.authHeader = clusterSecret.map { ("cluster-auth", Self.authToken(secret: $0)) }
-        swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue)))
-        self.topology = topology ?? Topology(me: nodeID, replicationFactor: 1)
+        let topology = topology ?? Topology(me: nodeID, replicationFactor: 1)
+        self.topology = topology
+        swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: topology.boot))
     }
 
     /// The value peers must send in `cluster-auth`: HMAC-SHA256(secret, "presence-cluster"), hex.
@@ -70,7 +75,7 @@ public final class Membership: Sendable {
     public var ring: HashRing { topology.ring }
 
     /// Sets what runs after each ring change (the engine's handoff and anti-entropy).
-    public func onRingChange(_ observer: @escaping @Sendable (HashRing, HashRing, Set<String>) -> Void) {
+    public func onRingChange(_ observer: @escaping @Sendable (HashRing, HashRing) -> Void) {
         ringObserver.withLock { $0 = observer }
     }
 
@@ -88,18 +93,31 @@ public final class Membership: Sendable {
     }
     public var myIncarnation: UInt64 { swim.withLock { $0.myself.incarnation } }
 
-    /// Recomputes the ring from the alive (and suspect) members. Holding the SWIM lock while the
-    /// topology changes keeps ring changes in the order membership changed.
+    /// Recomputes the ring from the alive (and suspect) members and their processes. A member
+    /// that restarted (a new boot) is two changes: its old process leaves the ring (its keys are
+    /// taken over, its sessions orphaned, however fast it came back), then its new one joins.
+    /// Holding the SWIM lock while the topology changes keeps ring changes in the order membership
+    /// changed.
     private func updateRing() {
-        let change = swim.withLock { s -> (HashRing, HashRing, Set<String>)? in
-            let alive = Set(s.fullState.filter { $0.status == .alive || $0.status == .suspect }.map(\.id))
-            let new = HashRing(members: alive)
-            guard let old = topology.update(ring: new, alive: alive) else { return nil }
-            // the observer only queues the change; calling it under the lock keeps changes in order
-            if let observer = ringObserver.withLock({ $0 }) { observer(old, new, alive) }
-            return (old, new, alive)
+        swim.withLock { s in
+            var boots: [String: UInt64] = [:]
+            for u in s.fullState where u.status == .alive || u.status == .suspect { boots[u.id] = u.boot }
+            let new = HashRing(members: boots.keys, boots: boots)
+            let current = topology.ring
+            let restarted = current.members.filter { boots[$0] != nil && boots[$0] != current.boot(of: $0) && $0 != nodeID }
+            var steps: [HashRing] = []
+            if !restarted.isEmpty {
+                var without = new
+                for id in restarted { without = without.removing(id) }
+                steps.append(without)
+            }
+            steps.append(new)
+            for step in steps {
+                guard let old = topology.update(ring: step) else { continue }
+                // the observer only queues the change; calling it under the lock keeps changes in order
+                if let observer = ringObserver.withLock({ $0 }) { observer(old, step) }
+            }
         }
-        _ = change
     }
 
     // MARK: Running
@@ -109,7 +127,8 @@ public final class Membership: Sendable {
     public func start(peerAddress: String, clientAddress: String) {
         addresses.withLock { $0 = (peerAddress, clientAddress) }
         let settings = self.settings
-        swim.withLock { $0 = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue)) }
+        let boot = topology.boot
+        swim.withLock { $0 = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: boot) }
         running.store(true, ordering: .relaxed)
         scheduleTick()
         guard seeds.contains(where: { $0.description != peerAddress }) else {
@@ -159,7 +178,7 @@ public final class Membership: Sendable {
         let (bye, targets) = swim.withLock { s in (s.leave(), s.liveMembers.prefix(3).map { $0 }) }
         for t in targets {
             _ = try? await client(t.address).unary(MembershipMethods.ping,
-                ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: 0, gossip: [wire(bye)]), timeout: .milliseconds(300))
+                ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: 0, gossip: [wire(bye)], fromBoot: bye.boot), timeout: .milliseconds(300))
         }
         clients.withLock { cs in cs.values.forEach { $0.close() } }
     }
@@ -207,7 +226,7 @@ public final class Membership: Sendable {
         for d in directives {
             switch d {
             case .sendPing(let to, let address, let seq, let gossip):
-                let req = ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: seq, gossip: gossip.map(wire))
+                let req = ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: seq, gossip: gossip.map(wire), fromBoot: myBoot)
                 let c = client(address)
                 let timeout = Duration.nanoseconds(Int64(settings.probeInterval * 2))
                 Task { [self] in
@@ -221,7 +240,7 @@ public final class Membership: Sendable {
                 waiter?.resume(returning: ClusterPingResponse(fromNodeID: nodeID, sequence: seq, gossip: gossip.map(wire)))
             case .sendPingRequest(_, let address, let target, let targetAddress, let seq, let gossip):
                 let req = ClusterIndirectPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, targetNodeID: target,
-                                                     targetAddress: targetAddress, sequence: seq, gossip: gossip.map(wire))
+                                                     targetAddress: targetAddress, sequence: seq, gossip: gossip.map(wire), fromBoot: myBoot)
                 let c = client(address)
                 let timeout = Duration.nanoseconds(Int64(settings.probeInterval * 2))
                 Task { [self] in
@@ -244,10 +263,15 @@ public final class Membership: Sendable {
                     }
                 }
             case .memberChanged(let u):
-                logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation)])
-                if u.status == .dead || u.status == .left {
-                    // its connection may be stuck in TCP retransmission (a partition): if it comes
-                    // back, talk to it over a fresh one
+                logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation), "boot": String(u.boot)])
+                let restarted = knownBoots.withLock { b -> Bool in
+                    defer { b[u.id] = u.boot }
+                    return b[u.id].map { $0 != u.boot } ?? false
+                }
+                if u.id == nodeID { topology.adoptBoot(u.boot) }
+                if u.status == .dead || u.status == .left || (restarted && u.id != nodeID) {
+                    // its connection may be stuck in TCP retransmission (a partition), or lead to a
+                    // process that is gone: if it comes back, talk to it over a fresh one
                     clients.withLock { $0.removeValue(forKey: u.address) }?.close()
                 }
                 updateRing()
@@ -259,7 +283,8 @@ public final class Membership: Sendable {
 
     func handlePing(_ req: ClusterPingRequest) -> ClusterPingResponse {
         let now = MonotonicClock.now()
-        var ds = swim.withLock { $0.receivedPing(from: req.fromNodeID, address: req.fromAddress, sequence: req.sequence,
+        guard Validate.isIdentifier(req.fromNodeID), !req.fromAddress.isEmpty else { return ClusterPingResponse(fromNodeID: nodeID, sequence: req.sequence) }
+        var ds = swim.withLock { $0.receivedPing(from: req.fromNodeID, address: req.fromAddress, boot: req.fromBoot, sequence: req.sequence,
                                                    gossip: req.gossip.compactMap(self.update), now: now) }
         var response = ClusterPingResponse(fromNodeID: nodeID, sequence: req.sequence)
         if let i = ds.firstIndex(where: { if case .sendAck(let to, _, let seq, _) = $0 { return to == req.fromNodeID && seq == req.sequence }; return false }),
@@ -331,7 +356,7 @@ public final class Membership: Sendable {
         case .left: status = .left
         }
         return ClusterMemberUpdate(nodeID: u.id, address: u.address, status: status, incarnation: u.incarnation,
-                                   clientAddress: clientAddress(of: u.id))
+                                   clientAddress: clientAddress(of: u.id), boot: u.boot)
     }
 
     /// Reads a gossiped update, remembering the member's client address (for admin tools).
@@ -347,7 +372,7 @@ public final class Membership: Sendable {
         case .left: status = .left
         default: return nil
         }
-        guard !m.nodeID.isEmpty, !m.address.isEmpty else { return nil }
-        return SWIM.Update(id: m.nodeID, address: m.address, status: status, incarnation: m.incarnation)
+        guard Validate.isIdentifier(m.nodeID), !m.address.isEmpty else { return nil }
+        return SWIM.Update(id: m.nodeID, address: m.address, status: status, incarnation: m.incarnation, boot: m.boot)
     }
 }

@@ -1,3 +1,4 @@
+import ClusterCore
 import EventLoop
 import GRPCTransport
 import PresenceCore
@@ -10,23 +11,33 @@ import Synchronization
 /// has at most one Push in flight and sends whatever accumulated meanwhile as the next batch, so a
 /// gateway receives an owner's events in the order the owner computed them, batched under load.
 public final class PeerLink: Sendable {
-    public let me: String
+    /// This node's process (read at each push: it is settled before the node serves).
+    private let myself: @Sendable () -> NodeInstance
+    public var me: NodeInstance { myself() }
     /// The peer client for a live member; nil when the node is not (or no longer) a live member.
     private let clientFor: @Sendable (String) -> GRPCClient?
-    private let queues = Mutex<[String: PushQueue]>([:])
+    private let queues = Mutex<[NodeInstance: PushQueue]>([:])
+    let timings: ClusterTimings
+    /// Told when pushes to a node were lost (shed from an overfull queue, given up after failing,
+    /// or dropped with a queue to a process that left): its followers need fresh SNAPSHOTs.
+    private let lossObserver = Mutex<(@Sendable (String) -> Void)?>(nil)
 
     /// Items per Push at most; a batch also stops growing past `maxBatchBytes`.
     static let maxBatchItems = 2_000
     static let maxBatchBytes = 2 << 20
-    /// Items queued for one node at most; beyond, the oldest deliveries are dropped (the node is
-    /// too slow or unreachable; its sessions get fresh snapshots when it recovers or resumes).
-    static let maxQueuedItems = 200_000
-    /// Timeout of one peer call.
-    static let callTimeout = Duration.seconds(2)
 
-    public init(me: String, clientFor: @escaping @Sendable (String) -> GRPCClient?) {
-        self.me = me
+    public init(me: @escaping @Sendable () -> NodeInstance, timings: ClusterTimings = ClusterTimings(), clientFor: @escaping @Sendable (String) -> GRPCClient?) {
+        self.myself = me
+        self.timings = timings
         self.clientFor = clientFor
+    }
+
+    public func onLoss(_ observer: @escaping @Sendable (String) -> Void) {
+        lossObserver.withLock { $0 = observer }
+    }
+
+    private func lost(_ node: String) {
+        lossObserver.withLock { $0 }?(node)
     }
 
     // MARK: Calls
@@ -44,17 +55,13 @@ public final class PeerLink: Sendable {
     }
 
     /// Which of `sessions` the gateway `node` still holds; nil when it could not be asked.
-    public func liveSessions(at node: String, _ sessions: [SessionID]) async -> Set<SessionID>? {
-        guard let r = try? await unary(node, PeerPresenceMethods.checkSessions, ClusterSessionCheck(sessionIDs: sessions.map(\.description))) else { return nil }
-        return Set(r.liveSessionIDs.compactMap(SessionID.init(text:)))
-    }
-
-    private func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ node: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req) async throws(PresenceError) -> Resp {
+    /// Any other call to a peer; failures are the node or the link failing (UNAVAILABLE).
+    func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ node: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req) async throws(PresenceError) -> Resp {
         guard let client = clientFor(node) else {
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")
         }
         do {
-            return try await client.unary(method, request, timeout: Self.callTimeout)
+            return try await client.unary(method, request, timeout: .nanoseconds(Int64(timings.peerCallTimeout)))
         } catch {
             // (answers come back as results; a failed call is the node or the link failing)
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer: \(error)")
@@ -69,16 +76,17 @@ public final class PeerLink: Sendable {
         let sequence: UInt64
     }
 
-    /// Queues something for `node`, after everything queued for it before. Never waits.
+    /// Queues something for `node`'s process, after everything queued for it before. Never waits.
     @discardableResult
-    public func push(to node: String, bytes: Int = 64, _ add: (inout ClusterPushBatch) -> Void) -> Ticket {
+    public func push(to node: NodeInstance, bytes: Int = 64, _ add: (inout ClusterPushBatch) -> Void) -> Ticket {
         let q = queues.withLock { qs in
             if let q = qs[node] { return q }
-            let q = PushQueue(node: node)
+            let q = PushQueue(node: node, maxBytes: timings.pushQueueBytes)
             qs[node] = q
             return q
         }
-        let (sequence, start) = q.enqueue(bytes: bytes, add)
+        let (sequence, start, shed) = q.enqueue(bytes: bytes, add)
+        if shed { lost(node.id) }
         if start { startSending(q) }
         return Ticket(queue: q, sequence: sequence)
     }
@@ -99,26 +107,35 @@ public final class PeerLink: Sendable {
         for q in all { await q.waitAcked(q.lastQueued, deadline: deadline) }
     }
 
-    /// Forgets a node's queue (it died or left): what was queued for it is dropped.
-    public func forget(_ node: String) {
-        queues.withLock { $0.removeValue(forKey: node) }?.clear()
+    /// Forgets the queues of processes that are not on `ring` any more (they died, left or were
+    /// replaced by a restart): what was queued for them is dropped.
+    public func forgetAllBut(_ ring: HashRing) {
+        let gone = queues.withLock { qs -> [PushQueue] in
+            let out = qs.filter { !ring.isLive($0.key.id, boot: $0.key.boot) }
+            for k in out.keys { qs[k] = nil }
+            return Array(out.values)
+        }
+        for q in gone where q.clear() { lost(q.node.id) }
     }
 
     private func startSending(_ q: PushQueue) {
         Task { [self] in
             while let (batch, last) = q.take(me: me) {
                 var attempt = 0
+                var delivered = false
                 while true {
-                    guard let client = clientFor(q.node) else { break }  // not a live member: drop
+                    guard let client = clientFor(q.node.id) else { break }  // not a live member: drop
                     do {
-                        _ = try await client.unary(PeerPresenceMethods.push, batch, timeout: .seconds(5))
+                        _ = try await client.unary(PeerPresenceMethods.push, batch, timeout: .nanoseconds(Int64(timings.pushTimeout)))
+                        delivered = true
                         break
                     } catch {
                         attempt += 1
-                        if attempt >= 40 { break }
-                        try? await Task.sleep(nanoseconds: 50_000_000)
+                        if attempt >= timings.pushAttempts || q.isCleared { break }
+                        try? await Task.sleep(nanoseconds: timings.pushRetryPause)
                     }
                 }
+                if !delivered && !batch.deliveries.isEmpty { lost(q.node.id) }
                 q.acked(through: last)
             }
         }
@@ -128,7 +145,8 @@ public final class PeerLink: Sendable {
 /// One destination's queue of pushes: batches in order, each closed once it is big enough.
 /// Items are numbered; `acked(through:)` releases whoever waits for an item to have been sent.
 final class PushQueue: Sendable {
-    let node: String
+    let node: NodeInstance
+    let maxBytes: Int
     private struct State {
         var batches: [ClusterPushBatch] = []
         /// The sequence number of the last item of each batch.
@@ -137,6 +155,10 @@ final class PushQueue: Sendable {
         var items = 0
         var bytes = 0
         var queued = 0
+        /// Bytes queued in all batches, and of each batch.
+        var queuedBytes = 0
+        var batchBytes: [Int] = []
+        var cleared = false
         var sequence: UInt64 = 0
         var acked: UInt64 = 0
         var waiters: [(sequence: UInt64, deadline: UInt64, continuation: CheckedContinuation<Void, Never>)] = []
@@ -145,19 +167,32 @@ final class PushQueue: Sendable {
     }
     private let state = Mutex(State())
 
-    init(node: String) { self.node = node }
+    init(node: NodeInstance, maxBytes: Int) {
+        self.node = node
+        self.maxBytes = maxBytes
+    }
+
+    var isCleared: Bool { state.withLock { $0.cleared } }
 
     /// Adds to the open batch (after everything queued before). Returns the item's sequence
-    /// number, and true when a sender must start.
-    func enqueue(bytes: Int, _ add: (inout ClusterPushBatch) -> Void) -> (UInt64, Bool) {
+    /// number, true when a sender must start, and true when deliveries were shed to make room
+    /// (the destination is too slow or unreachable; its followers must start afresh).
+    func enqueue(bytes: Int, _ add: (inout ClusterPushBatch) -> Void) -> (UInt64, Bool, Bool) {
         state.withLock { s in
-            if s.queued >= PeerLink.maxQueuedItems, !s.batches.isEmpty, s.batches[0].deliveries.count > 0 {
-                s.batches[0].deliveries.removeFirst()  // overloaded destination: shed the oldest event
-                s.queued -= 1
+            var shed = false
+            // over the byte limit: the oldest whole batch of deliveries goes (copies and the rest stay)
+            while s.queuedBytes + bytes > maxBytes, s.batches.count > 1, let i = s.batches.indices.first(where: { !s.batches[$0].deliveries.isEmpty && $0 < s.batches.count - 1 }) {
+                let n = s.batches[i].deliveries.count
+                s.batches[i].deliveries = []
+                s.queued -= n
+                s.queuedBytes -= s.batchBytes[i]
+                s.batchBytes[i] = 0
+                shed = true
             }
             if s.batches.isEmpty || s.items >= PeerLink.maxBatchItems || s.bytes >= PeerLink.maxBatchBytes || s.batches[s.batches.count - 1].handoffDone {
                 s.batches.append(ClusterPushBatch())
                 s.lastOfBatch.append(0)
+                s.batchBytes.append(0)
                 s.items = 0
                 s.bytes = 0
             }
@@ -167,14 +202,16 @@ final class PushQueue: Sendable {
             s.items += 1
             s.bytes += bytes
             s.queued += 1
-            if s.sending { return (s.sequence, false) }
+            s.queuedBytes += bytes
+            s.batchBytes[s.batchBytes.count - 1] += bytes
+            if s.sending { return (s.sequence, false, shed) }
             s.sending = true
-            return (s.sequence, true)
+            return (s.sequence, true, shed)
         }
     }
 
     /// The next batch to send and its last item, or nil (and the sender stops) when nothing is pending.
-    func take(me: String) -> (ClusterPushBatch, UInt64)? {
+    func take(me: NodeInstance) -> (ClusterPushBatch, UInt64)? {
         state.withLock { s in
             guard !s.batches.isEmpty else {
                 s.sending = false
@@ -182,14 +219,19 @@ final class PushQueue: Sendable {
             }
             var batch = s.batches.removeFirst()
             let last = s.lastOfBatch.removeFirst()
+            let bytes = s.batchBytes.removeFirst()
             if s.batches.isEmpty {
                 s.items = 0
                 s.bytes = 0
                 s.queued = 0
+                s.queuedBytes = 0
             } else {
                 s.queued -= batch.itemCount
+                s.queuedBytes -= bytes
             }
-            batch.fromNodeID = me
+            batch.fromNodeID = me.id
+            batch.fromBoot = me.boot
+            batch.toBoot = node.boot
             return (batch, last)
         }
     }
@@ -241,23 +283,29 @@ final class PushQueue: Sendable {
     /// The sequence number of the last item queued.
     var lastQueued: UInt64 { state.withLock { $0.sequence } }
 
-    func clear() {
-        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+    /// Drops everything queued; true when deliveries were among it.
+    func clear() -> Bool {
+        let (waiters, hadDeliveries) = state.withLock { s -> ([CheckedContinuation<Void, Never>], Bool) in
+            let had = s.batches.contains { !$0.deliveries.isEmpty }
             s.batches = []
             s.lastOfBatch = []
+            s.batchBytes = []
             s.items = 0
             s.bytes = 0
             s.queued = 0
+            s.queuedBytes = 0
+            s.cleared = true
             s.acked = s.sequence
             defer { s.waiters = [] }
-            return s.waiters.map(\.continuation)
+            return (s.waiters.map(\.continuation), had)
         }
         for c in waiters { c.resume() }
+        return hadDeliveries
     }
 }
 
 extension ClusterPushBatch {
-    var itemCount: Int { deliveries.count + channels.count + users.count + announces.count + homeAnnounces.count + (handoffDone ? 1 : 0) }
+    var itemCount: Int { deliveries.count + channels.count + users.count + moved.count + (handoffDone ? 1 : 0) }
 }
 
 extension PresenceError {

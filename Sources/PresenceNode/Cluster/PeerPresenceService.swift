@@ -2,36 +2,42 @@ import GRPCTransport
 import PresenceWire
 
 /// `presence.cluster.v1.PeerPresence` on the peer port: calls routed to this node as a channel
-/// owner or user home, and pushes (deliveries, replicas, handoffs, announces). Every call must
-/// carry the cluster secret when the node has one.
+/// owner or user home, pushes (deliveries, copies, handoffs, moved sessions), and anti-entropy.
+/// Every call must carry the cluster secret when the node has one.
 struct PeerPresenceService {
     let engine: PresenceEngine
     let membership: Membership
 
     func register(in registry: inout ServiceRegistry) {
-        let engine = self.engine
+        let inbound = engine.inbound
         let membership = self.membership
         registry.unary(PeerPresenceMethods.channel) { req, ctx in
             try membership.authorize(ctx)
-            return await engine.peerChannel(req)
+            return await inbound.channel(req)
         }
         registry.unary(PeerPresenceMethods.home) { req, ctx in
             try membership.authorize(ctx)
-            return await engine.peerHome(req)
-        }
-        registry.unary(PeerPresenceMethods.checkSessions) { req, ctx in
-            try membership.authorize(ctx)
-            guard req.sessionIDs.count <= PresenceEngine.maxSessionCheck else {
-                throw GRPCStatus(.resourceExhausted, "TOO_MANY_SESSIONS: at most \(PresenceEngine.maxSessionCheck) per call")
-            }
-            return engine.peerCheckSessions(req)
+            return await inbound.home(req)
         }
         registry.unary(PeerPresenceMethods.push) { req, ctx in
-            // (no membership check: after a partition a node's announces may arrive before this
-            // node believes it alive again, and they are what keeps its sessions from timing out)
+            // (no membership check: after a partition a node's pushes may arrive before this
+            // node believes it alive again; versions decide what they may change)
             try membership.authorize(ctx)
-            await engine.peerPush(req)
+            await inbound.push(req)
             return ClusterPushAck()
+        }
+        registry.unary(PeerPresenceMethods.digest) { req, ctx in
+            try membership.authorize(ctx)
+            return await inbound.digest(req)
+        }
+        registry.unary(PeerPresenceMethods.exchange) { req, ctx in
+            try membership.authorize(ctx)
+            return await inbound.exchange(req)
+        }
+        registry.unary(PeerPresenceMethods.confirm) { req, ctx in
+            try membership.authorize(ctx)
+            await inbound.confirm(req)
+            return ClusterConfirmResponse()
         }
     }
 }

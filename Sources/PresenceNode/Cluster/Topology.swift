@@ -3,68 +3,81 @@ import EventLoop
 import PresenceCore
 import Synchronization
 
-/// What routing needs to know, shared by every actor of the node: this node's id, the ring of
-/// alive members (owner first, then replicas), the replication factor, and whether a key this node
-/// owns may be served yet (`HandoffGate`). Updated by the membership shell on every ring change.
+/// What routing needs to know, shared by every actor of the node: this node's id and process
+/// (boot), the ring of live members with their processes (owner first, then replicas), the
+/// replication factor, and whether a key this node owns may be served yet (`HandoffGate`).
+/// Updated by the membership shell on every ring change.
 public final class Topology: Sendable {
     public let me: String
+    /// This process: drawn at start, so a restart is a new member instance (RELIABILITY.md).
+    public var boot: UInt64 { state.withLock { $0.boot } }
+    public var instance: NodeInstance { NodeInstance(me, boot: boot) }
     /// Nodes holding each channel's (and user home's) state, owner included.
     public let replicationFactor: Int
     private struct State {
-        var ring: HashRing {
-            didSet { fingerprint = ring.fingerprint }
-        }
-        var fingerprint: UInt64
-        var alive: Set<String>
+        var boot: UInt64
+        var ring: HashRing
         var gate: HandoffGate
         /// False until this node has joined its seeds (it owns nothing it could answer for).
         var ready: Bool
         /// False between a ring change and the end of the engine's handoff and takeover for it:
         /// the shards may not hold yet what the new ring says this node owns.
         var settled = true
+        /// Set when this node has handed everything off to leave: it owns nothing, and routes as
+        /// if it were gone already.
+        var leaving = false
+        /// The ring calls are routed by (without this node once it leaves).
+        var routing: HashRing
     }
     private let state: Mutex<State>
     private let readyObserver = Mutex<(@Sendable () -> Void)?>(nil)
 
-    public init(me: String, replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000, ready: Bool = true) {
+    public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000, ready: Bool = true) {
         self.me = me
         self.replicationFactor = max(1, replicationFactor)
-        let ring = HashRing(members: [me])
-        state = Mutex(State(ring: ring, fingerprint: ring.fingerprint, alive: [me], gate: HandoffGate(me: me, limit: handoffLimit), ready: ready))
+        let ring = HashRing(members: [me], boots: [me: boot])
+        state = Mutex(State(boot: boot, ring: ring, gate: HandoffGate(me: me, limit: handoffLimit), ready: ready, routing: ring))
     }
 
+    /// A fresh process instance: the wall clock in ns (a restart on the same host is always
+    /// later), which SWIM raises further if the cluster already knows a later one for this id.
+    public static func newBoot() -> UInt64 { UInt64(max(1, WallClock.nowMilliseconds())) &* 1_000_000 &+ UInt64.random(in: 0..<1_000_000) }
+
     public var ring: HashRing { state.withLock { $0.ring } }
-    public var alive: Set<String> { state.withLock { $0.alive } }
     public var isReady: Bool { state.withLock { $0.ready } }
     public var isAlone: Bool { state.withLock { $0.ring.members.count == 1 } }
+    public var isLeaving: Bool { state.withLock { $0.leaving } }
 
-    public func owner(of key: ChannelKey) -> String { state.withLock { $0.ring.owner(of: key) } ?? me }
+    public func owner(of key: ChannelKey) -> String { state.withLock { $0.routing.owner(of: key) } ?? me }
     public func owners(of key: ChannelKey) -> [String] { state.withLock { $0.ring.owners(of: key, count: replicationFactor) } }
-    public func home(of user: String) -> String { state.withLock { $0.ring.home(ofUser: user) } ?? me }
-    public func homes(of user: String) -> [String] { state.withLock { $0.ring.homes(ofUser: user, count: replicationFactor) } }
+    public func home(of user: String) -> String { state.withLock { $0.routing.home(ofUser: user) } ?? me }
 
     /// A key's owner and the fingerprint of the ring that says so (sent along, for the owner to check).
     public func route(_ key: ChannelKey) -> (String, UInt64) {
-        state.withLock { ($0.ring.owner(of: key) ?? me, $0.fingerprint) }
+        state.withLock { ($0.routing.owner(of: key) ?? me, $0.routing.fingerprint) }
     }
 
     /// A user's home and the ring's fingerprint.
     public func route(user: String) -> (String, UInt64) {
-        state.withLock { ($0.ring.home(ofUser: user) ?? me, $0.fingerprint) }
+        state.withLock { ($0.routing.home(ofUser: user) ?? me, $0.routing.fingerprint) }
     }
+
+    /// The ring calls are routed by, and its fingerprint.
+    public var routingRing: HashRing { state.withLock { $0.routing } }
 
     /// Why a call routed by the ring with `fingerprint` may not be answered here: the rings differ
     /// (membership is still converging), or nil.
     public func ringMismatch(_ fingerprint: UInt64) -> String? {
         guard fingerprint != 0 else { return nil }
         return state.withLock { s in
-            s.fingerprint == fingerprint ? nil : "RING_MISMATCH: this node's view of the cluster differs from the caller's; retry"
+            s.routing.fingerprint == fingerprint ? nil : "RING_MISMATCH: this node's view of the cluster differs from the caller's; retry"
         }
     }
 
     /// Why this node may not answer for a key it owns right now, or nil when it may.
     public func notServing(keyHash: @autoclosure () -> UInt64) -> String? {
         state.withLock { s in
+            if s.leaving { return "LEAVING: this node is leaving the cluster and has handed its keys off; retry" }
             if s.ready && s.settled && s.ring.members.count == 1 { return nil }
             if !s.ready { return "NOT_READY: this node has not joined the cluster yet" }
             if !s.settled { return "RING_CHANGING: ownership is moving; retry" }
@@ -76,14 +89,14 @@ public final class Topology: Sendable {
     }
 
     /// Installs a new ring; returns the one it replaces (nil when nothing changed).
-    public func update(ring new: HashRing, alive: Set<String>) -> HashRing? {
+    public func update(ring new: HashRing) -> HashRing? {
         state.withLock { s in
-            s.alive = alive
             guard new != s.ring else { return nil }
             let old = s.ring
             s.ring = new
+            s.routing = s.leaving ? new.removing(me) : new
             s.settled = false
-            s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: alive, now: MonotonicClock.now())
+            s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: Set(new.members), now: MonotonicClock.now())
             return old
         }
     }
@@ -91,6 +104,25 @@ public final class Topology: Sendable {
     /// The engine has carried out the change to the ring with this fingerprint.
     public func settled(_ fingerprint: UInt64) {
         state.withLock { s in if s.ring.fingerprint == fingerprint { s.settled = true } }
+    }
+
+    /// This node hands its keys off to leave: from now on it serves none and routes without itself.
+    public func startLeaving() {
+        state.withLock { s in
+            s.leaving = true
+            s.routing = s.ring.removing(me)
+        }
+    }
+
+    /// The cluster already knew a later process of this id than this one (its host's clock was
+    /// behind): SWIM took a later boot, and so does everything else, before this node serves.
+    public func adoptBoot(_ boot: UInt64) {
+        state.withLock { s in
+            guard boot > s.boot else { return }
+            s.boot = boot
+            s.ring = s.ring.adding(me, boot: boot)
+            s.routing = s.leaving ? s.ring.removing(me) : s.ring
+        }
     }
 
     public func markReady() {

@@ -1,24 +1,53 @@
+import ClusterCore
 import PresenceCore
 import PresenceWire
 
 // Mapping between the engine's copies of state and their peer-link messages. Input from the
 // network is checked here: invalid ids are dropped, never trusted.
 
+extension ClusterSessionRef {
+    /// The process the session lives at (nil when the reference names none).
+    var sink: NodeInstance? { Validate.isIdentifier(gateway) ? NodeInstance(gateway, boot: gatewayBoot) : nil }
+}
+
 extension ClusterMemberRecord {
-    init(_ c: MemberCopy<String>) {
+    init(_ c: MemberCopy<NodeInstance>) {
         self.init(userID: c.userID,
-                  sessions: c.sessions.map { ClusterSessionRef(sessionID: $0.id.description, userID: c.userID, gateway: $0.sink, withPresence: $0.withPresence) },
-                  state: c.state, stateAtMs: c.stateAt)
+                  sessions: c.sessions.map { ClusterSessionRef(sessionID: $0.id.description, userID: c.userID, gateway: $0.sink.id, withPresence: $0.withPresence,
+                                                               gatewayBoot: $0.sink.boot, version: $0.version) },
+                  state: c.state, stateVersion: c.stateVersion)
     }
 
-    var copy: MemberCopy<String>? {
+    var copy: MemberCopy<NodeInstance>? {
         guard let user = try? Validate.userID(userID) else { return nil }
-        let sessions = self.sessions.compactMap { s -> MemberCopy<String>.Session? in
-            guard let id = SessionID(text: s.sessionID), !s.gateway.isEmpty else { return nil }
-            return MemberCopy<String>.Session(id: id, sink: s.gateway, withPresence: s.withPresence)
+        let sessions = self.sessions.compactMap { s -> MemberCopy<NodeInstance>.Session? in
+            guard let id = SessionID(text: s.sessionID), let sink = s.sink else { return nil }
+            return MemberCopy.Session(id: id, sink: sink, withPresence: s.withPresence, version: s.version)
         }
         let state = (try? Validate.stateItems(self.state)) ?? []
-        return MemberCopy(userID: user, sessions: sessions, state: state, stateAt: stateAtMs)
+        return MemberCopy(userID: user, sessions: sessions, state: state, stateVersion: stateVersion)
+    }
+}
+
+extension ClusterChannelRecord {
+    init(_ c: ChannelCopy<NodeInstance>) {
+        self.init(channelName: c.key.name, channelType: c.key.type, sequence: c.sequence, full: c.full,
+                  members: c.members.map(ClusterMemberRecord.init), handoff: c.handoff, term: c.term,
+                  departed: c.departed.sorted { $0.key < $1.key }.map { id, d in
+                      ClusterDeparture(sessionID: id.description, userID: d.user, version: d.version, byGateway: d.byGateway, atMs: d.at)
+                  })
+    }
+
+    /// The copy this record carries; nil when its channel is invalid.
+    var copy: ChannelCopy<NodeInstance>? {
+        guard let key = try? Validate.channel(channelName, channelType) else { return nil }
+        var departed: [SessionID: ChannelMachine<NodeInstance>.Departure] = [:]
+        for d in self.departed {
+            guard let id = SessionID(text: d.sessionID), Validate.isIdentifier(d.userID) else { continue }
+            departed[id] = .init(user: d.userID, version: d.version, byGateway: d.byGateway, at: d.atMs)
+        }
+        return ChannelCopy(key: key, sequence: sequence, term: term, full: full, handoff: handoff,
+                           members: members.compactMap(\.copy), departed: departed)
     }
 }
 
@@ -29,36 +58,54 @@ extension ClusterSessionChannel {
     var key: ChannelKey? { try? Validate.channel(channelName, channelType) }
 }
 
-extension ClusterUserRecord {
-    init(_ c: UserDirectory<String>.UserCopy) {
-        self.init(userID: c.userID, chosen: c.chosen, everOpened: c.everOpened,
-                  sessions: c.sessions.sorted { $0.key < $1.key }.map { id, r in
-                      ClusterHomeSession(sessionID: id.description, gateway: r.sink,
-                                         channels: r.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
-                                         watching: r.watching)
-                  },
-                  watchers: c.watchers.sorted { $0.key < $1.key }.map { ClusterSessionRef(sessionID: $0.key.description, gateway: $0.value) })
+extension ClusterHomeSession {
+    init(_ id: SessionID, _ s: HomeRecord<NodeInstance>.Session) {
+        self.init(sessionID: id.description, gateway: s.sink.id,
+                  channels: s.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
+                  watching: s.watching, gatewayBoot: s.sink.boot, version: s.version)
     }
 
-    var copy: UserDirectory<String>.UserCopy? {
-        guard let user = try? Validate.userID(userID) else { return nil }
-        var sessions: [SessionID: UserDirectory<String>.SessionRecord] = [:]
-        for s in self.sessions {
-            guard let id = SessionID(text: s.sessionID), !s.gateway.isEmpty else { continue }
-            sessions[id] = ClusterHomeSession.record(s)
-        }
-        var watchers: [SessionID: String] = [:]
-        for w in self.watchers {
-            if let id = SessionID(text: w.sessionID), !w.gateway.isEmpty { watchers[id] = w.gateway }
-        }
-        return UserDirectory<String>.UserCopy(userID: user, chosen: chosen, everOpened: everOpened, sessions: sessions, watchers: watchers)
+    /// The record this carries (nil without a valid session id and gateway).
+    var record: (SessionID, HomeRecord<NodeInstance>.Session)? {
+        guard let id = SessionID(text: sessionID), Validate.isIdentifier(gateway),
+              watching.count <= Limits.maxWatchedPerSession, channels.count <= Limits.maxChannelsPerSession else { return nil }
+        var joined: [ChannelKey: Bool] = [:]
+        for c in channels { if let k = c.key { joined[k] = c.withPresence } }
+        return (id, HomeRecord.Session(sink: NodeInstance(gateway, boot: gatewayBoot), version: version, channels: joined,
+                                       watching: watching.filter(Validate.isIdentifier)))
     }
 }
 
-extension ClusterHomeSession {
-    static func record(_ s: ClusterHomeSession) -> UserDirectory<String>.SessionRecord {
-        var channels: [ChannelKey: Bool] = [:]
-        for c in s.channels { if let k = c.key { channels[k] = c.withPresence } }
-        return UserDirectory<String>.SessionRecord(sink: s.gateway, channels: channels, watching: s.watching.filter { (try? Validate.userID($0)) != nil })
+extension ClusterUserRecord {
+    init(_ c: HomeCopy) {
+        let r = c.record
+        self.init(userID: r.userID, chosen: r.chosen, everOpened: r.everOpened,
+                  sessions: r.sessions.sorted { $0.key < $1.key }.map { ClusterHomeSession($0.key, $0.value) },
+                  watchers: r.watchers.sorted { $0.key < $1.key }.map {
+                      ClusterSessionRef(sessionID: $0.key.description, gateway: $0.value.sink.id, gatewayBoot: $0.value.sink.boot, version: $0.value.version)
+                  },
+                  term: r.term, chosenVersion: r.chosenVersion,
+                  departed: r.departed.sorted { $0.key < $1.key }.map { id, d in
+                      ClusterDeparture(sessionID: id.description, version: d.version, byGateway: d.byGateway, atMs: d.at)
+                  },
+                  counter: r.counterValue, handoff: c.handoff)
+    }
+
+    /// The copy this record carries; nil when its user id is invalid.
+    var copy: HomeCopy? {
+        guard let user = try? Validate.userID(userID) else { return nil }
+        var sessions: [SessionID: HomeRecord<NodeInstance>.Session] = [:]
+        for s in self.sessions { if let (id, r) = s.record { sessions[id] = r } }
+        var watchers: [SessionID: HomeRecord<NodeInstance>.Watcher] = [:]
+        for w in self.watchers {
+            if let id = SessionID(text: w.sessionID), let sink = w.sink { watchers[id] = .init(sink: sink, version: w.version) }
+        }
+        var departed: [SessionID: HomeRecord<NodeInstance>.Departure] = [:]
+        for d in self.departed {
+            if let id = SessionID(text: d.sessionID) { departed[id] = .init(version: d.version, byGateway: d.byGateway, at: d.atMs) }
+        }
+        let record = HomeRecord<NodeInstance>(userID: user, term: term, chosen: chosen, chosenVersion: chosenVersion, everOpened: everOpened,
+                                              sessions: sessions, watchers: watchers, departed: departed, counter: counter)
+        return HomeCopy(record: record, handoff: handoff)
     }
 }

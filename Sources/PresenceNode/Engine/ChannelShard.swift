@@ -3,138 +3,72 @@ import EventLoop
 import PresenceCore
 import PresenceWire
 
-/// Owns a share of this node's channels outright (no locks), in two roles: the channels it owns
-/// (each a `ChannelMachine` whose sessions' sinks are gateway node ids; it carries out the events
-/// the machine computes, once per gateway, and copies every change to the replicas), and the
-/// copies it holds as a replica (taken over when the ring makes this node their owner). It also
-/// times out the sessions of gateways that died, unless their clients resume them elsewhere.
-/// Runs on an event loop: a call arriving on that loop's connections reaches it without a thread hop.
+/// Owns a share of this node's channels outright (no locks): a `Keyspace` of `ChannelMachine`s,
+/// the channels this node owns and the replica copies it holds. It runs the owner's calls on the
+/// machines, and carries out what the keyspace and the machines decide: events once per gateway,
+/// copies to replicas and new owners, timeouts of sessions whose gateway is gone, and the
+/// anti-entropy exchanges with gateways. Runs on an event loop: a call arriving on that loop's
+/// connections reaches it without a thread hop.
 actor ChannelShard {
+    typealias Machine = ChannelMachine<NodeInstance>
     nonisolated let loop: EventLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-    private var channels: [ChannelKey: ChannelMachine<String>] = [:]
-    /// Replica copies of channels other nodes own.
-    private var copies: [ChannelKey: ChannelMachine<String>] = [:]
-    /// Copies that arrived as a handoff from their live owner (nothing was lost: no SNAPSHOT on taking over).
-    private var handedOff = Set<ChannelKey>()
-    private let maxInstantEvents: Int
+    private var space: Keyspace<Machine>
     private let intervalNanoseconds: UInt64
-    private let presenceTimeout: UInt64
     private let clock: EngineClock
     private let fabric: Fabric
     private var intervalChannels = Set<ChannelKey>()
     private var ticker: Task<Void, Never>? = nil
-
-    struct Orphan: Hashable, Sendable {
-        let key: ChannelKey
-        let user: String
-        let session: SessionID
-    }
-    private var orphans = OrphanTimers<Orphan>()
-    /// How long an orphan may still wait once its gateway is back on the ring.
-    static let rejoinGrace: UInt64 = 2_000_000_000
-    /// Orphan deadlines that came with replica copies, started if this node takes the channel over.
-    private var copyOrphans: [Orphan: UInt64] = [:]
+    private var sweeper: Task<Void, Never>? = nil
+    private var sweepAt: UInt64? = nil
     /// Replica copies sent by the call being handled: the call answers once they arrived.
     private var replicaTickets: [PeerLink.Ticket] = []
-    private var orphanSweeper: Task<Void, Never>? = nil
 
-    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, presenceTimeout: UInt64, clock: EngineClock, fabric: Fabric, loop: EventLoop) {
+    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, presenceTimeout: UInt64, replicationFactor: Int,
+         clock: EngineClock, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
-        self.maxInstantEvents = maxInstantEvents
         self.intervalNanoseconds = intervalNanoseconds
-        self.presenceTimeout = presenceTimeout
         self.clock = clock
         self.fabric = fabric
+        space = Keyspace(me: fabric.me, replicationFactor: replicationFactor, presenceTimeout: presenceTimeout, ring: fabric.topology.ring) { key in
+            Machine(key: key, maxInstantEvents: maxInstantEvents)
+        }
     }
 
-    private var me: String { fabric.me }
+    private var wall: Int64 { clock.wallMilliseconds() }
+    private var now: UInt64 { clock.monotonicNanoseconds() }
 
-    // MARK: Deliveries and replication
+    // MARK: Carrying out
 
-    private func deliver(_ deliveries: [Delivery], in machine: ChannelMachine<String>) {
-        for d in deliveries {
-            let bytes = EventEncoding.framed(d.event)
-            switch d.to {
-            case .session(let id):
-                guard let node = machine.sink(of: id) else { continue }
-                fabric.deliver(to: node, sessions: [id], channel: machine.key, snapshot: d.event.type == .snapshot, framed: bytes)
-            case .subscribers(let except):
-                for node in machine.subscriberSinks.keys {
-                    fabric.deliver(to: node, channel: machine.key, except: except, framed: bytes)
-                }
+    private func carryOut(_ effects: [Keyspace<Machine>.Effect]) {
+        for e in effects {
+            switch e {
+            case .send(let copy, let node, let replica):
+                if let t = fabric.send(copy, to: node), replica { replicaTickets.append(t) }
+            case .deliver(let events):
+                deliver(events)
             }
         }
     }
 
-    /// Copies the records of `users` to the channel's replicas.
-    private func replicate(_ key: ChannelKey, users: [String]) {
-        let replicas = fabric.topology.owners(of: key).filter { $0 != me }
-        guard !replicas.isEmpty else { return }
-        let m = channels[key]
-        var record = ClusterChannelRecord(channelName: key.name, channelType: key.type, sequence: m?.sequence ?? 0)
-        record.members = users.map { u in ClusterMemberRecord(m?.copy(of: u) ?? MemberCopy(userID: u, sessions: [], state: [])) }
-        for r in replicas {
-            if let t = fabric.send(record, to: r) { replicaTickets.append(t) }
-        }
-    }
-
-    /// A channel's whole state as records, in chunks (the first replaces what the receiver held).
-    /// Sessions whose gateway is gone carry the time left before they time out.
-    private func fullRecords(_ m: ChannelMachine<String>, handoff: Bool = false) -> [ClusterChannelRecord] {
-        let now = clock.monotonicNanoseconds()
-        let all = m.copies.map { c -> ClusterMemberRecord in
-            var r = ClusterMemberRecord(c)
-            for (i, s) in c.sessions.enumerated() {
-                r.sessions[i].orphanMs = orphans.millisecondsLeft(Orphan(key: m.key, user: c.userID, session: s.id), now: now)
+    /// Sends each event to the gateways it is routed to, encoded once.
+    private func deliver(_ routed: [RoutedDelivery<NodeInstance>]) {
+        var encoded: (key: ChannelKey, sequence: UInt64, bytes: [UInt8])? = nil
+        for d in routed {
+            let key = ChannelKey(name: d.event.channelName, type: d.event.channelType)
+            if encoded?.key != key || encoded?.sequence != d.event.sequence {
+                encoded = (key, d.event.sequence, EventEncoding.framed(d.event))
             }
-            return r
+            fabric.deliver(d, channel: key, framed: encoded!.bytes)
         }
-        var out: [ClusterChannelRecord] = []
-        var i = 0
-        repeat {
-            out.append(ClusterChannelRecord(channelName: m.key.name, channelType: m.key.type, sequence: m.sequence, full: i == 0,
-                                            members: Array(all[i..<min(all.count, i + 500)]), handoff: handoff))
-            i += 500
-        } while i < all.count
-        return out
     }
 
-    /// Starts timers for this channel's sessions that no live gateway holds (`Fabric.isStray`).
-    private func orphanStrays(_ key: ChannelKey) {
-        guard let m = channels[key] else { return }
-        let deadline = clock.monotonicNanoseconds() + presenceTimeout
-        let alive = fabric.topology.alive
-        for sink in m.allSinks where !alive.contains(sink) || sink == me {
-            for (user, s) in m.sessions(at: sink) where fabric.isStray(s, at: sink) {
-                orphans.start(Orphan(key: key, user: user, session: s), deadline: deadline)
-            }
+    /// After anything that may have changed which channels need ticking or sweeping.
+    private func reschedule(_ keys: some Sequence<ChannelKey>) {
+        for key in keys {
+            if space[owned: key]?.isIntervalMode == true { startTicking(key) } else { intervalChannels.remove(key) }
         }
-        if !orphans.isEmpty { startSweeping() }
-    }
-
-    /// Runs `body` on the channel's machine (created on demand, changed in place), delivers the
-    /// events it computed, copies `user`'s record to the replicas, and drops the channel once
-    /// nobody is in it.
-    private func update<R>(_ key: ChannelKey, user: String?, create: Bool, _ body: (inout ChannelMachine<String>) throws(PresenceError) -> ([Delivery], R)) throws(PresenceError) -> R? {
-        if channels[key] == nil {
-            guard create else { return nil }
-            channels[key] = ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
-        }
-        let deliveries: [Delivery]
-        let result: R
-        do {
-            (deliveries, result) = try body(&channels[key]!)
-        } catch {
-            if channels[key]!.isEmpty { channels[key] = nil }
-            throw error
-        }
-        let machine = channels[key]!
-        deliver(deliveries, in: machine)
-        if machine.isIntervalMode { startTicking(key) } else { intervalChannels.remove(key) }
-        if machine.isEmpty { channels[key] = nil }
-        if let user { replicate(key, users: [user]) }
-        return result
+        scheduleSweep()
     }
 
     // MARK: Calls (this node owns the channel)
@@ -145,206 +79,235 @@ actor ChannelShard {
     func handle(_ call: ClusterChannelCall, key: ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket]) {
         replicaTickets = []
         defer { replicaTickets = [] }
-        do {
+        do throws(PresenceError) {
+            // (a call that got past the routing checks before this node handed its keys off to leave)
+            guard !space.leaving else { throw PresenceError(.unavailable, "NOT_SERVING", "LEAVING: this node has handed its keys off; retry") }
             return (try perform(call, key: key), replicaTickets)
         } catch {
             return (ClusterChannelResult(error: error.wire), replicaTickets)
         }
     }
 
-    private func session(_ call: ClusterChannelCall) throws(PresenceError) -> (SessionID, String, String) {
-        guard let ref = call.session, let id = SessionID(text: ref.sessionID), !ref.gateway.isEmpty else {
+    private struct Caller {
+        let id: SessionID
+        let user: String
+        let sink: NodeInstance
+        let version: UInt64
+    }
+
+    private func caller(_ call: ClusterChannelCall) throws(PresenceError) -> Caller {
+        guard let ref = call.session, let id = SessionID(text: ref.sessionID), let sink = ref.sink else {
             throw PresenceError(.invalidArgument, "INVALID_SESSION_ID", "the call carries no valid session")
         }
-        let user = try Validate.userID(ref.userID)
-        return (id, user, ref.gateway)
+        return Caller(id: id, user: try Validate.userID(ref.userID), sink: sink, version: ref.version)
+    }
+
+    /// A call from a gateway this owner knows to be superseded for the session (its client resumed
+    /// it elsewhere): refused, and the gateway drops the session.
+    private func refuseIfMoved(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
+        if let newer = space[owned: key]?.supersedingVersion(of: c.id, c.version) {
+            throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(c.id) was resumed elsewhere (epoch \(SessionVersion.epoch(newer)))")
+        }
+    }
+
+    /// Runs `body` on the channel's machine, delivers the events it computed, and copies `user`'s
+    /// record to the replicas.
+    private func update<R>(_ key: ChannelKey, user: String?, left: SessionID? = nil, create: Bool,
+                           _ body: (inout Machine) throws(PresenceError) -> ([Delivery], R)) throws(PresenceError) -> R? {
+        let replicated = user != nil && !space.replicas(of: key).isEmpty
+        var routed: [RoutedDelivery<NodeInstance>] = []
+        var delta: ChannelCopy<NodeInstance>? = nil
+        let r = try space.withOwned(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) -> R in
+            let (d, r) = try body(&m)
+            routed = m.route(d)
+            // (taken here: a channel left empty is gone once this returns)
+            if replicated, let user { delta = m.delta(users: [user], left: left) }
+            return r
+        }
+        deliver(routed)
+        if let delta { carryOut(space.replicate(delta)) }
+        if space[owned: key]?.isIntervalMode == true { startTicking(key) } else { intervalChannels.remove(key) }
+        return r
+    }
+
+    private func stateResult(_ key: ChannelKey, _ user: String) -> ClusterChannelResult {
+        var r = ClusterChannelResult()
+        if let m = space[owned: key] {
+            r.state = m.state(of: user) ?? []
+            r.stateVersion = m.stateVersion(of: user)
+        }
+        return r
     }
 
     private func perform(_ call: ClusterChannelCall, key: ChannelKey) throws(PresenceError) -> ClusterChannelResult {
-        let now = clock.wallMilliseconds()
-        var result = ClusterChannelResult()
+        let now = wall
         switch call.op {
-        case .join, .announce:
-            let (id, user, gateway) = try session(call)
-            let withPresence = call.session?.withPresence ?? false
+        case .join:
+            let c = try caller(call)
+            try refuseIfMoved(c, key)
             let pending = try Validate.stateItems(call.items)
-            orphans.cancel(Orphan(key: key, user: user, session: id))
-            _ = try update(key, user: user, create: true) { m in
-                let d = call.op == .join
-                    ? m.join(user: user, session: id, withPresence: withPresence, sink: gateway, pendingState: pending, now: now)
-                    : m.announce(user: user, session: id, withPresence: withPresence, sink: gateway, now: now)
-                return (d, ())
+            if space[owned: key]?.leftAfter(c.id, c.version) == true { return stateResult(key, c.user) }  // a join from before its leave
+            _ = try update(key, user: c.user, create: true) { m in
+                (m.join(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
+                        version: c.version, pendingState: pending, now: now), ())
             }
+            space.placed(key, at: c.sink, now: self.now)
+            scheduleSweep()
+            return stateResult(key, c.user)
+        case .announce:
+            let c = try caller(call)
+            let state = try Validate.stateItems(call.items)
+            var outcome = Machine.AnnounceOutcome()
+            _ = try update(key, user: c.user, create: true) { (m: inout Machine) throws(PresenceError) -> ([Delivery], Void) in
+                outcome = m.announce(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
+                                     version: c.version, state: state, stateVersion: call.stateVersion, now: now)
+                return (outcome.deliveries, ())
+            }
+            if let newer = outcome.superseded {
+                throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(c.id) was resumed elsewhere (epoch \(SessionVersion.epoch(newer)))")
+            }
+            space.placed(key, at: c.sink, now: self.now)
+            scheduleSweep()
+            return stateResult(key, c.user)
         case .leave:
-            let (id, user, gateway) = try session(call)
-            orphans.cancel(Orphan(key: key, user: user, session: id))
-            // only the session's current gateway may take it out (it may have moved to another)
-            guard channels[key]?.sink(of: id) == gateway else {
-                result.userGone = !(channels[key]?.contains(user: user) ?? false)
+            let c = try caller(call)
+            var result = ClusterChannelResult()
+            guard space[owned: key]?.supersedingVersion(of: c.id, c.version) == nil else {
+                // a superseded gateway's leave: the session lives on elsewhere
+                result.userGone = !(space[owned: key]?.contains(user: c.user) ?? false)
                 return result
             }
-            let gone = try update(key, user: user, create: false) { m in
-                (m.leave(user: user, session: id, timedOut: call.timedOut, now: now), !m.contains(user: user))
+            let gone = try update(key, user: c.user, left: c.id, create: false) { m in
+                (m.leave(user: c.user, session: c.id, version: c.version, timedOut: call.timedOut, now: now), !m.contains(user: c.user))
             }
             result.userGone = gone ?? true
+            return result
         case .setState:
-            let (id, user, _) = try session(call)
+            let c = try caller(call)
+            try refuseIfMoved(c, key)
             let items = try Validate.stateItems(call.items)
-            _ = try update(key, user: user, create: false) { m throws(PresenceError) in
-                (try m.setState(user: user, session: id, items: items, now: now), ())
+            _ = try update(key, user: c.user, create: false) { m throws(PresenceError) in
+                (try m.setState(user: c.user, session: c.id, items: items, now: now), ())
             }
+            return stateResult(key, c.user)
         case .removeState:
-            let (id, user, _) = try session(call)
+            let c = try caller(call)
+            try refuseIfMoved(c, key)
             for k in call.keys { try Validate.stateKey(k) }
-            _ = try update(key, user: user, create: false) { m in
-                (m.removeState(user: user, session: id, keys: call.keys, now: now), ())
+            _ = try update(key, user: c.user, create: false) { m in
+                (m.removeState(user: c.user, session: c.id, keys: call.keys, now: now), ())
             }
+            return stateResult(key, c.user)
         case .getState:
             let user = try Validate.userID(call.userID)
-            if let items = channels[key]?.state(of: user) {
+            var result = ClusterChannelResult()
+            if let items = space[owned: key]?.state(of: user) {
                 result.found = true
                 result.state = items
             }
+            return result
         case .list:
-            let m = channels[key]
+            var result = ClusterChannelResult()
+            let m = space[owned: key]
             result.total = UInt32(m?.occupancy ?? 0)
             if !call.countOnly, let m {
                 let (users, next) = m.page(after: call.after.isEmpty ? nil : call.after, includeState: call.includeState)
                 result.users = users
                 result.next = next ?? ""
             }
+            return result
         case .resnapshot:
-            let (id, _, _) = try session(call)
-            if let m = channels[key], let d = m.resnapshot(for: id, now: now) { deliver([d], in: m) }
+            let c = try caller(call)
+            var routed: [RoutedDelivery<NodeInstance>] = []
+            _ = try space.withOwned(key, create: false, now: now) { m in
+                if let d = m.resnapshot(for: c.id, floor: call.floor, now: now) { routed = m.route([d]) }
+            }
+            deliver(routed)
+            return ClusterChannelResult()
         case .unspecified, .unrecognized:
             throw PresenceError(.invalidArgument, "UNKNOWN_OPERATION", "unknown channel operation")
         }
-        return result
     }
 
-    // MARK: Replicas, handoff, failover
+    // MARK: Ring changes, copies, gateways
 
-    /// A record from the channel's owner (replication) or its previous owner (handoff). When the
-    /// ring already makes this node the owner, it is merged into the channel served here.
-    func apply(_ record: ClusterChannelRecord, key: ChannelKey) {
-        let owned = channels[key] != nil || fabric.topology.owner(of: key) == me
-        // a record reaching a channel this node already serves is another version of it (each
-        // side of a partition kept one): merged, never simply replacing what is here
-        let merging = channels[key] != nil
-        var m = (owned ? channels[key] : copies[key]) ?? ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
-        if record.full && !owned {
-            m = ChannelMachine(key: key, maxInstantEvents: maxInstantEvents)
-        }
-        let now = clock.monotonicNanoseconds()
-        for r in record.members {
-            guard let c = r.copy else { continue }
-            if merging { m.merge(c) } else { m.install(c) }
-            // the sender's clock runs on only for gateways this node also sees gone (its own view decides)
-            for s in r.sessions where s.orphanMs > 0 {
-                guard let id = SessionID(text: s.sessionID), fabric.isStray(id, at: s.gateway) else { continue }
-                let o = Orphan(key: key, user: c.userID, session: id)
-                let deadline = OrphanTimers<Orphan>.deadline(millisecondsLeft: s.orphanMs, now: now, cap: presenceTimeout)
-                if owned { orphans.start(o, deadline: deadline) } else { copyOrphans[o] = deadline }
-            }
-        }
-        m.advanceSequence(to: record.sequence)
-        if owned {
-            channels[key] = m.isEmpty ? nil : m
-            if m.isIntervalMode { startTicking(key) }
-            if !m.isEmpty {
-                replicate(key, users: record.members.map(\.userID))
-                orphanStrays(key)
-            }
-        } else {
-            copies[key] = m.isEmpty ? nil : m
-            if record.handoff { handedOff.insert(key) }
-        }
+    func ringChanged(to ring: HashRing) {
+        carryOut(space.ringChanged(to: ring, now: now, wall: wall))
+        reschedule(space.owned.keys)
     }
 
-    /// The ring changed: hand off channels that moved away, take over copies this node now owns,
-    /// bring new replicas up to date, and start timing out sessions whose gateway is gone.
-    func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) {
-        let rf = fabric.topology.replicationFactor
-        for (key, m) in channels {
-            switch RingMove.owned(keyHash: StableHash.of(key), from: old, to: new, me: me, copies: rf) {
-            case .handOff(let newOwner, let keepCopy):
-                for r in fullRecords(m, handoff: true) { fabric.send(r, to: newOwner) }
-                channels[key] = nil
-                // its timers went with the records; kept here they would fire if it came back
-                for o in orphans.keys where o.key == key { orphans.cancel(o) }
-                intervalChannels.remove(key)
-                if keepCopy { copies[key] = m }
-            case .keep(let newReplicas):
-                for r in newReplicas { for rec in fullRecords(m) { fabric.send(rec, to: r) } }
-            }
-        }
-        let now = clock.wallMilliseconds()
-        for (key, m) in copies {
-            switch RingMove.copy(keyHash: StableHash.of(key), from: old, to: new, me: me, copies: rf) {
-            case .takeOver(let previous, let newReplicas):
-                copies[key] = nil
-                channels[key] = m
-                for (o, deadline) in copyOrphans where o.key == key && fabric.isStray(o.session, at: m.sink(of: o.session) ?? me) {
-                    orphans.start(o, deadline: deadline)
-                }
-                if !handedOff.contains(key), previous != me {
-                    // the previous owner died: events may have been lost on the way
-                    deliver(m.snapshotForAll(now: now), in: m)
-                }
-                if m.isIntervalMode { startTicking(key) }
-                for r in newReplicas { for rec in fullRecords(m) { fabric.send(rec, to: r) } }
-            case .keep:
-                break
-            case .drop:
-                copies[key] = nil
-            }
-        }
-        handedOff = []
-        copyOrphans = copyOrphans.filter { copies[$0.key.key] != nil }
-        // sessions whose gateway is gone time out unless resumed elsewhere
-        for key in channels.keys { orphanStrays(key) }
-        // a gateway believed dead is back (a partition healed, a false death): give its re-announce
-        // time to arrive before its sessions time out (if it restarted, they still do), and ask it
-        // which of them it still holds (those need not wait)
-        let back = orphans.gatewaysBack(grace: clock.monotonicNanoseconds() + Self.rejoinGrace) { o in
-            guard let sink = channels[o.key]?.sink(of: o.session), sink != me, alive.contains(sink) else { return nil }
-            return (sink, o.session)
-        }
-        fabric.askWhichLive(back) { [weak self] live, gateway in await self?.gatewayHolds(live, at: gateway) }
+    /// A copy from another node (replication, handoff, or another version of an owned channel).
+    func received(_ copy: ChannelCopy<NodeInstance>) {
+        carryOut(space.received(copy, now: now, wall: wall))
+        reschedule([copy.key])
     }
 
-    /// A returning gateway still holds these sessions: they are not orphans.
-    private func gatewayHolds(_ live: Set<SessionID>, at gateway: String) {
-        for o in orphans.keys where live.contains(o.session) { orphans.cancel(o) }
+    /// Pushes to `node` may have been lost: its followers get fresh SNAPSHOTs.
+    func restart(followersAt node: String) {
+        carryOut(space.restart(followersAt: node, wall: wall))
     }
 
-    /// Hands every channel to the node that owns it once this node is gone (graceful leave).
+    func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
+
+    func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [ChannelKey: [ChannelFact]]) -> [ChannelKey: Reconciliation<RoutedDelivery<NodeInstance>, StateCorrection>] {
+        let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts, now: now, wall: wall)
+        carryOut(effects)
+        reschedule(results.keys)
+        return results
+    }
+
+    func confirmed(from sink: NodeInstance, gone: [(ChannelKey, SessionID, UInt64)], moved: [(ChannelKey, SessionID, NodeInstance, UInt64)]) {
+        carryOut(space.confirmed(from: sink, gone: gone, moved: moved, now: now, wall: wall))
+        reschedule(gone.map(\.0) + moved.map(\.0))
+    }
+
+    /// Hands every channel to the node that owns it once this node is gone (graceful leave); from
+    /// now on this shard owns nothing.
     func handOffAll(to ring: HashRing) {
-        for (key, m) in channels {
-            guard let owner = ring.owner(of: key) else { continue }
-            for r in fullRecords(m, handoff: true) { fabric.send(r, to: owner) }
+        carryOut(space.handOffAll(to: ring))
+        intervalChannels = []
+    }
+
+    // MARK: Timers
+
+    /// Wakes the shard when the next orphan is due (sessions of a gone gateway time out).
+    private func scheduleSweep() {
+        guard let next = space.nextOrphanDeadline else { return }
+        if let at = sweepAt, at <= next, sweeper != nil { return }
+        sweeper?.cancel()
+        sweepAt = next
+        let wait = next > now ? next - now : 0
+        sweeper = Task { [weak self] in
+            try? await Task.sleep(nanoseconds: wait + 1_000_000)
+            guard !Task.isCancelled else { return }
+            await self?.sweep()
         }
     }
 
-    private func startSweeping() {
-        guard orphanSweeper == nil else { return }
-        orphanSweeper = periodically(every: 100_000_000) { [weak self] in await self?.sweepOrphans() ?? false }
+    private func sweep() {
+        sweeper = nil
+        sweepAt = nil
+        carryOut(space.sweep(now: now, wall: wall))
+        scheduleSweep()
     }
 
-    /// Times out orphans whose deadline passed; false once none are left.
-    private func sweepOrphans() -> Bool {
-        let now = clock.wallMilliseconds()
-        for o in orphans.due(now: clock.monotonicNanoseconds()) {
-            // a session resumed elsewhere (or re-announced by a gateway that was wrongly declared
-            // dead) cancelled its timer; what is left has no gateway any more, even if a node
-            // with the same id has restarted since
-            guard channels[o.key]?.sink(of: o.session) != nil else { continue }
-            _ = try? update(o.key, user: o.user, create: false) { m in
-                (m.leave(user: o.user, session: o.session, timedOut: true, now: now), ())
-            }
+    private func startTicking(_ key: ChannelKey) {
+        intervalChannels.insert(key)
+        guard ticker == nil else { return }
+        ticker = periodically(every: intervalNanoseconds) { [weak self] in await self?.tick() ?? false }
+    }
+
+    /// Sends each interval channel's INTERVAL event; false once no channel needs ticking.
+    private func tick() -> Bool {
+        let now = wall
+        for key in intervalChannels {
+            var routed: [RoutedDelivery<NodeInstance>] = []
+            _ = try? space.withOwned(key, create: false, now: now) { m in routed = m.route(m.tick(now: now)) }
+            deliver(routed)
+            if space[owned: key]?.isIntervalMode != true { intervalChannels.remove(key) }
         }
-        if orphans.isEmpty {
-            orphanSweeper = nil
+        if intervalChannels.isEmpty {
+            ticker = nil
             return false
         }
         return true
@@ -352,28 +315,14 @@ actor ChannelShard {
 
     // MARK: Counters
 
-    var channelCount: Int { channels.count }
-    var copyCount: Int { copies.count }
+    var channelCount: Int { space.owned.count }
+    var copyCount: Int { space.copies.count }
 
-    // MARK: Interval mode
-
-    private func startTicking(_ key: ChannelKey) {
-        intervalChannels.insert(key)
-        guard ticker == nil else { return }
-        let period = intervalNanoseconds
-        ticker = periodically(every: period) { [weak self] in await self?.tick() ?? false }
-    }
-
-    /// Sends each interval channel's INTERVAL event; false once no channel needs ticking.
-    private func tick() -> Bool {
-        let now = clock.wallMilliseconds()
-        for key in intervalChannels {
-            _ = try? update(key, user: nil, create: false) { m in (m.tick(now: now), ()) }
-        }
-        if intervalChannels.isEmpty {
-            ticker = nil
-            return false
-        }
-        return true
+    /// Stops the shard's timers (the node is shutting down).
+    func stop() {
+        ticker?.cancel()
+        ticker = nil
+        sweeper?.cancel()
+        sweeper = nil
     }
 }

@@ -1,40 +1,76 @@
+import ClusterCore
+import EventLoop
 import PresenceCore
 import PresenceWire
+import Synchronization
 
 /// This node's sessions: the gateway shards (by session id) and who follows which channel.
 final class LocalGateway: Sendable {
     let shards: [GatewayShard]
     let subscriptions = Subscriptions()
+    private let clock: EngineClock
+    /// Where requests for fresh SNAPSHOTs go (the engine routes them to the channels' owners).
+    private let resnapshotHandler = Mutex<(@Sendable ([Subscriptions.Resnapshot]) -> Void)?>(nil)
 
-    init(shards: Int, resumeWindow: UInt64, clock: EngineClock) {
-        self.shards = (0..<max(1, shards)).map { _ in GatewayShard(resumeWindow: resumeWindow, clock: clock) }
+    init(shards: Int, resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64) {
+        self.clock = clock
+        self.shards = (0..<max(1, shards)).map { _ in GatewayShard(resumeWindow: resumeWindow, clock: clock, movedMemory: movedMemory) }
     }
 
     func shard(_ id: SessionID) -> GatewayShard { shards[Int(id.raw % UInt64(shards.count))] }
 
-    /// Hands a delivery from a channel owner or a user home to this node's sessions.
-    func deliver(_ d: ClusterDelivery) {
+    func onResnapshot(_ handler: @escaping @Sendable ([Subscriptions.Resnapshot]) -> Void) {
+        resnapshotHandler.withLock { $0 = handler }
+    }
+
+    private func ask(_ asks: [Subscriptions.Resnapshot]) {
+        guard !asks.isEmpty, let handler = resnapshotHandler.withLock({ $0 }) else { return }
+        handler(asks)
+    }
+
+    /// Hands a delivery that `from` pushed to this node's sessions.
+    func deliver(_ d: ClusterDelivery, from: NodeInstance) {
         if d.toSessions.isEmpty {
             guard let key = try? Validate.channel(d.channelName, d.channelType) else { return }
-            deliver(key, except: d.exceptSession.isEmpty ? nil : SessionID(text: d.exceptSession), framed: d.framed)
+            deliver(key, except: d.exceptSession.isEmpty ? nil : SessionID(text: d.exceptSession), from: from, sequence: d.sequence, framed: d.framed)
             return
         }
         let key = d.snapshot ? try? Validate.channel(d.channelName, d.channelType) : nil
         for text in d.toSessions {
             guard let id = SessionID(text: text) else { continue }
             if let key {
-                // a SNAPSHOT starts the session's subscription here, unless it left meanwhile
-                guard let outbox = shard(id).follows(id, channel: key) else { continue }
-                subscriptions.subscribe(key, id, outbox)
-                outbox.push(d.framed)
+                snapshot(key, id, from: from, sequence: d.sequence, framed: d.framed)
             } else {
                 shard(id).outbox(id)?.push(d.framed)
             }
         }
     }
 
-    func deliver(_ key: ChannelKey, except: SessionID?, framed: [UInt8]) {
-        subscriptions.deliver(key, except: except, framed: framed)
+    /// A channel event for every local subscriber of `key` except `except`.
+    func deliver(_ key: ChannelKey, except: SessionID?, from: NodeInstance, sequence: UInt64, framed: [UInt8]) {
+        ask(subscriptions.deliver(key, except: except, from: from, sequence: sequence, framed: framed, now: clock.monotonicNanoseconds()))
+    }
+
+    /// A SNAPSHOT of `key` for `id`: it starts the session's subscription here, unless the session
+    /// left the channel (or stopped following it) meanwhile.
+    func snapshot(_ key: ChannelKey, _ id: SessionID, from: NodeInstance, sequence: UInt64, framed: [UInt8]) {
+        guard let outbox = shard(id).follows(id, channel: key) else { return }
+        if let a = subscriptions.snapshot(key, id, outbox, from: from, sequence: sequence, framed: framed, now: clock.monotonicNanoseconds()) {
+            ask([a])
+        }
+    }
+
+    /// A status event for exactly these sessions.
+    func deliver(status framed: [UInt8], to sessions: [SessionID]) {
+        for id in sessions { shard(id).outbox(id)?.push(framed) }
+    }
+
+    /// The session's client resumed it on `to`: it stops being this gateway's, silently; its stream
+    /// here (if any) ends as resumed elsewhere.
+    func movedAway(_ id: SessionID, to: NodeInstance?, version: UInt64) {
+        guard let (s, outbox) = shard(id).movedAway(id, to: to, version: version) else { return }
+        for key in s.channels.keys { subscriptions.unsubscribe(key, id) }
+        outbox?.end(.replaced)
     }
 }
 
@@ -45,6 +81,7 @@ final class Fabric: Sendable {
     let link: PeerLink?
     let gateway: LocalGateway
     var me: String { topology.me }
+    var instance: NodeInstance { topology.instance }
 
     init(topology: Topology, link: PeerLink?, gateway: LocalGateway) {
         self.topology = topology
@@ -52,56 +89,55 @@ final class Fabric: Sendable {
         self.gateway = gateway
     }
 
-    /// A channel event for every subscriber at `node`, except `except`.
-    func deliver(to node: String, channel key: ChannelKey, except: SessionID?, framed: [UInt8]) {
-        if node == me {
-            gateway.deliver(key, except: except, framed: framed)
-        } else {
-            link?.push(to: node, bytes: framed.count + 48) {
-                $0.deliveries.append(ClusterDelivery(channelName: key.name, channelType: key.type,
-                                                     exceptSession: except?.description ?? "", framed: framed))
+    /// The process of `node` on the current ring (for pushes addressed to it).
+    func instance(of node: String) -> NodeInstance {
+        node == me ? instance : NodeInstance(node, boot: topology.ring.boot(of: node))
+    }
+
+    /// A channel event, encoded once (`framed`), for the sessions of one gateway process.
+    func deliver(_ d: RoutedDelivery<NodeInstance>, channel key: ChannelKey, framed: [UInt8]) {
+        if d.sink.id == me {
+            guard d.sink.boot == instance.boot else { return }  // sessions of this node's previous process
+            if d.sessions.isEmpty {
+                gateway.deliver(key, except: d.except, from: instance, sequence: d.event.sequence, framed: framed)
+            } else {
+                for id in d.sessions { gateway.snapshot(key, id, from: instance, sequence: d.event.sequence, framed: framed) }
+            }
+            return
+        }
+        guard topology.ring.isLive(d.sink.id, boot: d.sink.boot) else { return }  // a gone process: nobody to tell
+        let delivery = ClusterDelivery(channelName: key.name, channelType: key.type, exceptSession: d.except?.description ?? "",
+                                       toSessions: d.sessions.map(\.description), framed: framed, snapshot: d.isSnapshot,
+                                       sequence: d.event.sequence)
+        link?.push(to: d.sink, bytes: framed.count + 48 + 24 * d.sessions.count) { $0.deliveries.append(delivery) }
+    }
+
+    /// A status change for its watchers, once per gateway process.
+    func deliver(_ change: HomeRecord<NodeInstance>.StatusChange, at ms: Int64) {
+        guard !change.watchers.isEmpty else { return }
+        let framed = EventEncoding.framed(status: change.userID, change.status, at: ms)
+        var bySink: [NodeInstance: [SessionID]] = [:]
+        for (id, sink) in change.watchers { bySink[sink, default: []].append(id) }
+        for (sink, ids) in bySink {
+            if sink == instance {
+                gateway.deliver(status: framed, to: ids)
+            } else if sink.id != me, topology.ring.isLive(sink.id, boot: sink.boot) {
+                let d = ClusterDelivery(toSessions: ids.sorted().map(\.description), framed: framed)
+                link?.push(to: sink, bytes: framed.count + 24 * ids.count) { $0.deliveries.append(d) }
             }
         }
     }
 
-    /// An event for exactly `sessions` at `node` (`snapshot`: a SNAPSHOT of `key`, which subscribes them).
-    func deliver(to node: String, sessions: [SessionID], channel key: ChannelKey?, snapshot: Bool, framed: [UInt8]) {
-        let d = ClusterDelivery(channelName: key?.name ?? "", channelType: key?.type ?? .unspecified,
-                                toSessions: sessions.map(\.description), framed: framed, snapshot: snapshot)
-        if node == me {
-            gateway.deliver(d)
-        } else {
-            link?.push(to: node, bytes: framed.count + 24 * sessions.count) { $0.deliveries.append(d) }
-        }
+    /// Sends a channel copy (replication or handoff) to `node`; the ticket tells when it arrived.
+    func send(_ copy: ChannelCopy<NodeInstance>, to node: String) -> PeerLink.Ticket? {
+        guard node != me, let link else { return nil }
+        let record = ClusterChannelRecord(copy)
+        return link.push(to: instance(of: node), bytes: 96 * max(1, record.members.count)) { $0.channels.append(record) }
     }
 
-    /// Whether no live gateway holds this session: its gateway is gone, or it is this node and this
-    /// node does not know it (it is from before a restart).
-    func isStray(_ session: SessionID, at gateway: String) -> Bool {
-        gateway == me ? self.gateway.shard(session).outbox(session) == nil : !topology.alive.contains(gateway)
-    }
-
-    /// Asks each returning gateway which of these sessions it still holds; `holds` gets the answer.
-    func askWhichLive(_ sessions: [String: Set<SessionID>], holds: @escaping @Sendable (Set<SessionID>, String) async -> Void) {
-        guard let link else { return }
-        for (gateway, ids) in sessions {
-            Task {
-                guard let live = await link.liveSessions(at: gateway, Array(ids)) else { return }
-                await holds(live, gateway)
-            }
-        }
-    }
-
-    /// Sends a channel record (replication or handoff) to `node`; the ticket tells when it arrived.
-    @discardableResult
-    func send(_ record: ClusterChannelRecord, to node: String) -> PeerLink.Ticket? {
-        guard node != me else { return nil }
-        return link?.push(to: node, bytes: 96 * max(1, record.members.count)) { $0.channels.append(record) }
-    }
-
-    @discardableResult
-    func send(_ record: ClusterUserRecord, to node: String) -> PeerLink.Ticket? {
-        guard node != me else { return nil }
-        return link?.push(to: node, bytes: 96 * max(1, record.sessions.count + 1)) { $0.users.append(record) }
+    func send(_ copy: HomeCopy, to node: String) -> PeerLink.Ticket? {
+        guard node != me, let link else { return nil }
+        let record = ClusterUserRecord(copy)
+        return link.push(to: instance(of: node), bytes: 96 * max(1, record.sessions.count + record.watchers.count + 1)) { $0.users.append(record) }
     }
 }

@@ -2,21 +2,28 @@ import PresenceCore
 import PresenceWire
 import Synchronization
 
-/// Owns a share of the sessions connected to this node (the gateway role): their liveness and
-/// resume window, the channels they are in, state set before joining, and their outboxes.
-/// Every operation is a short lookup or update, so a mutex serves better than an actor here: calls
-/// that touch a session do not pay a hop to another thread just to read it.
+/// Owns a share of the sessions connected to this node (the gateway role, the authority on them):
+/// their liveness and resume window, the channels they are in with the state their owners
+/// acknowledged, state set before joining, their versions, and their outboxes; and, for a while,
+/// where sessions that left for another gateway went. Every operation is a short lookup or update,
+/// so a mutex serves better than an actor here: calls that touch a session do not pay a hop to
+/// another thread just to read it.
 final class GatewayShard: Sendable {
     private struct State {
         var table: SessionTable
         var outboxes: [SessionID: SessionOutbox] = [:]
+        /// Sessions whose client resumed them on another gateway: where, at which version, and
+        /// until when this is remembered (monotonic ns).
+        var moved: [SessionID: (to: NodeInstance, version: UInt64, until: UInt64)] = [:]
     }
     private let state: Mutex<State>
     private let clock: EngineClock
+    private let movedMemory: UInt64
 
-    init(resumeWindow: UInt64, clock: EngineClock) {
+    init(resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64) {
         state = Mutex(State(table: SessionTable(resumeWindow: resumeWindow)))
         self.clock = clock
+        self.movedMemory = movedMemory
     }
 
     struct Opened {
@@ -26,7 +33,7 @@ final class GatewayShard: Sendable {
         let outbox: SessionOutbox
     }
 
-    /// Resumes `id` for `user` if it can be; nil otherwise.
+    /// Resumes `id` for `user` if it can be (this gateway holds it, within its window); nil otherwise.
     func resume(_ id: SessionID, user: String) -> Opened? {
         let now = clock.monotonicNanoseconds()
         return state.withLock { st -> Opened? in
@@ -36,14 +43,18 @@ final class GatewayShard: Sendable {
         }
     }
 
-    /// Takes over a session whose client resumed it here from another gateway.
-    func adopt(_ id: SessionID, user: String, channels: [ChannelKey: Bool], watching: Set<String>) -> Opened {
-        let outbox = SessionOutbox(sessionID: id, userID: user)
-        state.withLock { st in
-            _ = st.table.adopt(id, user: user, channels: channels, watching: watching)
+    /// Takes over a session at `version` (the epoch its home gave this gateway by a claim): one
+    /// this gateway still holds keeps its channels, state and outbox; another comes with the
+    /// channels and watched users from its home's record.
+    func adopt(_ id: SessionID, user: String, version: UInt64, channels: [ChannelKey: Bool], watching: Set<String>) -> Opened? {
+        state.withLock { st -> Opened? in
+            if let held = st.table[id], held.userID != user { return nil }
+            guard case .resumed(_, let generation) = st.table.adopt(id, user: user, version: version, channels: channels, watching: watching) else { return nil }
+            st.moved[id] = nil
+            let outbox = st.outboxes[id] ?? SessionOutbox(sessionID: id, userID: user)
             st.outboxes[id] = outbox
+            return Opened(id: id, generation: generation, resumed: true, outbox: outbox)
         }
-        return Opened(id: id, generation: 1, resumed: true, outbox: outbox)
     }
 
     /// The outbox of a session here, if it has one.
@@ -51,13 +62,25 @@ final class GatewayShard: Sendable {
 
     /// Whether the session is here and in `channel` with presence (a SNAPSHOT may subscribe it).
     func follows(_ id: SessionID, channel: ChannelKey) -> SessionOutbox? {
-        state.withLock { st in st.table[id]?.channels[channel] == true ? st.outboxes[id] : nil }
+        state.withLock { st in st.table[id]?.channels[channel]?.withPresence == true ? st.outboxes[id] : nil }
     }
 
     /// Whether this gateway holds the session (connected, or disconnected within its window).
     func holds(_ id: SessionID) -> Bool { state.withLock { $0.table[id] != nil } }
 
-    /// Every session here (anti-entropy re-announces them).
+    /// A session here, if any (disconnected ones included).
+    func held(_ id: SessionID) -> SessionTable.Session? { state.withLock { $0.table[id] } }
+
+    /// Where a session that left this gateway went, if it is remembered.
+    func movedTo(_ id: SessionID) -> (to: NodeInstance, version: UInt64)? {
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { st in
+            guard let m = st.moved[id], m.until > now else { return nil }
+            return (m.to, m.version)
+        }
+    }
+
+    /// Every session here (anti-entropy).
     func allSessions() -> [SessionTable.Session] { state.withLock { Array($0.table.sessions.values) } }
 
     func create(_ id: SessionID, user: String) -> Opened {
@@ -68,6 +91,20 @@ final class GatewayShard: Sendable {
             st.outboxes[id] = outbox
         }
         return Opened(id: id, generation: 1, resumed: false, outbox: outbox)
+    }
+
+    /// The session's client resumed it on `to` (its home says so, or an owner knows a later epoch):
+    /// it is no longer this gateway's. Returns it (and its outbox, to end the stream) if it was here
+    /// under an older epoch; nothing is said to owners (the new gateway speaks for it now).
+    func movedAway(_ id: SessionID, to: NodeInstance?, version: UInt64) -> (SessionTable.Session, SessionOutbox?)? {
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { st -> (SessionTable.Session, SessionOutbox?)? in
+            guard let s = st.table[id], SessionVersion.epoch(s.version) < SessionVersion.epoch(version) else { return nil }
+            _ = st.table.close(id)
+            if let to { st.moved[id] = (to, version, now &+ movedMemory) }
+            if st.moved.count > 1024 { st.moved = st.moved.filter { $0.value.until > now } }
+            return (s, st.outboxes.removeValue(forKey: id))
+        }
     }
 
     /// The stream broke: returns the monotonic deadline of the session's resume window.
@@ -107,21 +144,28 @@ final class GatewayShard: Sendable {
         return try state.withLock { (st: inout State) throws(PresenceError) in try Self.lookup(&st, id, now: now) }
     }
 
-    func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (user: String, outbox: SessionOutbox, pending: [StateItem], already: Bool) {
+    func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (user: String, outbox: SessionOutbox, pending: [StateItem], already: Bool, version: UInt64) {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in
             let (s, o) = try Self.lookup(&st, id, now: now)
-            let (pending, already) = try st.table.joined(id, channel: channel, withPresence: withPresence)
-            return (s.userID, o, pending, already)
+            let (pending, already, version) = try st.table.joined(id, channel: channel, withPresence: withPresence)
+            return (s.userID, o, pending, already, version)
         }
     }
 
-    func left(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (user: String, wasIn: Bool) {
+    /// Records a leave; `version` is nil when the session was not in the channel.
+    func left(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (user: String, version: UInt64?) {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in
             let (s, _) = try Self.lookup(&st, id, now: now)
             return (s.userID, st.table.left(id, channel: channel))
         }
+    }
+
+    /// The channel's owner acknowledged the user's state there at `version`.
+    func stateAcknowledged(_ id: SessionID, channel: ChannelKey, state items: [StateItem], version: UInt64) {
+        guard version > 0 else { return }
+        state.withLock { $0.table.stateAcknowledged(id, channel: channel, state: items, version: version) }
     }
 
     func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {

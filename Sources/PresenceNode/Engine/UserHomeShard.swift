@@ -3,56 +3,41 @@ import EventLoop
 import PresenceCore
 import PresenceWire
 
-/// Owns a share of this node's users (the user-home role): each user's sessions and where they
-/// live, the channels each session is in, the status the user chose, and its watchers; plus
-/// replica copies of users homed elsewhere. Status changes go once to each watcher's gateway.
-/// Sessions and watchers on a gateway that died time out unless resumed elsewhere.
+/// Owns a share of this node's users (the user-home role): a `Keyspace` of `HomeRecord`s, each a
+/// user's sessions (where they live, at which version, which channels they are in), its chosen
+/// status and its watchers; plus replica copies of users homed elsewhere. Status changes go once
+/// to each watcher's gateway. It is where sessions are claimed (a resume starts a new epoch).
 actor UserHomeShard {
+    typealias Record = HomeRecord<NodeInstance>
     nonisolated let loop: EventLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-    private var directory = UserDirectory<String>()
-    private var copies = UserDirectory<String>()
+    private var space: Keyspace<Record>
     private let clock: EngineClock
     private let fabric: Fabric
-    private let presenceTimeout: UInt64
-
-    struct Orphan: Hashable, Sendable {
-        let user: String
-        let session: SessionID
-        /// A watcher of `user` (else one of its sessions).
-        let watcher: Bool
-    }
-    private var orphans = OrphanTimers<Orphan>()
-    private var orphanSweeper: Task<Void, Never>? = nil
-    /// Orphan deadlines that came with replica copies, started if this node becomes their home.
-    private var copyOrphans: [Orphan: UInt64] = [:]
+    private var sweeper: Task<Void, Never>? = nil
+    private var sweepAt: UInt64? = nil
     /// Replica copies sent by the call being handled.
     private var replicaTickets: [PeerLink.Ticket] = []
 
-    init(clock: EngineClock, presenceTimeout: UInt64, fabric: Fabric, loop: EventLoop) {
+    init(clock: EngineClock, presenceTimeout: UInt64, replicationFactor: Int, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
         self.clock = clock
-        self.presenceTimeout = presenceTimeout
         self.fabric = fabric
+        space = Keyspace(me: fabric.me, replicationFactor: replicationFactor, presenceTimeout: presenceTimeout, ring: fabric.topology.ring) { user in
+            Record(userID: user)
+        }
     }
 
-    private var me: String { fabric.me }
+    private var wall: Int64 { clock.wallMilliseconds() }
+    private var now: UInt64 { clock.monotonicNanoseconds() }
 
-    private func notify(_ change: UserDirectory<String>.StatusChange?) {
-        guard let change, !change.watchers.isEmpty else { return }
-        let bytes = EventEncoding.framed(status: change.userID, change.status, at: clock.wallMilliseconds())
-        var byNode: [String: [SessionID]] = [:]
-        for (id, node) in change.watchers { byNode[node, default: []].append(id) }
-        for (node, ids) in byNode { fabric.deliver(to: node, sessions: ids.sorted(), channel: nil, snapshot: false, framed: bytes) }
-    }
-
-    private func replicate(_ users: [String]) {
-        for u in users {
-            let replicas = fabric.topology.homes(of: u).filter { $0 != me }
-            guard !replicas.isEmpty else { continue }
-            let record = record(of: u)
-            for r in replicas {
-                if let t = fabric.send(record, to: r) { replicaTickets.append(t) }
+    private func carryOut(_ effects: [Keyspace<Record>.Effect]) {
+        for e in effects {
+            switch e {
+            case .send(let copy, let node, let replica):
+                if let t = fabric.send(copy, to: node), replica { replicaTickets.append(t) }
+            case .deliver(let changes):
+                for c in changes { fabric.deliver(c, at: wall) }
             }
         }
     }
@@ -63,18 +48,20 @@ actor UserHomeShard {
     func handle(_ call: ClusterHomeCall, users: [String]) -> (ClusterHomeResult, [PeerLink.Ticket]) {
         replicaTickets = []
         defer { replicaTickets = [] }
-        do {
+        do throws(PresenceError) {
+            // (a call that got past the routing checks before this node handed its keys off to leave)
+            guard !space.leaving else { throw PresenceError(.unavailable, "NOT_SERVING", "LEAVING: this node has handed its keys off; retry") }
             return (try perform(call, users: users), replicaTickets)
         } catch {
             return (ClusterHomeResult(error: error.wire), replicaTickets)
         }
     }
 
-    private func session(_ call: ClusterHomeCall) throws(PresenceError) -> (SessionID, String) {
-        guard let ref = call.session, let id = SessionID(text: ref.sessionID), !ref.gateway.isEmpty else {
+    private func caller(_ call: ClusterHomeCall) throws(PresenceError) -> (SessionID, NodeInstance, UInt64) {
+        guard let ref = call.session, let id = SessionID(text: ref.sessionID), let sink = ref.sink else {
             throw PresenceError(.invalidArgument, "INVALID_SESSION_ID", "the call carries no valid session")
         }
-        return (id, ref.gateway)
+        return (id, sink, ref.version)
     }
 
     /// A session's list of watched users, as a peer sent it: every id valid, within the limit.
@@ -86,72 +73,123 @@ actor UserHomeShard {
         return call.watching
     }
 
+    /// Runs `body` on a user's record, tells watchers of a status change, and copies the record to
+    /// the replicas.
+    @discardableResult
+    private func update<R>(_ user: String, create: Bool, _ body: (inout Record) throws(PresenceError) -> (Record.StatusChange?, R)) throws(PresenceError) -> R? {
+        var change: Record.StatusChange? = nil
+        var copy: HomeCopy? = nil
+        let replicated = !space.replicas(of: user).isEmpty
+        let r = try space.withOwned(user, create: create, now: wall) { (rec: inout Record) throws(PresenceError) -> R in
+            let (c, r) = try body(&rec)
+            change = c
+            if replicated { copy = HomeCopy(record: rec, handoff: false) }
+            return r
+        }
+        if let change { fabric.deliver(change, at: wall) }
+        if let copy { carryOut(space.replicate(copy)) }
+        return r
+    }
+
+    private func record(_ id: SessionID, _ s: Record.Session) -> ClusterHomeSession { ClusterHomeSession(id, s) }
+
     private func perform(_ call: ClusterHomeCall, users: [String]) throws(PresenceError) -> ClusterHomeResult {
         var result = ClusterHomeResult()
         guard let user = users.first else { return result }
         switch call.op {
         case .sessionOpened:
-            let (id, gateway) = try session(call)
-            orphans.cancel(Orphan(user: user, session: id, watcher: false))
+            let (id, sink, version) = try caller(call)
             if call.announce {
                 var channels: [ChannelKey: Bool] = [:]
                 for c in call.channels { if let k = c.key { channels[k] = c.withPresence } }
-                let record = UserDirectory<String>.SessionRecord(sink: gateway, channels: channels, watching: try watching(call))
-                notify(directory.announce(user, session: id, record: record))
+                let rec = Record.Session(sink: sink, version: version, channels: channels, watching: try watching(call))
+                try update(user, create: true) { r in (r.announce(session: id, record: rec).change, ()) }
+                if call.status != .unknown { try update(user, create: true) { r in (r.setStatus(call.status), ()) } }
             } else {
-                notify(directory.sessionOpened(user, session: id, sink: gateway, initial: call.status))
+                try update(user, create: true) { r in (r.sessionOpened(session: id, sink: sink, version: version, initial: call.status), ()) }
             }
-            if call.status != .unknown && call.announce { notify(directory.setStatus(user, call.status)) }
-            replicate([user])
+            space.placed(user, at: sink, now: now)
+            scheduleSweep()
+        case .claimSession:
+            let (id, sink, _) = try caller(call)
+            var claimed: (record: Record.Session, previous: NodeInstance)? = nil
+            try update(user, create: false) { r in
+                claimed = r.claim(session: id, sink: sink)
+                return (nil, ())
+            }
+            guard let claimed else { return result }
+            result.found = true
+            result.session = record(id, claimed.record)
+            if claimed.previous != sink {
+                // the gateway it left stops speaking for it (it may still think it holds it)
+                if claimed.previous == fabric.instance {
+                    fabric.gateway.movedAway(id, to: sink, version: claimed.record.version)
+                } else if fabric.topology.ring.isLive(claimed.previous.id, boot: claimed.previous.boot) {
+                    let moved = ClusterSessionMoved(sessionID: id.description, gateway: sink.id, gatewayBoot: sink.boot, version: claimed.record.version)
+                    fabric.link?.push(to: claimed.previous) { $0.moved.append(moved) }
+                }
+            }
+            space.placed(user, at: sink, now: now)
+            scheduleSweep()
         case .sessionEnded:
-            let (id, gateway) = try session(call)
-            // only the session's current gateway may end it (it may have moved to another)
-            if directory.session(user, id)?.sink == gateway {
-                orphans.cancel(Orphan(user: user, session: id, watcher: false))
-                notify(directory.sessionEnded(user, session: id))
-                replicate([user])
+            let (id, _, version) = try caller(call)
+            try update(user, create: false) { r in
+                guard r.supersedingVersion(of: id, version) == nil else { return (nil, ()) }  // it lives on elsewhere
+                return (r.sessionEnded(session: id, version: version, now: wall), ())
             }
         case .setStatus:
-            notify(directory.setStatus(user, call.status))
-            replicate([user])
+            if let (id, _, version) = try? caller(call), space[owned: user]?.supersedingVersion(of: id, version) != nil {
+                throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere")
+            }
+            try update(user, create: true) { r in (r.setStatus(call.status), ()) }
         case .sessionJoined, .sessionLeft:
-            let (id, _) = try session(call)
+            let (id, _, version) = try caller(call)
             guard let c = call.channel, let key = c.key else {
                 throw PresenceError(.invalidArgument, "INVALID_CHANNEL", "the call carries no valid channel")
             }
-            if call.op == .sessionJoined {
-                directory.sessionJoined(user, session: id, channel: key, withPresence: c.withPresence)
-            } else {
-                directory.sessionLeft(user, session: id, channel: key)
+            try update(user, create: false) { r in
+                if call.op == .sessionJoined {
+                    r.sessionJoined(session: id, channel: key, withPresence: c.withPresence, version: version)
+                } else {
+                    r.sessionLeft(session: id, channel: key, version: version)
+                }
+                return (nil, ())
             }
-            replicate([user])
         case .sessionWatching:
-            let (id, _) = try session(call)
-            directory.sessionWatching(user, session: id, watching: try watching(call))
-            replicate([user])
-        case .channels:
-            result.channels = directory.channels(of: user).map { ClusterSessionChannel($0, withPresence: false) }
-        case .statuses:
-            result.statuses = users.map { UserStatusEntry(userID: $0, status: directory.visibleStatus($0)) }
-        case .watch:
-            let (id, gateway) = try session(call)
-            for u in users {
-                orphans.cancel(Orphan(user: u, session: id, watcher: true))
-                directory.watch(u, by: id, sink: gateway)
+            let (id, _, version) = try caller(call)
+            let list = try watching(call)
+            try update(user, create: false) { r in
+                r.sessionWatching(session: id, watching: list, version: version)
+                return (nil, ())
             }
-            result.statuses = users.map { UserStatusEntry(userID: $0, status: directory.visibleStatus($0)) }
-            replicate(users)
+        case .channels:
+            result.channels = (space[owned: user]?.channels ?? []).map { ClusterSessionChannel($0, withPresence: false) }
+        case .statuses:
+            result.statuses = users.map { UserStatusEntry(userID: $0, status: space[owned: $0]?.visibleStatus ?? .unknown) }
+        case .watch:
+            let (id, sink, version) = try caller(call)
+            for u in users {
+                try update(u, create: true) { r in
+                    r.watch(by: id, sink: sink, version: version)
+                    return (nil, ())
+                }
+                space.placed(u, at: sink, now: now)
+            }
+            result.statuses = users.map { UserStatusEntry(userID: $0, status: space[owned: $0]?.visibleStatus ?? .unknown) }
+            scheduleSweep()
         case .unwatch:
-            let (id, gateway) = try session(call)
-            for u in users { directory.unwatch(u, by: id, at: gateway) }
-            replicate(users)
+            let (id, sink, _) = try caller(call)
+            for u in users {
+                try update(u, create: false) { r in
+                    r.unwatch(by: id, at: sink)
+                    return (nil, ())
+                }
+            }
         case .lookupSession:
-            let (id, _) = try session(call)
-            if let r = directory.session(user, id) {
+            let (id, _, _) = try caller(call)
+            if let s = space[owned: user]?.sessions[id] {
                 result.found = true
-                result.session = ClusterHomeSession(sessionID: id.description, gateway: r.sink,
-                                                    channels: r.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
-                                                    watching: r.watching)
+                result.session = record(id, s)
             }
         case .unspecified, .unrecognized:
             throw PresenceError(.invalidArgument, "UNKNOWN_OPERATION", "unknown home operation")
@@ -159,127 +197,60 @@ actor UserHomeShard {
         return result
     }
 
-    // MARK: Replicas, handoff, failover
+    // MARK: Ring changes, copies, gateways
 
-    /// A user's record for a replica or a new home; sessions and watchers whose gateway is gone
-    /// carry the time left before they time out.
-    private func record(of user: String) -> ClusterUserRecord {
-        var r = ClusterUserRecord(directory.copy(of: user))
-        let now = clock.monotonicNanoseconds()
-        func left(_ text: String, watcher: Bool) -> UInt64 {
-            SessionID(text: text).map { orphans.millisecondsLeft(Orphan(user: user, session: $0, watcher: watcher), now: now) } ?? 0
-        }
-        for i in r.sessions.indices { r.sessions[i].orphanMs = left(r.sessions[i].sessionID, watcher: false) }
-        for i in r.watchers.indices { r.watchers[i].orphanMs = left(r.watchers[i].sessionID, watcher: true) }
-        return r
+    func ringChanged(to ring: HashRing) {
+        carryOut(space.ringChanged(to: ring, now: now, wall: wall))
+        scheduleSweep()
     }
 
-    func apply(_ record: ClusterUserRecord) {
-        guard let c = record.copy else { return }
-        let home = fabric.topology.home(of: c.userID) == me
-        let now = clock.monotonicNanoseconds()
-        let timers = record.sessions.map { ($0.sessionID, $0.gateway, $0.orphanMs, false) } + record.watchers.map { ($0.sessionID, $0.gateway, $0.orphanMs, true) }
-        // the sender's clock runs on only for gateways this node also sees gone (its own view decides)
-        for (text, gateway, ms, watcher) in timers where ms > 0 {
-            guard let id = SessionID(text: text), fabric.isStray(id, at: gateway) else { continue }
-            let o = Orphan(user: c.userID, session: id, watcher: watcher)
-            let deadline = OrphanTimers<Orphan>.deadline(millisecondsLeft: ms, now: now, cap: presenceTimeout)
-            if home { orphans.start(o, deadline: deadline) } else { copyOrphans[o] = deadline }
-        }
-        if home {
-            directory.merge(c)  // another version of a user this home serves (after a partition): merged
-            replicate([c.userID])
-            orphanStrays(c.userID)
-        } else {
-            copies.install(c)
-        }
+    func received(_ copy: HomeCopy) {
+        carryOut(space.received(copy, now: now, wall: wall))
+        scheduleSweep()
     }
 
-    /// Starts timers for the user's sessions and watchers that no live gateway holds (`Fabric.isStray`).
-    private func orphanStrays(_ user: String) {
-        let c = directory.copy(of: user)
-        let deadline = clock.monotonicNanoseconds() + presenceTimeout
-        for (id, r) in c.sessions where fabric.isStray(id, at: r.sink) { orphans.start(Orphan(user: user, session: id, watcher: false), deadline: deadline) }
-        for (id, sink) in c.watchers where fabric.isStray(id, at: sink) { orphans.start(Orphan(user: user, session: id, watcher: true), deadline: deadline) }
-        if !orphans.isEmpty { startSweeping() }
+    func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
+
+    func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [String: [HomeFact]]) -> [String: Reconciliation<Record.StatusChange, Never>] {
+        let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts, now: now, wall: wall)
+        carryOut(effects)
+        scheduleSweep()
+        return results
     }
 
-    func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>) {
-        let rf = fabric.topology.replicationFactor
-        for u in directory.allUserIDs {
-            let record = record(of: u)
-            switch RingMove.owned(keyHash: HashRing.hash(ofUser: u), from: old, to: new, me: me, copies: rf) {
-            case .handOff(let newHome, let keepCopy):
-                fabric.send(record, to: newHome)
-                if keepCopy { copies.install(directory.copy(of: u)) }
-                directory.remove(u)
-                for o in orphans.keys where o.user == u { orphans.cancel(o) }  // they went with the record
-            case .keep(let newReplicas):
-                for r in newReplicas { fabric.send(record, to: r) }
-            }
-        }
-        for u in copies.allUserIDs {
-            switch RingMove.copy(keyHash: HashRing.hash(ofUser: u), from: old, to: new, me: me, copies: rf) {
-            case .takeOver(_, let newReplicas):
-                directory.install(copies.copy(of: u))
-                copies.remove(u)
-                for (o, deadline) in copyOrphans where o.user == u {
-                    if let gateway = gateway(of: o), fabric.isStray(o.session, at: gateway) { orphans.start(o, deadline: deadline) }
-                }
-                let record = record(of: u)
-                for r in newReplicas { fabric.send(record, to: r) }
-            case .keep:
-                break
-            case .drop:
-                copies.remove(u)
-            }
-        }
-        // keep the deadlines of copies still held (watchers are few; they go with their user)
-        copyOrphans = copyOrphans.filter { $0.key.watcher || copies.session($0.key.user, $0.key.session) != nil }
-        for u in directory.allUserIDs { orphanStrays(u) }
-        // a gateway believed dead is back: give its re-announce time to arrive (see ChannelShard)
-        let back = orphans.gatewaysBack(grace: clock.monotonicNanoseconds() + ChannelShard.rejoinGrace) { o in
-            guard let sink = gateway(of: o), sink != me, alive.contains(sink) else { return nil }
-            return (sink, o.session)
-        }
-        fabric.askWhichLive(back) { [weak self] live, gateway in await self?.gatewayHolds(live, at: gateway) }
-    }
-
-    private func gateway(of o: Orphan) -> String? {
-        o.watcher ? directory.watcher(o.user, o.session) : directory.session(o.user, o.session)?.sink
-    }
-
-    /// A returning gateway still holds these sessions: they are not orphans.
-    private func gatewayHolds(_ live: Set<SessionID>, at gateway: String) {
-        for o in orphans.keys where live.contains(o.session) { orphans.cancel(o) }
+    func confirmed(from sink: NodeInstance, gone: [(String, SessionID, UInt64)], moved: [(String, SessionID, NodeInstance, UInt64)]) {
+        carryOut(space.confirmed(from: sink, gone: gone, moved: moved, now: now, wall: wall))
+        scheduleSweep()
     }
 
     func handOffAll(to ring: HashRing) {
-        for u in directory.allUserIDs {
-            guard let home = ring.home(ofUser: u) else { continue }
-            fabric.send(record(of: u), to: home)
+        carryOut(space.handOffAll(to: ring))
+    }
+
+    // MARK: Timers
+
+    private func scheduleSweep() {
+        guard let next = space.nextOrphanDeadline else { return }
+        if let at = sweepAt, at <= next, sweeper != nil { return }
+        sweeper?.cancel()
+        sweepAt = next
+        let wait = next > now ? next - now : 0
+        sweeper = Task { [weak self] in
+            try? await Task.sleep(nanoseconds: wait + 1_000_000)
+            guard !Task.isCancelled else { return }
+            await self?.sweep()
         }
     }
 
-    private func startSweeping() {
-        guard orphanSweeper == nil else { return }
-        orphanSweeper = periodically(every: 100_000_000) { [weak self] in await self?.sweepOrphans() ?? false }
+    private func sweep() {
+        sweeper = nil
+        sweepAt = nil
+        carryOut(space.sweep(now: now, wall: wall))
+        scheduleSweep()
     }
 
-    private func sweepOrphans() -> Bool {
-        for o in orphans.due(now: clock.monotonicNanoseconds()) {
-            if o.watcher {
-                directory.unwatch(o.user, by: o.session)
-            } else {
-                guard directory.session(o.user, o.session) != nil else { continue }
-                notify(directory.sessionEnded(o.user, session: o.session))
-            }
-            replicate([o.user])
-        }
-        if orphans.isEmpty {
-            orphanSweeper = nil
-            return false
-        }
-        return true
+    func stop() {
+        sweeper?.cancel()
+        sweeper = nil
     }
 }

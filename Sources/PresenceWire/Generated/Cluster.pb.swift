@@ -96,9 +96,10 @@ public enum ClusterHomeOp: Sendable, Hashable, CaseIterable {
     case unwatch // = 9
     case lookupSession // = 10
     case sessionWatching // = 11
+    case claimSession // = 12
     case unrecognized(Int32)
 
-    public static var allCases: [ClusterHomeOp] { [.unspecified, .sessionOpened, .sessionEnded, .setStatus, .sessionJoined, .sessionLeft, .channels, .statuses, .watch, .unwatch, .lookupSession, .sessionWatching] }
+    public static var allCases: [ClusterHomeOp] { [.unspecified, .sessionOpened, .sessionEnded, .setStatus, .sessionJoined, .sessionLeft, .channels, .statuses, .watch, .unwatch, .lookupSession, .sessionWatching, .claimSession] }
 
     public init(rawValue: Int32) {
         switch rawValue {
@@ -114,6 +115,7 @@ public enum ClusterHomeOp: Sendable, Hashable, CaseIterable {
         case 9: self = .unwatch
         case 10: self = .lookupSession
         case 11: self = .sessionWatching
+        case 12: self = .claimSession
         default: self = .unrecognized(rawValue)
         }
     }
@@ -132,6 +134,7 @@ public enum ClusterHomeOp: Sendable, Hashable, CaseIterable {
         case .unwatch: return 9
         case .lookupSession: return 10
         case .sessionWatching: return 11
+        case .claimSession: return 12
         case .unrecognized(let value): return value
         }
     }
@@ -144,15 +147,17 @@ public struct ClusterMemberUpdate: ProtoMessage, Sendable, Hashable {
     public var status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0)
     public var incarnation: UInt64 = 0
     public var clientAddress: String = ""
+    public var boot: UInt64 = 0
 
     public init() {}
 
-    public init(nodeID: String = "", address: String = "", status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0), incarnation: UInt64 = 0, clientAddress: String = "") {
+    public init(nodeID: String = "", address: String = "", status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0), incarnation: UInt64 = 0, clientAddress: String = "", boot: UInt64 = 0) {
         self.nodeID = nodeID
         self.address = address
         self.status = status
         self.incarnation = incarnation
         self.clientAddress = clientAddress
+        self.boot = boot
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -180,6 +185,7 @@ extension ClusterMemberUpdate: CMessageBridge {
         self.status = ClusterMemberStatus(rawValue: Int32(truncatingIfNeeded: c.pointee.status.rawValue))
         self.incarnation = c.pointee.incarnation
         self.clientAddress = try WireCodec.readString(c.pointee.client_address)
+        self.boot = c.pointee.boot
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -189,6 +195,7 @@ extension ClusterMemberUpdate: CMessageBridge {
         c.pointee.status = .init(rawValue: .init(truncatingIfNeeded: self.status.rawValue))
         c.pointee.incarnation = self.incarnation
         if !self.clientAddress.isEmpty { c.pointee.client_address = arena.cString(self.clientAddress) }
+        c.pointee.boot = self.boot
     }
 }
 
@@ -198,14 +205,16 @@ public struct ClusterPingRequest: ProtoMessage, Sendable, Hashable {
     public var fromAddress: String = ""
     public var sequence: UInt64 = 0
     public var gossip: [ClusterMemberUpdate] = []
+    public var fromBoot: UInt64 = 0
 
     public init() {}
 
-    public init(fromNodeID: String = "", fromAddress: String = "", sequence: UInt64 = 0, gossip: [ClusterMemberUpdate] = []) {
+    public init(fromNodeID: String = "", fromAddress: String = "", sequence: UInt64 = 0, gossip: [ClusterMemberUpdate] = [], fromBoot: UInt64 = 0) {
         self.fromNodeID = fromNodeID
         self.fromAddress = fromAddress
         self.sequence = sequence
         self.gossip = gossip
+        self.fromBoot = fromBoot
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -232,6 +241,7 @@ extension ClusterPingRequest: CMessageBridge {
         self.fromAddress = try WireCodec.readString(c.pointee.from_address)
         self.sequence = c.pointee.sequence
         self.gossip = try WireCodec.readArray(c.pointee.gossip, c.pointee.n_gossip) { try ClusterMemberUpdate(cStruct: $0!) }
+        self.fromBoot = c.pointee.from_boot
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -240,6 +250,7 @@ extension ClusterPingRequest: CMessageBridge {
         if !self.fromAddress.isEmpty { c.pointee.from_address = arena.cString(self.fromAddress) }
         c.pointee.sequence = self.sequence
         (c.pointee.n_gossip, c.pointee.gossip) = arena.messageArray(self.gossip)
+        c.pointee.from_boot = self.fromBoot
     }
 }
 
@@ -298,16 +309,18 @@ public struct ClusterIndirectPingRequest: ProtoMessage, Sendable, Hashable {
     public var targetAddress: String = ""
     public var sequence: UInt64 = 0
     public var gossip: [ClusterMemberUpdate] = []
+    public var fromBoot: UInt64 = 0
 
     public init() {}
 
-    public init(fromNodeID: String = "", fromAddress: String = "", targetNodeID: String = "", targetAddress: String = "", sequence: UInt64 = 0, gossip: [ClusterMemberUpdate] = []) {
+    public init(fromNodeID: String = "", fromAddress: String = "", targetNodeID: String = "", targetAddress: String = "", sequence: UInt64 = 0, gossip: [ClusterMemberUpdate] = [], fromBoot: UInt64 = 0) {
         self.fromNodeID = fromNodeID
         self.fromAddress = fromAddress
         self.targetNodeID = targetNodeID
         self.targetAddress = targetAddress
         self.sequence = sequence
         self.gossip = gossip
+        self.fromBoot = fromBoot
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -336,6 +349,7 @@ extension ClusterIndirectPingRequest: CMessageBridge {
         self.targetAddress = try WireCodec.readString(c.pointee.target_address)
         self.sequence = c.pointee.sequence
         self.gossip = try WireCodec.readArray(c.pointee.gossip, c.pointee.n_gossip) { try ClusterMemberUpdate(cStruct: $0!) }
+        self.fromBoot = c.pointee.from_boot
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -346,6 +360,7 @@ extension ClusterIndirectPingRequest: CMessageBridge {
         if !self.targetAddress.isEmpty { c.pointee.target_address = arena.cString(self.targetAddress) }
         c.pointee.sequence = self.sequence
         (c.pointee.n_gossip, c.pointee.gossip) = arena.messageArray(self.gossip)
+        c.pointee.from_boot = self.fromBoot
     }
 }
 
@@ -433,16 +448,18 @@ public struct ClusterSessionRef: ProtoMessage, Sendable, Hashable {
     public var userID: String = ""
     public var gateway: String = ""
     public var withPresence: Bool = false
-    public var orphanMs: UInt64 = 0
+    public var gatewayBoot: UInt64 = 0
+    public var version: UInt64 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false, orphanMs: UInt64 = 0) {
+    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false, gatewayBoot: UInt64 = 0, version: UInt64 = 0) {
         self.sessionID = sessionID
         self.userID = userID
         self.gateway = gateway
         self.withPresence = withPresence
-        self.orphanMs = orphanMs
+        self.gatewayBoot = gatewayBoot
+        self.version = version
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -469,7 +486,8 @@ extension ClusterSessionRef: CMessageBridge {
         self.userID = try WireCodec.readString(c.pointee.user_id)
         self.gateway = try WireCodec.readString(c.pointee.gateway)
         self.withPresence = c.pointee.with_presence != 0
-        self.orphanMs = c.pointee.orphan_ms
+        self.gatewayBoot = c.pointee.gateway_boot
+        self.version = c.pointee.version
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -478,7 +496,8 @@ extension ClusterSessionRef: CMessageBridge {
         if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
         if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
         c.pointee.with_presence = self.withPresence ? 1 : 0
-        c.pointee.orphan_ms = self.orphanMs
+        c.pointee.gateway_boot = self.gatewayBoot
+        c.pointee.version = self.version
     }
 }
 
@@ -544,10 +563,12 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
     public var countOnly: Bool = false
     public var timedOut: Bool = false
     public var ringFingerprint: UInt64 = 0
+    public var floor: UInt64 = 0
+    public var stateVersion: UInt64 = 0
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false, ringFingerprint: UInt64 = 0) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false, ringFingerprint: UInt64 = 0, floor: UInt64 = 0, stateVersion: UInt64 = 0) {
         self.channelName = channelName
         self.channelType = channelType
         self.op = op
@@ -561,6 +582,8 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
         self.countOnly = countOnly
         self.timedOut = timedOut
         self.ringFingerprint = ringFingerprint
+        self.floor = floor
+        self.stateVersion = stateVersion
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -596,6 +619,8 @@ extension ClusterChannelCall: CMessageBridge {
         self.countOnly = c.pointee.count_only != 0
         self.timedOut = c.pointee.timed_out != 0
         self.ringFingerprint = c.pointee.ring_fingerprint
+        self.floor = c.pointee.floor
+        self.stateVersion = c.pointee.state_version
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -613,6 +638,8 @@ extension ClusterChannelCall: CMessageBridge {
         c.pointee.count_only = self.countOnly ? 1 : 0
         c.pointee.timed_out = self.timedOut ? 1 : 0
         c.pointee.ring_fingerprint = self.ringFingerprint
+        c.pointee.floor = self.floor
+        c.pointee.state_version = self.stateVersion
     }
 }
 
@@ -625,10 +652,11 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
     public var total: UInt32 = 0
     public var users: [UserState] = []
     public var next: String = ""
+    public var stateVersion: UInt64 = 0
 
     public init() {}
 
-    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "") {
+    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "", stateVersion: UInt64 = 0) {
         self.error = error
         self.userGone = userGone
         self.found = found
@@ -636,6 +664,7 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
         self.total = total
         self.users = users
         self.next = next
+        self.stateVersion = stateVersion
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -665,6 +694,7 @@ extension ClusterChannelResult: CMessageBridge {
         self.total = c.pointee.total
         self.users = try WireCodec.readArray(c.pointee.users, c.pointee.n_users) { try UserState(cStruct: $0!) }
         self.next = try WireCodec.readString(c.pointee.next)
+        self.stateVersion = c.pointee.state_version
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -676,6 +706,7 @@ extension ClusterChannelResult: CMessageBridge {
         c.pointee.total = self.total
         (c.pointee.n_users, c.pointee.users) = arena.messageArray(self.users)
         if !self.next.isEmpty { c.pointee.next = arena.cString(self.next) }
+        c.pointee.state_version = self.stateVersion
     }
 }
 
@@ -732,16 +763,18 @@ public struct ClusterHomeSession: ProtoMessage, Sendable, Hashable {
     public var gateway: String = ""
     public var channels: [ClusterSessionChannel] = []
     public var watching: [String] = []
-    public var orphanMs: UInt64 = 0
+    public var gatewayBoot: UInt64 = 0
+    public var version: UInt64 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = [], orphanMs: UInt64 = 0) {
+    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = [], gatewayBoot: UInt64 = 0, version: UInt64 = 0) {
         self.sessionID = sessionID
         self.gateway = gateway
         self.channels = channels
         self.watching = watching
-        self.orphanMs = orphanMs
+        self.gatewayBoot = gatewayBoot
+        self.version = version
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -768,7 +801,8 @@ extension ClusterHomeSession: CMessageBridge {
         self.gateway = try WireCodec.readString(c.pointee.gateway)
         self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterSessionChannel(cStruct: $0!) }
         self.watching = try WireCodec.readArray(c.pointee.watching, c.pointee.n_watching) { try WireCodec.readString($0) }
-        self.orphanMs = c.pointee.orphan_ms
+        self.gatewayBoot = c.pointee.gateway_boot
+        self.version = c.pointee.version
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -777,7 +811,8 @@ extension ClusterHomeSession: CMessageBridge {
         if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
         (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
         (c.pointee.n_watching, c.pointee.watching) = arena.stringArray(self.watching)
-        c.pointee.orphan_ms = self.orphanMs
+        c.pointee.gateway_boot = self.gatewayBoot
+        c.pointee.version = self.version
     }
 }
 
@@ -916,15 +951,15 @@ public struct ClusterMemberRecord: ProtoMessage, Sendable, Hashable {
     public var userID: String = ""
     public var sessions: [ClusterSessionRef] = []
     public var state: [StateItem] = []
-    public var stateAtMs: Int64 = 0
+    public var stateVersion: UInt64 = 0
 
     public init() {}
 
-    public init(userID: String = "", sessions: [ClusterSessionRef] = [], state: [StateItem] = [], stateAtMs: Int64 = 0) {
+    public init(userID: String = "", sessions: [ClusterSessionRef] = [], state: [StateItem] = [], stateVersion: UInt64 = 0) {
         self.userID = userID
         self.sessions = sessions
         self.state = state
-        self.stateAtMs = stateAtMs
+        self.stateVersion = stateVersion
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -950,7 +985,7 @@ extension ClusterMemberRecord: CMessageBridge {
         self.userID = try WireCodec.readString(c.pointee.user_id)
         self.sessions = try WireCodec.readArray(c.pointee.sessions, c.pointee.n_sessions) { try ClusterSessionRef(cStruct: $0!) }
         self.state = try WireCodec.readArray(c.pointee.state, c.pointee.n_state) { try StateItem(cStruct: $0!) }
-        self.stateAtMs = c.pointee.state_at_ms
+        self.stateVersion = c.pointee.state_version
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -958,7 +993,62 @@ extension ClusterMemberRecord: CMessageBridge {
         if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
         (c.pointee.n_sessions, c.pointee.sessions) = arena.messageArray(self.sessions)
         (c.pointee.n_state, c.pointee.state) = arena.messageArray(self.state)
-        c.pointee.state_at_ms = self.stateAtMs
+        c.pointee.state_version = self.stateVersion
+    }
+}
+
+/// `presence.cluster.v1.Departure` (proto message).
+public struct ClusterDeparture: ProtoMessage, Sendable, Hashable {
+    public var sessionID: String = ""
+    public var userID: String = ""
+    public var version: UInt64 = 0
+    public var byGateway: Bool = false
+    public var atMs: Int64 = 0
+
+    public init() {}
+
+    public init(sessionID: String = "", userID: String = "", version: UInt64 = 0, byGateway: Bool = false, atMs: Int64 = 0) {
+        self.sessionID = sessionID
+        self.userID = userID
+        self.version = version
+        self.byGateway = byGateway
+        self.atMs = atMs
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterDeparture.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterDeparture: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__Departure
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__departure__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__departure__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__departure__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__departure__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.sessionID = try WireCodec.readString(c.pointee.session_id)
+        self.userID = try WireCodec.readString(c.pointee.user_id)
+        self.version = c.pointee.version
+        self.byGateway = c.pointee.by_gateway != 0
+        self.atMs = c.pointee.at_ms
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__departure__init(c)
+        if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
+        if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
+        c.pointee.version = self.version
+        c.pointee.by_gateway = self.byGateway ? 1 : 0
+        c.pointee.at_ms = self.atMs
     }
 }
 
@@ -970,16 +1060,20 @@ public struct ClusterChannelRecord: ProtoMessage, Sendable, Hashable {
     public var full: Bool = false
     public var members: [ClusterMemberRecord] = []
     public var handoff: Bool = false
+    public var term: UInt64 = 0
+    public var departed: [ClusterDeparture] = []
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sequence: UInt64 = 0, full: Bool = false, members: [ClusterMemberRecord] = [], handoff: Bool = false) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sequence: UInt64 = 0, full: Bool = false, members: [ClusterMemberRecord] = [], handoff: Bool = false, term: UInt64 = 0, departed: [ClusterDeparture] = []) {
         self.channelName = channelName
         self.channelType = channelType
         self.sequence = sequence
         self.full = full
         self.members = members
         self.handoff = handoff
+        self.term = term
+        self.departed = departed
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1008,6 +1102,8 @@ extension ClusterChannelRecord: CMessageBridge {
         self.full = c.pointee.full != 0
         self.members = try WireCodec.readArray(c.pointee.members, c.pointee.n_members) { try ClusterMemberRecord(cStruct: $0!) }
         self.handoff = c.pointee.handoff != 0
+        self.term = c.pointee.term
+        self.departed = try WireCodec.readArray(c.pointee.departed, c.pointee.n_departed) { try ClusterDeparture(cStruct: $0!) }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1018,6 +1114,8 @@ extension ClusterChannelRecord: CMessageBridge {
         c.pointee.full = self.full ? 1 : 0
         (c.pointee.n_members, c.pointee.members) = arena.messageArray(self.members)
         c.pointee.handoff = self.handoff ? 1 : 0
+        c.pointee.term = self.term
+        (c.pointee.n_departed, c.pointee.departed) = arena.messageArray(self.departed)
     }
 }
 
@@ -1028,15 +1126,25 @@ public struct ClusterUserRecord: ProtoMessage, Sendable, Hashable {
     public var everOpened: Bool = false
     public var sessions: [ClusterHomeSession] = []
     public var watchers: [ClusterSessionRef] = []
+    public var term: UInt64 = 0
+    public var chosenVersion: UInt64 = 0
+    public var departed: [ClusterDeparture] = []
+    public var counter: UInt64 = 0
+    public var handoff: Bool = false
 
     public init() {}
 
-    public init(userID: String = "", chosen: UserStatus = UserStatus(rawValue: 0), everOpened: Bool = false, sessions: [ClusterHomeSession] = [], watchers: [ClusterSessionRef] = []) {
+    public init(userID: String = "", chosen: UserStatus = UserStatus(rawValue: 0), everOpened: Bool = false, sessions: [ClusterHomeSession] = [], watchers: [ClusterSessionRef] = [], term: UInt64 = 0, chosenVersion: UInt64 = 0, departed: [ClusterDeparture] = [], counter: UInt64 = 0, handoff: Bool = false) {
         self.userID = userID
         self.chosen = chosen
         self.everOpened = everOpened
         self.sessions = sessions
         self.watchers = watchers
+        self.term = term
+        self.chosenVersion = chosenVersion
+        self.departed = departed
+        self.counter = counter
+        self.handoff = handoff
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1064,6 +1172,11 @@ extension ClusterUserRecord: CMessageBridge {
         self.everOpened = c.pointee.ever_opened != 0
         self.sessions = try WireCodec.readArray(c.pointee.sessions, c.pointee.n_sessions) { try ClusterHomeSession(cStruct: $0!) }
         self.watchers = try WireCodec.readArray(c.pointee.watchers, c.pointee.n_watchers) { try ClusterSessionRef(cStruct: $0!) }
+        self.term = c.pointee.term
+        self.chosenVersion = c.pointee.chosen_version
+        self.departed = try WireCodec.readArray(c.pointee.departed, c.pointee.n_departed) { try ClusterDeparture(cStruct: $0!) }
+        self.counter = c.pointee.counter
+        self.handoff = c.pointee.handoff != 0
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1073,6 +1186,11 @@ extension ClusterUserRecord: CMessageBridge {
         c.pointee.ever_opened = self.everOpened ? 1 : 0
         (c.pointee.n_sessions, c.pointee.sessions) = arena.messageArray(self.sessions)
         (c.pointee.n_watchers, c.pointee.watchers) = arena.messageArray(self.watchers)
+        c.pointee.term = self.term
+        c.pointee.chosen_version = self.chosenVersion
+        (c.pointee.n_departed, c.pointee.departed) = arena.messageArray(self.departed)
+        c.pointee.counter = self.counter
+        c.pointee.handoff = self.handoff ? 1 : 0
     }
 }
 
@@ -1084,16 +1202,18 @@ public struct ClusterDelivery: ProtoMessage, Sendable, Hashable {
     public var toSessions: [String] = []
     public var framed: [UInt8] = []
     public var snapshot: Bool = false
+    public var sequence: UInt64 = 0
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), exceptSession: String = "", toSessions: [String] = [], framed: [UInt8] = [], snapshot: Bool = false) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), exceptSession: String = "", toSessions: [String] = [], framed: [UInt8] = [], snapshot: Bool = false, sequence: UInt64 = 0) {
         self.channelName = channelName
         self.channelType = channelType
         self.exceptSession = exceptSession
         self.toSessions = toSessions
         self.framed = framed
         self.snapshot = snapshot
+        self.sequence = sequence
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1122,6 +1242,7 @@ extension ClusterDelivery: CMessageBridge {
         self.toSessions = try WireCodec.readArray(c.pointee.to_sessions, c.pointee.n_to_sessions) { try WireCodec.readString($0) }
         self.framed = WireCodec.readBytes(c.pointee.framed)
         self.snapshot = c.pointee.snapshot != 0
+        self.sequence = c.pointee.sequence
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1132,6 +1253,58 @@ extension ClusterDelivery: CMessageBridge {
         (c.pointee.n_to_sessions, c.pointee.to_sessions) = arena.stringArray(self.toSessions)
         c.pointee.framed = arena.binary(self.framed)
         c.pointee.snapshot = self.snapshot ? 1 : 0
+        c.pointee.sequence = self.sequence
+    }
+}
+
+/// `presence.cluster.v1.SessionMoved` (proto message).
+public struct ClusterSessionMoved: ProtoMessage, Sendable, Hashable {
+    public var sessionID: String = ""
+    public var gateway: String = ""
+    public var gatewayBoot: UInt64 = 0
+    public var version: UInt64 = 0
+
+    public init() {}
+
+    public init(sessionID: String = "", gateway: String = "", gatewayBoot: UInt64 = 0, version: UInt64 = 0) {
+        self.sessionID = sessionID
+        self.gateway = gateway
+        self.gatewayBoot = gatewayBoot
+        self.version = version
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterSessionMoved.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterSessionMoved: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__SessionMoved
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_moved__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_moved__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_moved__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_moved__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.sessionID = try WireCodec.readString(c.pointee.session_id)
+        self.gateway = try WireCodec.readString(c.pointee.gateway)
+        self.gatewayBoot = c.pointee.gateway_boot
+        self.version = c.pointee.version
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__session_moved__init(c)
+        if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
+        if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
+        c.pointee.gateway_boot = self.gatewayBoot
+        c.pointee.version = self.version
     }
 }
 
@@ -1142,21 +1315,23 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
     public var channels: [ClusterChannelRecord] = []
     public var users: [ClusterUserRecord] = []
     public var handoffDone: Bool = false
-    public var announces: [ClusterChannelCall] = []
-    public var homeAnnounces: [ClusterHomeCall] = []
     public var ringFingerprint: UInt64 = 0
+    public var fromBoot: UInt64 = 0
+    public var toBoot: UInt64 = 0
+    public var moved: [ClusterSessionMoved] = []
 
     public init() {}
 
-    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, announces: [ClusterChannelCall] = [], homeAnnounces: [ClusterHomeCall] = [], ringFingerprint: UInt64 = 0) {
+    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = []) {
         self.fromNodeID = fromNodeID
         self.deliveries = deliveries
         self.channels = channels
         self.users = users
         self.handoffDone = handoffDone
-        self.announces = announces
-        self.homeAnnounces = homeAnnounces
         self.ringFingerprint = ringFingerprint
+        self.fromBoot = fromBoot
+        self.toBoot = toBoot
+        self.moved = moved
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1184,9 +1359,10 @@ extension ClusterPushBatch: CMessageBridge {
         self.channels = try WireCodec.readArray(c.pointee.channels, c.pointee.n_channels) { try ClusterChannelRecord(cStruct: $0!) }
         self.users = try WireCodec.readArray(c.pointee.users, c.pointee.n_users) { try ClusterUserRecord(cStruct: $0!) }
         self.handoffDone = c.pointee.handoff_done != 0
-        self.announces = try WireCodec.readArray(c.pointee.announces, c.pointee.n_announces) { try ClusterChannelCall(cStruct: $0!) }
-        self.homeAnnounces = try WireCodec.readArray(c.pointee.home_announces, c.pointee.n_home_announces) { try ClusterHomeCall(cStruct: $0!) }
         self.ringFingerprint = c.pointee.ring_fingerprint
+        self.fromBoot = c.pointee.from_boot
+        self.toBoot = c.pointee.to_boot
+        self.moved = try WireCodec.readArray(c.pointee.moved, c.pointee.n_moved) { try ClusterSessionMoved(cStruct: $0!) }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1196,9 +1372,10 @@ extension ClusterPushBatch: CMessageBridge {
         (c.pointee.n_channels, c.pointee.channels) = arena.messageArray(self.channels)
         (c.pointee.n_users, c.pointee.users) = arena.messageArray(self.users)
         c.pointee.handoff_done = self.handoffDone ? 1 : 0
-        (c.pointee.n_announces, c.pointee.announces) = arena.messageArray(self.announces)
-        (c.pointee.n_home_announces, c.pointee.home_announces) = arena.messageArray(self.homeAnnounces)
         c.pointee.ring_fingerprint = self.ringFingerprint
+        c.pointee.from_boot = self.fromBoot
+        c.pointee.to_boot = self.toBoot
+        (c.pointee.n_moved, c.pointee.moved) = arena.messageArray(self.moved)
     }
 }
 
@@ -1235,19 +1412,31 @@ extension ClusterPushAck: CMessageBridge {
     }
 }
 
-/// `presence.cluster.v1.SessionCheck` (proto message).
-public struct ClusterSessionCheck: ProtoMessage, Sendable, Hashable {
-    public var sessionIDs: [String] = []
+/// `presence.cluster.v1.DigestRequest` (proto message).
+public struct ClusterDigestRequest: ProtoMessage, Sendable, Hashable {
+    public var fromNodeID: String = ""
+    public var fromBoot: UInt64 = 0
+    public var ringFingerprint: UInt64 = 0
+    public var channelCounts: [UInt32] = []
+    public var channelSums: [UInt64] = []
+    public var homeCounts: [UInt32] = []
+    public var homeSums: [UInt64] = []
 
     public init() {}
 
-    public init(sessionIDs: [String] = []) {
-        self.sessionIDs = sessionIDs
+    public init(fromNodeID: String = "", fromBoot: UInt64 = 0, ringFingerprint: UInt64 = 0, channelCounts: [UInt32] = [], channelSums: [UInt64] = [], homeCounts: [UInt32] = [], homeSums: [UInt64] = []) {
+        self.fromNodeID = fromNodeID
+        self.fromBoot = fromBoot
+        self.ringFingerprint = ringFingerprint
+        self.channelCounts = channelCounts
+        self.channelSums = channelSums
+        self.homeCounts = homeCounts
+        self.homeSums = homeSums
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
     public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
-        self = try WireCodec.decode(ClusterSessionCheck.self, from: bytes)
+        self = try WireCodec.decode(ClusterDigestRequest.self, from: bytes)
     }
 
     /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
@@ -1256,37 +1445,53 @@ public struct ClusterSessionCheck: ProtoMessage, Sendable, Hashable {
     }
 }
 
-extension ClusterSessionCheck: CMessageBridge {
-    typealias CStruct = Presence__Cluster__V1__SessionCheck
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_check__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_check__free_unpacked(message, nil) }
-    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_check__get_packed_size(message) }
-    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_check__pack(message, out) }
+extension ClusterDigestRequest: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__DigestRequest
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__digest_request__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__digest_request__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__digest_request__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__digest_request__pack(message, out) }
 
     init(cStruct c: UnsafePointer<CStruct>) throws {
         self.init()
-        self.sessionIDs = try WireCodec.readArray(c.pointee.session_ids, c.pointee.n_session_ids) { try WireCodec.readString($0) }
+        self.fromNodeID = try WireCodec.readString(c.pointee.from_node_id)
+        self.fromBoot = c.pointee.from_boot
+        self.ringFingerprint = c.pointee.ring_fingerprint
+        self.channelCounts = try WireCodec.readArray(c.pointee.channel_counts, c.pointee.n_channel_counts) { $0 }
+        self.channelSums = try WireCodec.readArray(c.pointee.channel_sums, c.pointee.n_channel_sums) { $0 }
+        self.homeCounts = try WireCodec.readArray(c.pointee.home_counts, c.pointee.n_home_counts) { $0 }
+        self.homeSums = try WireCodec.readArray(c.pointee.home_sums, c.pointee.n_home_sums) { $0 }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
-        presence__cluster__v1__session_check__init(c)
-        (c.pointee.n_session_ids, c.pointee.session_ids) = arena.stringArray(self.sessionIDs)
+        presence__cluster__v1__digest_request__init(c)
+        if !self.fromNodeID.isEmpty { c.pointee.from_node_id = arena.cString(self.fromNodeID) }
+        c.pointee.from_boot = self.fromBoot
+        c.pointee.ring_fingerprint = self.ringFingerprint
+        (c.pointee.n_channel_counts, c.pointee.channel_counts) = arena.scalarArray(self.channelCounts)
+        (c.pointee.n_channel_sums, c.pointee.channel_sums) = arena.scalarArray(self.channelSums)
+        (c.pointee.n_home_counts, c.pointee.home_counts) = arena.scalarArray(self.homeCounts)
+        (c.pointee.n_home_sums, c.pointee.home_sums) = arena.scalarArray(self.homeSums)
     }
 }
 
-/// `presence.cluster.v1.SessionCheckResult` (proto message).
-public struct ClusterSessionCheckResult: ProtoMessage, Sendable, Hashable {
-    public var liveSessionIDs: [String] = []
+/// `presence.cluster.v1.DigestResponse` (proto message).
+public struct ClusterDigestResponse: ProtoMessage, Sendable, Hashable {
+    public var channelBuckets: [UInt32] = []
+    public var homeBuckets: [UInt32] = []
+    public var ringMismatch: Bool = false
 
     public init() {}
 
-    public init(liveSessionIDs: [String] = []) {
-        self.liveSessionIDs = liveSessionIDs
+    public init(channelBuckets: [UInt32] = [], homeBuckets: [UInt32] = [], ringMismatch: Bool = false) {
+        self.channelBuckets = channelBuckets
+        self.homeBuckets = homeBuckets
+        self.ringMismatch = ringMismatch
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
     public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
-        self = try WireCodec.decode(ClusterSessionCheckResult.self, from: bytes)
+        self = try WireCodec.decode(ClusterDigestResponse.self, from: bytes)
     }
 
     /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
@@ -1295,21 +1500,443 @@ public struct ClusterSessionCheckResult: ProtoMessage, Sendable, Hashable {
     }
 }
 
-extension ClusterSessionCheckResult: CMessageBridge {
-    typealias CStruct = Presence__Cluster__V1__SessionCheckResult
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_check_result__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_check_result__free_unpacked(message, nil) }
-    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_check_result__get_packed_size(message) }
-    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_check_result__pack(message, out) }
+extension ClusterDigestResponse: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__DigestResponse
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__digest_response__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__digest_response__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__digest_response__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__digest_response__pack(message, out) }
 
     init(cStruct c: UnsafePointer<CStruct>) throws {
         self.init()
-        self.liveSessionIDs = try WireCodec.readArray(c.pointee.live_session_ids, c.pointee.n_live_session_ids) { try WireCodec.readString($0) }
+        self.channelBuckets = try WireCodec.readArray(c.pointee.channel_buckets, c.pointee.n_channel_buckets) { $0 }
+        self.homeBuckets = try WireCodec.readArray(c.pointee.home_buckets, c.pointee.n_home_buckets) { $0 }
+        self.ringMismatch = c.pointee.ring_mismatch != 0
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
-        presence__cluster__v1__session_check_result__init(c)
-        (c.pointee.n_live_session_ids, c.pointee.live_session_ids) = arena.stringArray(self.liveSessionIDs)
+        presence__cluster__v1__digest_response__init(c)
+        (c.pointee.n_channel_buckets, c.pointee.channel_buckets) = arena.scalarArray(self.channelBuckets)
+        (c.pointee.n_home_buckets, c.pointee.home_buckets) = arena.scalarArray(self.homeBuckets)
+        c.pointee.ring_mismatch = self.ringMismatch ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.ChannelFact` (proto message).
+public struct ClusterChannelFact: ProtoMessage, Sendable, Hashable {
+    public var channelName: String = ""
+    public var channelType: ChannelType = ChannelType(rawValue: 0)
+    public var session: ClusterSessionRef? = nil
+    public var state: [StateItem] = []
+    public var stateVersion: UInt64 = 0
+
+    public init() {}
+
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), session: ClusterSessionRef? = nil, state: [StateItem] = [], stateVersion: UInt64 = 0) {
+        self.channelName = channelName
+        self.channelType = channelType
+        self.session = session
+        self.state = state
+        self.stateVersion = stateVersion
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterChannelFact.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterChannelFact: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ChannelFact
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_fact__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_fact__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_fact__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_fact__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.channelName = try WireCodec.readString(c.pointee.channel_name)
+        self.channelType = ChannelType(rawValue: Int32(truncatingIfNeeded: c.pointee.channel_type.rawValue))
+        if let sub = c.pointee.session { self.session = try ClusterSessionRef(cStruct: sub) }
+        self.state = try WireCodec.readArray(c.pointee.state, c.pointee.n_state) { try StateItem(cStruct: $0!) }
+        self.stateVersion = c.pointee.state_version
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__channel_fact__init(c)
+        if !self.channelName.isEmpty { c.pointee.channel_name = arena.cString(self.channelName) }
+        c.pointee.channel_type = .init(rawValue: .init(truncatingIfNeeded: self.channelType.rawValue))
+        if let sub = self.session { c.pointee.session = arena.message(sub) }
+        (c.pointee.n_state, c.pointee.state) = arena.messageArray(self.state)
+        c.pointee.state_version = self.stateVersion
+    }
+}
+
+/// `presence.cluster.v1.HomeFact` (proto message).
+public struct ClusterHomeFact: ProtoMessage, Sendable, Hashable {
+    public var userID: String = ""
+    public var session: ClusterHomeSession? = nil
+    public var watcher: Bool = false
+
+    public init() {}
+
+    public init(userID: String = "", session: ClusterHomeSession? = nil, watcher: Bool = false) {
+        self.userID = userID
+        self.session = session
+        self.watcher = watcher
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterHomeFact.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterHomeFact: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__HomeFact
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_fact__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_fact__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_fact__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_fact__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.userID = try WireCodec.readString(c.pointee.user_id)
+        if let sub = c.pointee.session { self.session = try ClusterHomeSession(cStruct: sub) }
+        self.watcher = c.pointee.watcher != 0
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__home_fact__init(c)
+        if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
+        if let sub = self.session { c.pointee.session = arena.message(sub) }
+        c.pointee.watcher = self.watcher ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.ExchangeRequest` (proto message).
+public struct ClusterExchangeRequest: ProtoMessage, Sendable, Hashable {
+    public var fromNodeID: String = ""
+    public var fromBoot: UInt64 = 0
+    public var ringFingerprint: UInt64 = 0
+    public var channelBuckets: [UInt32] = []
+    public var homeBuckets: [UInt32] = []
+    public var channelFacts: [ClusterChannelFact] = []
+    public var homeFacts: [ClusterHomeFact] = []
+
+    public init() {}
+
+    public init(fromNodeID: String = "", fromBoot: UInt64 = 0, ringFingerprint: UInt64 = 0, channelBuckets: [UInt32] = [], homeBuckets: [UInt32] = [], channelFacts: [ClusterChannelFact] = [], homeFacts: [ClusterHomeFact] = []) {
+        self.fromNodeID = fromNodeID
+        self.fromBoot = fromBoot
+        self.ringFingerprint = ringFingerprint
+        self.channelBuckets = channelBuckets
+        self.homeBuckets = homeBuckets
+        self.channelFacts = channelFacts
+        self.homeFacts = homeFacts
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterExchangeRequest.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterExchangeRequest: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ExchangeRequest
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__exchange_request__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__exchange_request__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__exchange_request__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__exchange_request__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.fromNodeID = try WireCodec.readString(c.pointee.from_node_id)
+        self.fromBoot = c.pointee.from_boot
+        self.ringFingerprint = c.pointee.ring_fingerprint
+        self.channelBuckets = try WireCodec.readArray(c.pointee.channel_buckets, c.pointee.n_channel_buckets) { $0 }
+        self.homeBuckets = try WireCodec.readArray(c.pointee.home_buckets, c.pointee.n_home_buckets) { $0 }
+        self.channelFacts = try WireCodec.readArray(c.pointee.channel_facts, c.pointee.n_channel_facts) { try ClusterChannelFact(cStruct: $0!) }
+        self.homeFacts = try WireCodec.readArray(c.pointee.home_facts, c.pointee.n_home_facts) { try ClusterHomeFact(cStruct: $0!) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__exchange_request__init(c)
+        if !self.fromNodeID.isEmpty { c.pointee.from_node_id = arena.cString(self.fromNodeID) }
+        c.pointee.from_boot = self.fromBoot
+        c.pointee.ring_fingerprint = self.ringFingerprint
+        (c.pointee.n_channel_buckets, c.pointee.channel_buckets) = arena.scalarArray(self.channelBuckets)
+        (c.pointee.n_home_buckets, c.pointee.home_buckets) = arena.scalarArray(self.homeBuckets)
+        (c.pointee.n_channel_facts, c.pointee.channel_facts) = arena.messageArray(self.channelFacts)
+        (c.pointee.n_home_facts, c.pointee.home_facts) = arena.messageArray(self.homeFacts)
+    }
+}
+
+/// `presence.cluster.v1.KeySession` (proto message).
+public struct ClusterKeySession: ProtoMessage, Sendable, Hashable {
+    public var channelName: String = ""
+    public var channelType: ChannelType = ChannelType(rawValue: 0)
+    public var userID: String = ""
+    public var sessionID: String = ""
+    public var version: UInt64 = 0
+    public var gateway: String = ""
+    public var gatewayBoot: UInt64 = 0
+
+    public init() {}
+
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), userID: String = "", sessionID: String = "", version: UInt64 = 0, gateway: String = "", gatewayBoot: UInt64 = 0) {
+        self.channelName = channelName
+        self.channelType = channelType
+        self.userID = userID
+        self.sessionID = sessionID
+        self.version = version
+        self.gateway = gateway
+        self.gatewayBoot = gatewayBoot
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterKeySession.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterKeySession: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__KeySession
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__key_session__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__key_session__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__key_session__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__key_session__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.channelName = try WireCodec.readString(c.pointee.channel_name)
+        self.channelType = ChannelType(rawValue: Int32(truncatingIfNeeded: c.pointee.channel_type.rawValue))
+        self.userID = try WireCodec.readString(c.pointee.user_id)
+        self.sessionID = try WireCodec.readString(c.pointee.session_id)
+        self.version = c.pointee.version
+        self.gateway = try WireCodec.readString(c.pointee.gateway)
+        self.gatewayBoot = c.pointee.gateway_boot
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__key_session__init(c)
+        if !self.channelName.isEmpty { c.pointee.channel_name = arena.cString(self.channelName) }
+        c.pointee.channel_type = .init(rawValue: .init(truncatingIfNeeded: self.channelType.rawValue))
+        if !self.userID.isEmpty { c.pointee.user_id = arena.cString(self.userID) }
+        if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
+        c.pointee.version = self.version
+        if !self.gateway.isEmpty { c.pointee.gateway = arena.cString(self.gateway) }
+        c.pointee.gateway_boot = self.gatewayBoot
+    }
+}
+
+/// `presence.cluster.v1.StateCorrection` (proto message).
+public struct ClusterStateCorrection: ProtoMessage, Sendable, Hashable {
+    public var channelName: String = ""
+    public var channelType: ChannelType = ChannelType(rawValue: 0)
+    public var sessionID: String = ""
+    public var state: [StateItem] = []
+    public var stateVersion: UInt64 = 0
+
+    public init() {}
+
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sessionID: String = "", state: [StateItem] = [], stateVersion: UInt64 = 0) {
+        self.channelName = channelName
+        self.channelType = channelType
+        self.sessionID = sessionID
+        self.state = state
+        self.stateVersion = stateVersion
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterStateCorrection.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterStateCorrection: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__StateCorrection
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__state_correction__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__state_correction__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__state_correction__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__state_correction__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.channelName = try WireCodec.readString(c.pointee.channel_name)
+        self.channelType = ChannelType(rawValue: Int32(truncatingIfNeeded: c.pointee.channel_type.rawValue))
+        self.sessionID = try WireCodec.readString(c.pointee.session_id)
+        self.state = try WireCodec.readArray(c.pointee.state, c.pointee.n_state) { try StateItem(cStruct: $0!) }
+        self.stateVersion = c.pointee.state_version
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__state_correction__init(c)
+        if !self.channelName.isEmpty { c.pointee.channel_name = arena.cString(self.channelName) }
+        c.pointee.channel_type = .init(rawValue: .init(truncatingIfNeeded: self.channelType.rawValue))
+        if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
+        (c.pointee.n_state, c.pointee.state) = arena.messageArray(self.state)
+        c.pointee.state_version = self.stateVersion
+    }
+}
+
+/// `presence.cluster.v1.ExchangeResponse` (proto message).
+public struct ClusterExchangeResponse: ProtoMessage, Sendable, Hashable {
+    public var suspects: [ClusterKeySession] = []
+    public var superseded: [ClusterKeySession] = []
+    public var corrections: [ClusterStateCorrection] = []
+    public var ringMismatch: Bool = false
+
+    public init() {}
+
+    public init(suspects: [ClusterKeySession] = [], superseded: [ClusterKeySession] = [], corrections: [ClusterStateCorrection] = [], ringMismatch: Bool = false) {
+        self.suspects = suspects
+        self.superseded = superseded
+        self.corrections = corrections
+        self.ringMismatch = ringMismatch
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterExchangeResponse.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterExchangeResponse: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ExchangeResponse
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__exchange_response__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__exchange_response__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__exchange_response__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__exchange_response__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.suspects = try WireCodec.readArray(c.pointee.suspects, c.pointee.n_suspects) { try ClusterKeySession(cStruct: $0!) }
+        self.superseded = try WireCodec.readArray(c.pointee.superseded, c.pointee.n_superseded) { try ClusterKeySession(cStruct: $0!) }
+        self.corrections = try WireCodec.readArray(c.pointee.corrections, c.pointee.n_corrections) { try ClusterStateCorrection(cStruct: $0!) }
+        self.ringMismatch = c.pointee.ring_mismatch != 0
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__exchange_response__init(c)
+        (c.pointee.n_suspects, c.pointee.suspects) = arena.messageArray(self.suspects)
+        (c.pointee.n_superseded, c.pointee.superseded) = arena.messageArray(self.superseded)
+        (c.pointee.n_corrections, c.pointee.corrections) = arena.messageArray(self.corrections)
+        c.pointee.ring_mismatch = self.ringMismatch ? 1 : 0
+    }
+}
+
+/// `presence.cluster.v1.ConfirmRequest` (proto message).
+public struct ClusterConfirmRequest: ProtoMessage, Sendable, Hashable {
+    public var fromNodeID: String = ""
+    public var fromBoot: UInt64 = 0
+    public var gone: [ClusterKeySession] = []
+    public var moved: [ClusterKeySession] = []
+
+    public init() {}
+
+    public init(fromNodeID: String = "", fromBoot: UInt64 = 0, gone: [ClusterKeySession] = [], moved: [ClusterKeySession] = []) {
+        self.fromNodeID = fromNodeID
+        self.fromBoot = fromBoot
+        self.gone = gone
+        self.moved = moved
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterConfirmRequest.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterConfirmRequest: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ConfirmRequest
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__confirm_request__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__confirm_request__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__confirm_request__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__confirm_request__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.fromNodeID = try WireCodec.readString(c.pointee.from_node_id)
+        self.fromBoot = c.pointee.from_boot
+        self.gone = try WireCodec.readArray(c.pointee.gone, c.pointee.n_gone) { try ClusterKeySession(cStruct: $0!) }
+        self.moved = try WireCodec.readArray(c.pointee.moved, c.pointee.n_moved) { try ClusterKeySession(cStruct: $0!) }
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__confirm_request__init(c)
+        if !self.fromNodeID.isEmpty { c.pointee.from_node_id = arena.cString(self.fromNodeID) }
+        c.pointee.from_boot = self.fromBoot
+        (c.pointee.n_gone, c.pointee.gone) = arena.messageArray(self.gone)
+        (c.pointee.n_moved, c.pointee.moved) = arena.messageArray(self.moved)
+    }
+}
+
+/// `presence.cluster.v1.ConfirmResponse` (proto message).
+public struct ClusterConfirmResponse: ProtoMessage, Sendable, Hashable {
+
+    public init() {
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterConfirmResponse.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterConfirmResponse: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__ConfirmResponse
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__confirm_response__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__confirm_response__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__confirm_response__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__confirm_response__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__confirm_response__init(c)
     }
 }
 
@@ -1328,7 +1955,9 @@ public enum PeerPresenceMethods {
     public static let channel = MethodDescriptor<ClusterChannelCall, ClusterChannelResult>(path: "/presence.cluster.v1.PeerPresence/Channel", kind: .unary)
     public static let home = MethodDescriptor<ClusterHomeCall, ClusterHomeResult>(path: "/presence.cluster.v1.PeerPresence/Home", kind: .unary)
     public static let push = MethodDescriptor<ClusterPushBatch, ClusterPushAck>(path: "/presence.cluster.v1.PeerPresence/Push", kind: .unary)
-    public static let checkSessions = MethodDescriptor<ClusterSessionCheck, ClusterSessionCheckResult>(path: "/presence.cluster.v1.PeerPresence/CheckSessions", kind: .unary)
-    public static let allPaths: [String] = ["/presence.cluster.v1.PeerPresence/Channel", "/presence.cluster.v1.PeerPresence/Home", "/presence.cluster.v1.PeerPresence/Push", "/presence.cluster.v1.PeerPresence/CheckSessions"]
+    public static let digest = MethodDescriptor<ClusterDigestRequest, ClusterDigestResponse>(path: "/presence.cluster.v1.PeerPresence/Digest", kind: .unary)
+    public static let exchange = MethodDescriptor<ClusterExchangeRequest, ClusterExchangeResponse>(path: "/presence.cluster.v1.PeerPresence/Exchange", kind: .unary)
+    public static let confirm = MethodDescriptor<ClusterConfirmRequest, ClusterConfirmResponse>(path: "/presence.cluster.v1.PeerPresence/Confirm", kind: .unary)
+    public static let allPaths: [String] = ["/presence.cluster.v1.PeerPresence/Channel", "/presence.cluster.v1.PeerPresence/Home", "/presence.cluster.v1.PeerPresence/Push", "/presence.cluster.v1.PeerPresence/Digest", "/presence.cluster.v1.PeerPresence/Exchange", "/presence.cluster.v1.PeerPresence/Confirm"]
 }
 

@@ -1,0 +1,456 @@
+import PresenceCore
+
+/// A key's replicated value, as `Keyspace` keeps it: a channel (`ChannelMachine`) or a user's home
+/// record (`HomeRecord`). The value holds the rules of what it is; the keyspace holds who owns it,
+/// its copies, and what to do when the ring changes, a copy arrives, a gateway is gone or says
+/// what it holds.
+public protocol ReplicatedValue: Sendable {
+    associatedtype Key: Hashable & Comparable & Sendable
+    /// What replicas and new owners receive: the whole value or the part that changed.
+    associatedtype Copy: Sendable
+    /// Events the value makes, already addressed.
+    associatedtype Output: Sendable
+    /// What a gateway says it holds for one session in this key (anti-entropy).
+    associatedtype GatewayFact: Sendable
+    /// What an owner tells a gateway that holds an older word than its own (anti-entropy).
+    associatedtype Correction: Sendable
+
+    static func ringHash(of key: Key) -> UInt64
+    static func key(of copy: Copy) -> Key
+    static func isFull(_ copy: Copy) -> Bool
+    static func isHandoff(_ copy: Copy) -> Bool
+    static func term(of copy: Copy) -> UInt64
+
+    var isEmpty: Bool { get }
+    var term: UInt64 { get }
+    /// The processes where this value's sessions (and watchers) live.
+    var sinks: Set<NodeInstance> { get }
+
+    /// A new owner's first act: a lineage of versions above every earlier one.
+    mutating func startLineage(now: Int64)
+    /// The whole value as copies (the first replaces whatever the receiver held).
+    func fullCopies(handoff: Bool) -> [Copy]
+    /// A replica applies a copy from the owner, silently.
+    mutating func install(_ copy: Copy)
+    /// The owner merges another version of the value; the events it makes.
+    mutating func merge(_ copy: Copy, isLive: (NodeInstance) -> Bool, now: Int64) -> [Output]
+    /// This node became the owner (the previous one died or handed it off): events may have been
+    /// lost on the way, so everyone following gets a fresh start (SNAPSHOTs).
+    mutating func tookOver(now: Int64) -> [Output]
+    /// The sessions and watchers at `sink` time out (their gateway is gone).
+    mutating func timeOut(at sink: NodeInstance, now: Int64) -> [Output]
+    /// Pushes to `node` may have been lost: fresh starts for whoever follows there.
+    mutating func restart(followersAt node: String, now: Int64) -> [Output]
+
+    /// Hashes of the facts of this value whose session lives at `sink` (anti-entropy digests);
+    /// a gateway computes the same hashes from what it holds.
+    func factHashes(at sink: NodeInstance) -> [UInt64]
+    /// Reconciles what the gateway at `sink` holds here with this value.
+    mutating func reconcile(_ facts: [GatewayFact], from sink: NodeInstance, now: Int64) -> Reconciliation<Output, Correction>
+    /// The gateway at `sink` confirmed it no longer holds `session` here, as of its `version`.
+    mutating func removeGone(_ session: SessionID, at sink: NodeInstance, version: UInt64, now: Int64) -> [Output]
+    /// The session left the gateway at `sink` for `to` (its client resumed it there).
+    mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output]
+}
+
+/// What reconciling one key with a gateway's facts did.
+public struct Reconciliation<Output: Sendable, Correction: Sendable>: Sendable {
+    public var outputs: [Output] = []
+    /// Sessions this owner places at the gateway that the gateway did not mention.
+    public var suspects: [SessionID] = []
+    /// Sessions the gateway holds under an epoch older than one this owner knows.
+    public var superseded: [SessionID: UInt64] = [:]
+    public var corrections: [Correction] = []
+    public init() {}
+}
+
+/// The rules of a replicated keyspace (channels, or user homes), as one plain value
+/// (RELIABILITY.md, "Replicated keyspace rules are one pure core"): which keys this node owns and
+/// which copies it holds, what moves when the ring changes, which sessions are orphans (their
+/// gateway's process is gone) and when they time out, and how copies and gateways' words are
+/// merged. Inputs are the ring, copies, gateway facts and clock readings; outputs are `Effect`s
+/// and values' events, which the shard actor carries out. Nothing here does I/O.
+public struct Keyspace<V: ReplicatedValue>: Sendable {
+    public let me: String
+    public let replicationFactor: Int
+    /// How long sessions of a gone gateway wait for their client to resume them elsewhere (ns).
+    public let presenceTimeout: UInt64
+    private let make: @Sendable (V.Key) -> V
+
+    public private(set) var ring: HashRing
+    public private(set) var owned: [V.Key: V] = [:]
+    public private(set) var copies: [V.Key: V] = [:]
+    /// When each gone process was first seen gone (monotonic ns): its sessions time out a
+    /// presence timeout later, unless it comes back.
+    public private(set) var goneSince: [NodeInstance: UInt64] = [:]
+    /// Owned keys that may hold sessions of a gone process.
+    public private(set) var orphanKeys: Set<V.Key> = []
+    /// Set once this node has handed everything off before leaving: it owns nothing any more.
+    public private(set) var leaving = false
+
+    /// Something for the shard to do.
+    public enum Effect: Sendable {
+        /// Send a copy to a node; `replica`: the call being answered waits until it arrived.
+        case send(V.Copy, to: String, replica: Bool)
+        /// Carry out these events.
+        case deliver([V.Output])
+    }
+
+    public init(me: String, replicationFactor: Int, presenceTimeout: UInt64, ring: HashRing? = nil,
+                make: @escaping @Sendable (V.Key) -> V) {
+        self.me = me
+        self.replicationFactor = max(1, replicationFactor)
+        self.presenceTimeout = presenceTimeout
+        self.make = make
+        self.ring = ring ?? HashRing(members: [me])
+    }
+
+    // MARK: Ownership
+
+    /// Whether the ring makes this node the key's owner (and it has not left).
+    public func isOwner(_ key: V.Key) -> Bool {
+        !leaving && ring.owner(ofHash: V.ringHash(of: key)) ?? me == me
+    }
+
+    /// The key's replicas under the current ring (owner excluded).
+    public func replicas(of key: V.Key) -> [String] {
+        guard replicationFactor > 1, ring.members.count > 1 else { return [] }
+        return ring.owners(ofHash: V.ringHash(of: key), count: replicationFactor).filter { $0 != me }
+    }
+
+    /// Whether the process a session lives at is live on the current ring.
+    public func isLive(_ sink: NodeInstance) -> Bool { ring.isLive(sink.id, boot: sink.boot) }
+
+    public subscript(owned key: V.Key) -> V? { owned[key] }
+
+    /// Runs an owner's call on the key's value (created, with a new lineage, when `create` and it
+    /// does not exist); drops the value once it is empty. Nil when the value does not exist.
+    public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
+                                      _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        if owned[key] == nil {
+            guard create else { return nil }
+            var v = make(key)
+            v.startLineage(now: now)
+            owned[key] = v
+        }
+        let result: R
+        do {
+            result = try body(&owned[key]!)
+        } catch {
+            if owned[key]!.isEmpty { owned[key] = nil }
+            throw error
+        }
+        if owned[key]!.isEmpty { owned[key] = nil }
+        return result
+    }
+
+    /// Notes that an owned key now has a session at `sink` (it may be a gone process).
+    public mutating func placed(_ key: V.Key, at sink: NodeInstance, now: UInt64) {
+        guard !isLive(sink), owned[key] != nil else { return }
+        orphanKeys.insert(key)
+        if goneSince[sink] == nil { goneSince[sink] = now }
+    }
+
+    /// Copies of a changed key for its replicas (the call answers once they arrived).
+    public func replicate(_ copy: V.Copy) -> [Effect] {
+        replicas(of: V.key(of: copy)).map { .send(copy, to: $0, replica: true) }
+    }
+
+    private func sendAll(_ v: V, to node: String, handoff: Bool, replica: Bool = false) -> [Effect] {
+        v.fullCopies(handoff: handoff).map { .send($0, to: node, replica: replica) }
+    }
+
+    // MARK: Ring changes
+
+    /// The ring changed (members, or their processes): hand off what moved away, take over copies
+    /// this node now owns (their followers get a fresh start), bring new replicas up to date, and
+    /// note which processes are gone from when. A restarted member must be passed as two changes:
+    /// without it, then with its new process.
+    public mutating func ringChanged(to new: HashRing, now: UInt64, wall: Int64) -> [Effect] {
+        let old = ring
+        ring = new
+        for id in old.members where !new.isLive(id, boot: old.boot(of: id)) {
+            let gone = NodeInstance(id, boot: old.boot(of: id))
+            if goneSince[gone] == nil { goneSince[gone] = now }
+        }
+        goneSince = goneSince.filter { !new.isLive($0.key.id, boot: $0.key.boot) }
+        guard !leaving else { return [] }
+        var out: [Effect] = []
+        for (key, v) in owned.sorted(by: { $0.key < $1.key }) {
+            switch RingMove.owned(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
+            case .handOff(let newOwner, let keepCopy):
+                out += sendAll(v, to: newOwner, handoff: true)
+                owned[key] = nil
+                orphanKeys.remove(key)
+                if keepCopy { copies[key] = v }
+            case .keep(let newReplicas):
+                for r in newReplicas { out += sendAll(v, to: r, handoff: false) }
+            }
+        }
+        for (key, v) in copies.sorted(by: { $0.key < $1.key }) {
+            switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
+            case .takeOver(_, let newReplicas):
+                copies[key] = nil
+                var value = v
+                value.startLineage(now: wall)
+                let events = value.tookOver(now: wall)
+                if !value.isEmpty { owned[key] = value }
+                if !events.isEmpty { out.append(.deliver(events)) }
+                for r in newReplicas { out += sendAll(value, to: r, handoff: false) }
+            case .keep:
+                break
+            case .drop:
+                copies[key] = nil
+            }
+        }
+        findOrphans(now: now)
+        return out
+    }
+
+    /// Scans the owned keys for sessions of processes that are not live.
+    private mutating func findOrphans(now: UInt64) {
+        orphanKeys = []
+        for (key, v) in owned {
+            for sink in v.sinks where !isLive(sink) {
+                orphanKeys.insert(key)
+                if goneSince[sink] == nil { goneSince[sink] = now }
+            }
+        }
+    }
+
+    /// Graceful leave: every owned key goes to its owner on `ring` (the ring without this node);
+    /// from now on this node owns nothing, so no acknowledged change can land only here.
+    public mutating func handOffAll(to ring: HashRing) -> [Effect] {
+        var out: [Effect] = []
+        for (key, v) in owned.sorted(by: { $0.key < $1.key }) {
+            guard let owner = ring.owner(ofHash: V.ringHash(of: key)), owner != me else { continue }
+            out += sendAll(v, to: owner, handoff: true)
+        }
+        leaving = true
+        copies.merge(owned) { _, mine in mine }
+        owned = [:]
+        orphanKeys = []
+        return out
+    }
+
+    // MARK: Copies
+
+    /// A copy from another node: its owner's change (this node is a replica), a handoff from its
+    /// previous owner, or another version of a key this node owns (merged). Stale copies — from an
+    /// owner superseded by a later lineage — change nothing.
+    public mutating func received(_ copy: V.Copy, now: UInt64, wall: Int64) -> [Effect] {
+        let key = V.key(of: copy)
+        if owned[key] != nil {
+            let events = owned[key]!.merge(copy, isLive: isLive, now: wall)
+            let v = owned[key]!
+            if v.isEmpty { owned[key] = nil }
+            noteOrphans(key, now: now)
+            var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
+            if !events.isEmpty || V.isHandoff(copy) {
+                for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false) }
+            }
+            return out
+        }
+        if isOwner(key) && !leaving {
+            // this node owns the key and holds nothing of it yet: a handoff (or a copy from a
+            // node that still thinks it owns it) starts it; only a whole copy can
+            guard V.isFull(copy) else { return [] }
+            var v = copies.removeValue(forKey: key) ?? make(key)
+            v.install(copy)
+            v.startLineage(now: wall)
+            let events = v.tookOver(now: wall)
+            if !v.isEmpty { owned[key] = v }
+            noteOrphans(key, now: now)
+            var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
+            for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false) }
+            return out
+        }
+        // a replica copy
+        if let held = copies[key], V.term(of: copy) < held.term { return [] }  // from a superseded owner
+        if V.isFull(copy) {
+            var v = make(key)
+            v.install(copy)
+            copies[key] = v.isEmpty ? nil : v
+        } else if copies[key] != nil {
+            copies[key]!.install(copy)
+            if copies[key]!.isEmpty { copies[key] = nil }
+        }
+        return []
+    }
+
+    private mutating func noteOrphans(_ key: V.Key, now: UInt64) {
+        guard let v = owned[key] else { return }
+        for sink in v.sinks where !isLive(sink) {
+            orphanKeys.insert(key)
+            if goneSince[sink] == nil { goneSince[sink] = now }
+        }
+    }
+
+    // MARK: Orphans
+
+    /// When the next orphan is due (monotonic ns), if any.
+    public var nextOrphanDeadline: UInt64? {
+        guard !orphanKeys.isEmpty else { return nil }
+        var next: UInt64? = nil
+        for key in orphanKeys {
+            guard let v = owned[key] else { continue }
+            for sink in v.sinks where !isLive(sink) {
+                let d = (goneSince[sink] ?? 0) &+ presenceTimeout
+                next = min(next ?? d, d)
+            }
+        }
+        return next
+    }
+
+    /// Times out the sessions of processes gone for a presence timeout (unless they came back or
+    /// moved meanwhile); their replicas learn it.
+    public mutating func sweep(now: UInt64, wall: Int64) -> [Effect] {
+        var out: [Effect] = []
+        for key in orphanKeys.sorted() {
+            guard var v = owned[key] else {
+                orphanKeys.remove(key)
+                continue
+            }
+            var events: [V.Output] = []
+            var waiting = false
+            for sink in v.sinks.sorted() where !isLive(sink) {
+                let since = goneSince[sink] ?? now
+                if goneSince[sink] == nil { goneSince[sink] = now }
+                if now >= since &+ presenceTimeout {
+                    events += v.timeOut(at: sink, now: wall)
+                } else {
+                    waiting = true
+                }
+            }
+            if !waiting { orphanKeys.remove(key) }
+            guard !events.isEmpty else { continue }
+            owned[key] = v.isEmpty ? nil : v
+            out.append(.deliver(events))
+            for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, replica: false) }
+        }
+        return out
+    }
+
+    /// Pushes to `node` may have been lost (its queue was dropped or shed): everyone following an
+    /// owned key there gets a fresh start.
+    public mutating func restart(followersAt node: String, wall: Int64) -> [Effect] {
+        var events: [V.Output] = []
+        for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { $0.id == node }) {
+            events += owned[key]!.restart(followersAt: node, now: wall)
+        }
+        return events.isEmpty ? [] : [.deliver(events)]
+    }
+
+    // MARK: Anti-entropy (owner side)
+
+    /// This owner's digest of what it places at the gateway `sink`, bucketed like the gateway's.
+    public func digest(of sink: NodeInstance) -> FactDigest {
+        var d = FactDigest()
+        for (key, v) in owned {
+            let h = V.ringHash(of: key)
+            for f in v.factHashes(at: sink) { d.add(keyHash: h, fact: f) }
+        }
+        return d
+    }
+
+    /// Reconciles the facts a gateway sent for `buckets`: every owned key in those buckets with a
+    /// session there, and every key the gateway mentions that this node owns.
+    public mutating func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [V.Key: [V.GatewayFact]],
+                                   now: UInt64, wall: Int64) -> (effects: [Effect], results: [V.Key: Reconciliation<V.Output, V.Correction>]) {
+        var keys = Set(facts.keys.filter { isOwner($0) })
+        for (key, v) in owned where buckets.contains(FactDigest.bucket(V.ringHash(of: key))) && v.sinks.contains(sink) {
+            keys.insert(key)
+        }
+        var effects: [Effect] = []
+        var results: [V.Key: Reconciliation<V.Output, V.Correction>] = [:]
+        for key in keys.sorted() {
+            let given = facts[key] ?? []
+            var r = Reconciliation<V.Output, V.Correction>()
+            _ = try? withOwned(key, create: !given.isEmpty, now: wall) { v in r = v.reconcile(given, from: sink, now: wall) }
+            if !r.outputs.isEmpty {
+                effects.append(.deliver(r.outputs))
+                if let v = owned[key] {
+                    for rep in replicas(of: key) { effects += sendAll(v, to: rep, handoff: false) }
+                }
+                r.outputs = []
+            }
+            results[key] = r
+        }
+        return (effects, results)
+    }
+
+    /// The gateway at `sink` confirmed which suspects it does not hold (as of each one's version)
+    /// and which of them moved to another gateway.
+    public mutating func confirmed(from sink: NodeInstance, gone: [(V.Key, SessionID, UInt64)],
+                                   moved: [(V.Key, SessionID, NodeInstance, UInt64)], now: UInt64, wall: Int64) -> [Effect] {
+        var effects: [Effect] = []
+        var touched = Set<V.Key>()
+        for (key, session, to, version) in moved where owned[key] != nil {
+            let events = owned[key]!.moved(session, from: sink, to: to, version: version, now: wall)
+            if !events.isEmpty { effects.append(.deliver(events)) }
+            touched.insert(key)
+            noteOrphans(key, now: now)
+        }
+        for (key, session, version) in gone where owned[key] != nil {
+            let events = owned[key]!.removeGone(session, at: sink, version: version, now: wall)
+            if !events.isEmpty { effects.append(.deliver(events)) }
+            touched.insert(key)
+            if owned[key]!.isEmpty { owned[key] = nil }
+        }
+        for key in touched.sorted() {
+            guard let v = owned[key] else { continue }
+            for r in replicas(of: key) { effects += sendAll(v, to: r, handoff: false) }
+        }
+        return effects
+    }
+}
+
+/// Digests of (key, fact) hashes in 64 buckets by key position: a gateway and an owner that hold
+/// the same facts compute the same digest, and a mismatch names the buckets to exchange.
+public struct FactDigest: Sendable, Equatable {
+    public static let buckets = 64
+    public private(set) var counts = [UInt32](repeating: 0, count: FactDigest.buckets)
+    public private(set) var sums = [UInt64](repeating: 0, count: FactDigest.buckets)
+
+    public init() {}
+    public init(counts: [UInt32], sums: [UInt64]) {
+        guard counts.count == Self.buckets, sums.count == Self.buckets else { return }
+        self.counts = counts
+        self.sums = sums
+    }
+
+    public static func bucket(_ keyHash: UInt64) -> Int { Int(keyHash >> 58) }
+
+    public mutating func add(keyHash: UInt64, fact: UInt64) {
+        let b = Self.bucket(keyHash)
+        counts[b] &+= 1
+        sums[b] &+= Self.mix(keyHash ^ fact)
+    }
+
+    /// Adds another digest's facts (of other keys) to this one.
+    public mutating func add(_ other: FactDigest) {
+        for i in 0..<Self.buckets {
+            counts[i] &+= other.counts[i]
+            sums[i] &+= other.sums[i]
+        }
+    }
+
+    /// Buckets whose digests differ.
+    public func mismatches(_ other: FactDigest) -> Set<Int> {
+        Set((0..<Self.buckets).filter { counts[$0] != other.counts[$0] || sums[$0] != other.sums[$0] })
+    }
+
+    static func mix(_ x: UInt64) -> UInt64 {
+        var z = x &+ 0x9e37_79b9_7f4a_7c15
+        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
+        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
+        return z ^ (z >> 31)
+    }
+
+    /// One fact's hash from its parts (both sides hash the same fields in the same order).
+    public static func hash(_ parts: UInt64...) -> UInt64 {
+        var h: UInt64 = 0x243f_6a88_85a3_08d3
+        for p in parts { h = mix(h ^ p) }
+        return h
+    }
+}

@@ -1,0 +1,211 @@
+import PresenceCore
+import PresenceWire
+
+/// What a gateway holds for one of its sessions in one channel (anti-entropy): the session's
+/// membership there, and the user's state there as the owner last acknowledged it.
+public struct ChannelFact: Sendable, Equatable {
+    public var session: SessionID
+    public var user: String
+    public var withPresence: Bool
+    public var joinVersion: UInt64
+    public var state: [StateItem]
+    public var stateVersion: UInt64
+    public init(session: SessionID, user: String, withPresence: Bool, joinVersion: UInt64, state: [StateItem], stateVersion: UInt64) {
+        self.session = session
+        self.user = user
+        self.withPresence = withPresence
+        self.joinVersion = joinVersion
+        self.state = state
+        self.stateVersion = stateVersion
+    }
+
+    /// The hash both sides compute for this fact.
+    public var hash: UInt64 { FactDigest.hash(session.raw, joinVersion, withPresence ? 1 : 0, stateVersion) }
+}
+
+/// A later state of a user than the gateway's session holds (another device of the user changed it).
+public struct StateCorrection: Sendable, Equatable {
+    public var session: SessionID
+    public var state: [StateItem]
+    public var stateVersion: UInt64
+    public init(session: SessionID, state: [StateItem], stateVersion: UInt64) {
+        self.session = session
+        self.state = state
+        self.stateVersion = stateVersion
+    }
+}
+
+extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
+    public typealias Key = ChannelKey
+    public typealias Copy = ChannelCopy<NodeInstance>
+    public typealias Output = RoutedDelivery<NodeInstance>
+    public typealias GatewayFact = ChannelFact
+    public typealias Correction = StateCorrection
+
+    public static func ringHash(of key: ChannelKey) -> UInt64 { StableHash.of(key) }
+    public static func key(of copy: Copy) -> ChannelKey { copy.key }
+    public static func isFull(_ copy: Copy) -> Bool { copy.full }
+    public static func isHandoff(_ copy: Copy) -> Bool { copy.handoff }
+    public static func term(of copy: Copy) -> UInt64 { copy.term }
+
+    public var sinks: Set<NodeInstance> { allSinks }
+
+    public func fullCopies(handoff: Bool) -> [Copy] { fullCopies(handoff: handoff, chunk: 500) }
+
+    public mutating func merge(_ copy: Copy, isLive: (NodeInstance) -> Bool, now: Int64) -> [Output] {
+        route(merge(copy, isLive: isLive, now: now))
+    }
+
+    public mutating func tookOver(now: Int64) -> [Output] { route(snapshotForAll(now: now)) }
+
+    public mutating func timeOut(at sink: NodeInstance, now: Int64) -> [Output] {
+        // (routed as each leave happens: a timed-out subscriber must not be counted for later ones)
+        var out: [Output] = []
+        for (user, s) in sessions(at: sink) {
+            out += route(leave(user: user, session: s, timedOut: true, byGateway: false, now: now))
+        }
+        return out
+    }
+
+    public mutating func restart(followersAt node: String, now: Int64) -> [Output] {
+        var out: [Output] = []
+        for sink in subscriberSinks.keys.sorted() where sink.id == node { out += route(snapshotForAll(at: sink, now: now)) }
+        return out
+    }
+
+    public func factHashes(at sink: NodeInstance) -> [UInt64] {
+        guard sinkCounts[sink] != nil else { return [] }
+        return places.filter { $0.value.sink == sink }.map { id, p in
+            FactDigest.hash(id.raw, p.version, p.withPresence ? 1 : 0, stateVersion(of: p.user))
+        }
+    }
+
+    public mutating func reconcile(_ facts: [ChannelFact], from sink: NodeInstance, now: Int64) -> Reconciliation<Output, StateCorrection> {
+        var r = Reconciliation<Output, StateCorrection>()
+        var mentioned = Set<SessionID>()
+        for f in facts {
+            mentioned.insert(f.session)
+            let o = announce(user: f.user, session: f.session, withPresence: f.withPresence, sink: sink, version: f.joinVersion,
+                             state: f.state, stateVersion: f.stateVersion, now: now)
+            r.outputs += route(o.deliveries)
+            if let v = o.superseded { r.superseded[f.session] = v }
+            if let c = o.correction { r.corrections.append(StateCorrection(session: f.session, state: c.state, stateVersion: c.version)) }
+        }
+        for (_, s) in sessions(at: sink) where !mentioned.contains(s) { r.suspects.append(s) }
+        return r
+    }
+
+    public mutating func removeGone(_ session: SessionID, at sink: NodeInstance, version: UInt64, now: Int64) -> [Output] {
+        guard let p = places[session], p.sink == sink, p.version <= version else { return [] }
+        return route(leave(user: p.user, session: session, version: version, now: now))
+    }
+
+    public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output] {
+        guard let p = places[session], p.sink == sink, SessionVersion.epoch(version) > SessionVersion.epoch(p.version) else { return [] }
+        let o = announce(user: p.user, session: session, withPresence: p.withPresence, sink: to, version: version, now: now)
+        return route(o.deliveries)
+    }
+}
+
+/// What a gateway holds for one of its sessions at a user's home: the session itself (if it is
+/// the user's) with its record, or that the session watches the user.
+public enum HomeFact: Sendable, Equatable {
+    case session(SessionID, HomeRecord<NodeInstance>.Session)
+    case watcher(SessionID, version: UInt64)
+
+    public var session: SessionID {
+        switch self {
+        case .session(let s, _), .watcher(let s, _): s
+        }
+    }
+
+    /// The hash both sides compute for this fact.
+    public var hash: UInt64 {
+        switch self {
+        case .session(let s, let r): HomeFact.sessionHash(s, r)
+        case .watcher(let s, let v): FactDigest.hash(2, s.raw, SessionVersion.epoch(v))
+        }
+    }
+
+    static func sessionHash(_ s: SessionID, _ r: HomeRecord<NodeInstance>.Session) -> UInt64 {
+        let channels = r.channels.keys.sorted().map { "\($0)\(r.channels[$0]! ? "+" : "")" }.joined(separator: ",")
+        return FactDigest.hash(1, s.raw, r.version, StableHash.of(channels), StableHash.of(r.watching.sorted().joined(separator: ",")))
+    }
+}
+
+/// A user's home record as replicas and new homes receive it (always whole).
+public struct HomeCopy: Sendable, Equatable {
+    public var record: HomeRecord<NodeInstance>
+    public var handoff: Bool
+    public init(record: HomeRecord<NodeInstance>, handoff: Bool) {
+        self.record = record
+        self.handoff = handoff
+    }
+}
+
+extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
+    public typealias Key = String
+    public typealias Copy = HomeCopy
+    public typealias Output = StatusChange
+    public typealias GatewayFact = HomeFact
+    public typealias Correction = Never
+
+    public static func ringHash(of key: String) -> UInt64 { HashRing.hash(ofUser: key) }
+    public static func key(of copy: HomeCopy) -> String { copy.record.userID }
+    public static func isFull(_ copy: HomeCopy) -> Bool { true }
+    public static func isHandoff(_ copy: HomeCopy) -> Bool { copy.handoff }
+    public static func term(of copy: HomeCopy) -> UInt64 { copy.record.term }
+
+    public var sinks: Set<NodeInstance> { allSinks }
+
+    public func fullCopies(handoff: Bool) -> [HomeCopy] { [HomeCopy(record: self, handoff: handoff)] }
+    public mutating func install(_ copy: HomeCopy) { install(copy.record) }
+
+    public mutating func merge(_ copy: HomeCopy, isLive: (NodeInstance) -> Bool, now: Int64) -> [StatusChange] {
+        merge(copy.record, isLive: isLive).map { [$0] } ?? []
+    }
+
+    public mutating func tookOver(now: Int64) -> [StatusChange] { [] }
+    public mutating func timeOut(at sink: NodeInstance, now: Int64) -> [StatusChange] { timeOut(at: sink, now: now).map { [$0] } ?? [] }
+    public mutating func restart(followersAt node: String, now: Int64) -> [StatusChange] { [] }
+
+    public func factHashes(at sink: NodeInstance) -> [UInt64] {
+        var out: [UInt64] = []
+        for (id, s) in sessions where s.sink == sink { out.append(HomeFact.sessionHash(id, s)) }
+        for (id, w) in watchers where w.sink == sink { out.append(HomeFact.watcher(id, version: w.version).hash) }
+        return out
+    }
+
+    public mutating func reconcile(_ facts: [HomeFact], from sink: NodeInstance, now: Int64) -> Reconciliation<StatusChange, Never> {
+        var r = Reconciliation<StatusChange, Never>()
+        var mentioned = Set<SessionID>()
+        for f in facts {
+            mentioned.insert(f.session)
+            switch f {
+            case .session(let id, var record):
+                record.sink = sink
+                let o = announce(session: id, record: record)
+                if let c = o.change { r.outputs.append(c) }
+                if let v = o.superseded { r.superseded[id] = v }
+            case .watcher(let id, let version):
+                watch(by: id, sink: sink, version: version)
+            }
+        }
+        for (id, s) in sessions where s.sink == sink && !mentioned.contains(id) { r.suspects.append(id) }
+        for (id, w) in watchers where w.sink == sink && !mentioned.contains(id) && !r.suspects.contains(id) { r.suspects.append(id) }
+        return r
+    }
+
+    public mutating func removeGone(_ session: SessionID, at sink: NodeInstance, version: UInt64, now: Int64) -> [StatusChange] {
+        if watchers[session]?.sink == sink { unwatch(by: session, at: sink) }
+        guard let s = sessions[session], s.sink == sink, s.version <= version else { return [] }
+        return sessionEnded(session: session, version: version, now: now).map { [$0] } ?? []
+    }
+
+    public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [StatusChange] {
+        guard var s = sessions[session], s.sink == sink, SessionVersion.epoch(version) > SessionVersion.epoch(s.version) else { return [] }
+        s.sink = to
+        s.version = version
+        return announce(session: session, record: s).change.map { [$0] } ?? []
+    }
+}

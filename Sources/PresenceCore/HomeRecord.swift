@@ -1,0 +1,321 @@
+import PresenceWire
+
+/// One user's home record (API.md, "User-level status" and GetUserChannels): the user's sessions,
+/// where each lives and at which version, the channels each is in (GetUserChannels is their union;
+/// a session that moves to another gateway is resumed from this record), the status the user chose,
+/// and who watches the user. A plain value; `Sink` is where a session lives (in the cluster: its
+/// gateway's process).
+///
+/// The home is where a session's *epoch* is kept: `claim` (a resume, on any gateway) starts a new
+/// one, so whatever the gateway it left still says about the session is recognisably older.
+public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
+    /// One session of the user, as its home keeps it.
+    public struct Session: Equatable, Sendable {
+        public var sink: Sink
+        /// The session's version (`SessionVersion`) as its gateway last stamped it.
+        public var version: UInt64
+        /// Channels joined, with `with_presence`.
+        public var channels: [ChannelKey: Bool]
+        /// Users this session watches.
+        public var watching: [String]
+        public init(sink: Sink, version: UInt64 = 0, channels: [ChannelKey: Bool] = [:], watching: [String] = []) {
+            self.sink = sink
+            self.version = version
+            self.channels = channels
+            self.watching = watching
+        }
+    }
+
+    /// A session watching this user.
+    public struct Watcher: Equatable, Sendable {
+        public var sink: Sink
+        public var version: UInt64
+        public init(sink: Sink, version: UInt64 = 0) {
+            self.sink = sink
+            self.version = version
+        }
+    }
+
+    /// A session that ended: its version then, and whether its gateway said so.
+    public struct Departure: Equatable, Sendable {
+        public var version: UInt64
+        public var byGateway: Bool
+        public var at: Int64
+        public init(version: UInt64, byGateway: Bool, at: Int64) {
+            self.version = version
+            self.byGateway = byGateway
+            self.at = at
+        }
+    }
+
+    /// A change of the user's visible status, for its watchers.
+    public struct StatusChange: Equatable, Sendable {
+        public let userID: String
+        public let status: UserStatus
+        public let watchers: [SessionID: Sink]
+    }
+
+    public let userID: String
+    /// Where this home's lineage of versions started (a new home starts above the previous one).
+    public private(set) var term: UInt64 = 0
+    public private(set) var chosen: UserStatus = .online
+    /// The counter value of the last SetStatus (merges keep the later choice).
+    public private(set) var chosenVersion: UInt64 = 0
+    public private(set) var everOpened = false
+    public private(set) var sessions: [SessionID: Session] = [:]
+    public private(set) var watchers: [SessionID: Watcher] = [:]
+    public private(set) var departed: [SessionID: Departure] = [:]
+    private var counter: UInt64 = 0
+
+    public init(userID: String) {
+        self.userID = userID
+    }
+
+    /// A record as a copy carries it (replication and handoff).
+    public init(userID: String, term: UInt64, chosen: UserStatus, chosenVersion: UInt64, everOpened: Bool,
+                sessions: [SessionID: Session], watchers: [SessionID: Watcher], departed: [SessionID: Departure], counter: UInt64) {
+        self.userID = userID
+        self.term = term
+        self.chosen = chosen
+        self.chosenVersion = chosenVersion
+        self.everOpened = everOpened
+        self.sessions = sessions
+        self.watchers = watchers
+        self.departed = departed
+        self.counter = counter
+    }
+
+    /// The counter versions are drawn from (copies carry it).
+    public var counterValue: UInt64 { counter }
+
+    /// Nothing worth keeping: never opened a session, watched by nobody.
+    public var isEmpty: Bool { !everOpened && sessions.isEmpty && watchers.isEmpty }
+
+    /// UNKNOWN if the user never opened a session; its chosen status while it has a session (OFFLINE
+    /// when it chose to be invisible); OFFLINE once it has none.
+    public var visibleStatus: UserStatus {
+        guard everOpened else { return .unknown }
+        return sessions.isEmpty ? .offline : chosen
+    }
+
+    private mutating func change(_ body: (inout HomeRecord) -> Void) -> StatusChange? {
+        let before = visibleStatus
+        body(&self)
+        let after = visibleStatus
+        guard before != after else { return nil }
+        return StatusChange(userID: userID, status: after, watchers: watchers.mapValues(\.sink))
+    }
+
+    private mutating func nextVersion() -> UInt64 {
+        if counter < .max { counter += 1 }
+        return counter
+    }
+
+    /// Starts a new lineage of versions (a new home): above what the previous home can have
+    /// issued since its last copy (2^32 of margin) and above the wall clock (ms times 2^22).
+    public mutating func startLineage(now: Int64) {
+        let (fromCopy, overflow) = max(counter, term).addingReportingOverflow(1 << 32)
+        let ms = UInt64(clamping: max(0, min(now, 1 << 41)))
+        term = max(overflow ? .max : fromCopy, ms << 22)
+        counter = max(counter, term)
+    }
+
+    // MARK: Versions
+
+    /// The version that supersedes a call stamped `version` for `session` (it moved on under a
+    /// later epoch), or nil when the call may act.
+    public func supersedingVersion(of session: SessionID, _ version: UInt64) -> UInt64? {
+        if let s = sessions[session], SessionVersion.epoch(s.version) > SessionVersion.epoch(version) { return s.version }
+        if let d = departed[session], SessionVersion.epoch(d.version) > SessionVersion.epoch(version) { return d.version }
+        return nil
+    }
+
+    /// Whether the session's gateway ended it at `version` or later (a message from before that).
+    public func endedAfter(_ session: SessionID, _ version: UInt64) -> Bool {
+        guard let d = departed[session], d.byGateway else { return false }
+        return d.version >= version
+    }
+
+    // MARK: Sessions
+
+    /// A session opened (or resumed) at `sink`. `initial` UNKNOWN keeps the user's status (ONLINE if
+    /// it had no session).
+    public mutating func sessionOpened(session: SessionID, sink: Sink, version: UInt64 = 0, initial: UserStatus) -> StatusChange? {
+        change { r in
+            if r.sessions.isEmpty { r.chosen = .online }
+            r.everOpened = true
+            r.departed[session] = nil
+            if var s = r.sessions[session] {
+                s.sink = sink
+                s.version = max(s.version, version)
+                r.sessions[session] = s
+            } else {
+                r.sessions[session] = Session(sink: sink, version: version)
+            }
+            if initial != .unknown {
+                r.chosen = initial
+                r.chosenVersion = r.nextVersion()
+            }
+        }
+    }
+
+    /// A gateway takes the session over (its client resumed it there): a new epoch starts, and the
+    /// session's record is returned with the sink it had. Nil when the session is unknown here.
+    public mutating func claim(session: SessionID, sink: Sink) -> (record: Session, previous: Sink)? {
+        guard var s = sessions[session] else { return nil }
+        let previous = s.sink
+        s.version = SessionVersion.nextEpoch(s.version)
+        s.sink = sink
+        sessions[session] = s
+        return (s, previous)
+    }
+
+    /// What an announce did: a status change, or `superseded` when this home knows a later epoch
+    /// of the session than the announcing gateway.
+    public struct AnnounceOutcome: Equatable, Sendable {
+        public var change: StatusChange? = nil
+        public var superseded: UInt64? = nil
+    }
+
+    /// Anti-entropy: the gateway at `sink` holds the session with this record. A known session
+    /// takes it (unless this home knows a later epoch); an unknown one is added (unless its gateway
+    /// ended it after that). Keeps the chosen status.
+    public mutating func announce(session: SessionID, record: Session) -> AnnounceOutcome {
+        var outcome = AnnounceOutcome()
+        if let newer = supersedingVersion(of: session, record.version) {
+            outcome.superseded = newer
+            return outcome
+        }
+        if endedAfter(session, record.version) { return outcome }
+        if let s = sessions[session], s.version > record.version, s.sink == record.sink { return outcome }
+        outcome.change = change { r in
+            if r.sessions.isEmpty && !r.everOpened { r.chosen = .online }
+            r.everOpened = true
+            r.departed[session] = nil
+            r.sessions[session] = record
+        }
+        return outcome
+    }
+
+    /// A session ended (closed or timed out) at `version`; `byGateway`: its gateway said so (else
+    /// this home timed out a session whose gateway is gone).
+    public mutating func sessionEnded(session: SessionID, version: UInt64 = .max, byGateway: Bool = true, now: Int64 = 0) -> StatusChange? {
+        guard let s = sessions[session] else { return nil }
+        forgetOldDepartures(now: now)
+        departed[session] = Departure(version: byGateway ? max(s.version, version) : s.version, byGateway: byGateway, at: now)
+        return change { r in r.sessions[session] = nil }
+    }
+
+    private mutating func forgetOldDepartures(now: Int64) {
+        guard departed.count > 16 else { return }
+        departed = departed.filter { now - $0.value.at < 120_000 }
+    }
+
+    /// SetStatus: ONLINE, AWAY, BUSY or OFFLINE (invisible).
+    public mutating func setStatus(_ status: UserStatus) -> StatusChange? {
+        change { r in
+            r.chosen = status
+            r.chosenVersion = r.nextVersion()
+        }
+    }
+
+    /// The session joined a channel (its gateway stamped the join `version`).
+    public mutating func sessionJoined(session: SessionID, channel: ChannelKey, withPresence: Bool, version: UInt64 = 0) {
+        guard var s = sessions[session], supersedingVersion(of: session, version) == nil else { return }
+        s.channels[channel] = withPresence
+        s.version = max(s.version, version)
+        sessions[session] = s
+    }
+
+    public mutating func sessionLeft(session: SessionID, channel: ChannelKey, version: UInt64 = 0) {
+        guard var s = sessions[session], supersedingVersion(of: session, version) == nil else { return }
+        s.channels[channel] = nil
+        s.version = max(s.version, version)
+        sessions[session] = s
+    }
+
+    public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0) {
+        guard supersedingVersion(of: session, version) == nil else { return }
+        sessions[session]?.watching = watching
+    }
+
+    /// Channels the user is in (through any of its sessions), sorted.
+    public var channels: [ChannelKey] {
+        var all = Set<ChannelKey>()
+        for s in sessions.values { all.formUnion(s.channels.keys) }
+        return all.sorted()
+    }
+
+    // MARK: Watchers
+
+    public mutating func watch(by session: SessionID, sink: Sink, version: UInt64 = 0) {
+        if let w = watchers[session], SessionVersion.epoch(w.version) > SessionVersion.epoch(version) { return }
+        watchers[session] = Watcher(sink: sink, version: max(watchers[session]?.version ?? 0, version))
+    }
+
+    /// Removes a watcher; with `sink`, only if it still lives there (it may have moved on).
+    public mutating func unwatch(by session: SessionID, at sink: Sink? = nil) {
+        guard let w = watchers[session], sink == nil || w.sink == sink else { return }
+        watchers[session] = nil
+    }
+
+    // MARK: Gateways gone
+
+    /// Every sink a session or watcher of this user lives at.
+    public var allSinks: Set<Sink> { Set(sessions.values.map(\.sink)).union(watchers.values.map(\.sink)) }
+
+    /// Ends the sessions and drops the watchers living at `sink` (its gateway is gone).
+    public mutating func timeOut(at sink: Sink, now: Int64) -> StatusChange? {
+        forgetOldDepartures(now: now)
+        return change { r in
+            r.watchers = r.watchers.filter { $0.value.sink != sink }
+            for (id, s) in r.sessions where s.sink == sink {
+                r.departed[id] = Departure(version: s.version, byGateway: false, at: now)
+                r.sessions[id] = nil
+            }
+        }
+    }
+
+    // MARK: Copies
+
+    /// Replaces this record with another (a replica following its home), keeping the higher term.
+    public mutating func install(_ other: HomeRecord) {
+        let term = max(self.term, other.term), counter = max(self.counter, other.counter)
+        self = other
+        self.term = term
+        self.counter = counter
+    }
+
+    /// Merges another version of this record (each side of a partition kept one): a session is
+    /// here if either version has it and the other did not see it end later (the later version of
+    /// a session wins); watchers likewise; the later status choice wins. Returns the visible change.
+    public mutating func merge(_ other: HomeRecord, isLive: (Sink) -> Bool = { _ in false }) -> StatusChange? {
+        change { r in
+            r.term = max(r.term, other.term)
+            r.counter = max(r.counter, other.counter)
+            r.everOpened = r.everOpened || other.everOpened
+            if other.chosenVersion > r.chosenVersion {
+                r.chosen = other.chosen
+                r.chosenVersion = other.chosenVersion
+            }
+            for (id, d) in other.departed {
+                if let s = r.sessions[id], d.version >= s.version, d.byGateway || !isLive(s.sink) {
+                    r.sessions[id] = nil
+                    r.departed[id] = d
+                } else if r.sessions[id] == nil, r.departed[id].map({ $0.version < d.version }) ?? true {
+                    r.departed[id] = d
+                }
+            }
+            for (id, s) in other.sessions {
+                if let mine = r.sessions[id] {
+                    if s.version > mine.version { r.sessions[id] = s }
+                } else if !(r.departed[id].map { $0.version >= s.version } ?? false) {
+                    r.sessions[id] = s
+                }
+            }
+            for (id, w) in other.watchers where (r.watchers[id]?.version ?? 0) <= w.version && r.watchers[id] == nil {
+                r.watchers[id] = w
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+/// Every timing of the cluster's presence protocols, in one place (nanoseconds unless named
+/// otherwise). They follow from the two settings an operator chooses: the SWIM protocol period
+/// (`--probe-interval`, which sets how fast failures are detected) and `--presence-timeout` (how
+/// long a disconnected session may resume). The defaults (0.2 s period, 10 s timeout) give the
+/// figures in the comments.
+public struct ClusterTimings: Sendable, Equatable {
+    /// How long a disconnected session may resume; a gone gateway's sessions time out after it.
+    public var presenceTimeout: UInt64
+    /// How long a gateway keeps retrying a call whose owner is moving or unreachable before it
+    /// answers UNAVAILABLE (2 s: longer than failure detection plus a handoff).
+    public var routingRetry: UInt64
+    /// How long a change waits for its replica copies before it is answered anyway (a replica that
+    /// does not acknowledge by then is stuck, and about to be declared dead): 1 s.
+    public var replicationWait: UInt64
+    /// Timeout of one call to another node (2 s).
+    public var peerCallTimeout: UInt64
+    /// Timeout of one push to another node, and the pause between its attempts (5 s, 50 ms); after
+    /// `pushAttempts` failures the push is given up (the receiver's followers get fresh SNAPSHOTs).
+    public var pushTimeout: UInt64
+    public var pushRetryPause: UInt64
+    public var pushAttempts: Int
+    /// Bytes queued for one node at most before its oldest deliveries are shed (64 MiB).
+    public var pushQueueBytes: Int
+    /// How often each gateway sends each owner a digest of what it holds (1 s, at most a fifth of
+    /// the presence timeout): with one exchange round after a mismatch, a divergence is repaired
+    /// within about two of these.
+    public var antiEntropyInterval: UInt64
+    /// The first anti-entropy round after a ring change waits this long for handoffs to land (0.3 s).
+    public var antiEntropyAfterRingChange: UInt64
+    /// How long a new owner waits for a live previous owner's handoff before serving anyway (3 s).
+    public var handoffLimit: UInt64
+    /// A node whose seeds all stay silent this long serves as a cluster of one (3 s).
+    public var aloneAfter: UInt64
+    /// How long a gateway remembers where a session it held went (its client resumed it on another
+    /// node), to tell owners that still place it here (ten presence timeouts).
+    public var movedMemory: UInt64
+    /// A session's end that could not reach an owner is tried again this often, this many times
+    /// (anti-entropy would repair it too, but later).
+    public var endRetryPause: UInt64
+    public var endRetryAttempts: Int
+
+    public init(probeInterval: UInt64 = 200_000_000, presenceTimeout: UInt64 = 10_000_000_000) {
+        self.presenceTimeout = presenceTimeout
+        routingRetry = max(2_000_000_000, probeInterval * 10)
+        replicationWait = max(1_000_000_000, probeInterval * 5)
+        peerCallTimeout = max(2_000_000_000, probeInterval * 10)
+        pushTimeout = max(5_000_000_000, probeInterval * 25)
+        pushRetryPause = 50_000_000
+        pushAttempts = 40
+        pushQueueBytes = 64 << 20
+        antiEntropyInterval = max(100_000_000, min(1_000_000_000, presenceTimeout / 5))
+        antiEntropyAfterRingChange = max(300_000_000, probeInterval * 3 / 2)
+        handoffLimit = max(3_000_000_000, probeInterval * 15)
+        aloneAfter = max(3_000_000_000, probeInterval * 15)
+        movedMemory = presenceTimeout * 10
+        endRetryPause = 1_000_000_000
+        endRetryAttempts = 10
+    }
+}

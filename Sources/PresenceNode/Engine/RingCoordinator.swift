@@ -1,0 +1,70 @@
+import ClusterCore
+import PresenceCore
+import PresenceWire
+import Synchronization
+
+/// Carries out ring changes in the order membership saw them (ARCHITECTURE.md, "Failover" and
+/// "Handoff"): every shard hands off what moved away and takes over what it now owns; then this
+/// node tells every member it is done handing off, forgets the push queues of processes that are
+/// gone, restarts the followers of nodes whose pushes were lost, and runs an anti-entropy round
+/// soon. Also the graceful leave: hand everything off, then own nothing.
+final class RingCoordinator: Sendable {
+    let core: EngineCore
+    let antiEntropy: AntiEntropy
+    /// Nodes pushes to which were lost; their followers get fresh SNAPSHOTs once they are live.
+    private let lossy = Mutex<Set<String>>([])
+
+    init(core: EngineCore, antiEntropy: AntiEntropy) {
+        self.core = core
+        self.antiEntropy = antiEntropy
+    }
+
+    func ringChanged(from old: HashRing, to new: HashRing) async {
+        for s in core.channelShards { await s.ringChanged(to: new) }
+        for s in core.userHomes { await s.ringChanged(to: new) }
+        core.topology.settled(new.fingerprint)
+        guard let link = core.link else { return }
+        for node in new.members where node != core.topology.me {
+            link.push(to: NodeInstance(node, boot: new.boot(of: node))) { b in
+                b.handoffDone = true
+                b.ringFingerprint = new.fingerprint
+            }
+        }
+        link.forgetAllBut(new)
+        await restartLossyFollowers()
+        antiEntropy.runSoon()
+    }
+
+    /// Pushes to `node` were lost (shed, given up, or dropped with a gone process's queue).
+    func lostPushes(to node: String) {
+        lossy.withLock { _ = $0.insert(node) }
+        core.background.run { [self] in await restartLossyFollowers() }
+    }
+
+    /// Fresh SNAPSHOTs for everyone following an owned channel at a node whose pushes were lost,
+    /// once that node is live (if it came back as a new process, it has no followers left).
+    private func restartLossyFollowers() async {
+        let ring = core.topology.ring
+        let due = lossy.withLock { l -> [String] in
+            let live = l.filter { ring.members.contains($0) }
+            l.subtract(live)
+            return live.sorted()
+        }
+        for node in due {
+            for s in core.channelShards { await s.restart(followersAt: node) }
+        }
+    }
+
+    /// Graceful leave: hands every channel and user home to the node that owns it once this one
+    /// is gone, and waits (up to `timeout` ns) until that was received. From then on this node
+    /// serves no key (a call that still reaches it is refused, retryable), so no acknowledged
+    /// change can land only here.
+    func handOffBeforeLeaving(timeout: UInt64) async {
+        guard let link = core.link, !core.topology.isAlone else { return }
+        core.topology.startLeaving()
+        let without = core.topology.ring.removing(core.topology.me)
+        for s in core.channelShards { await s.handOffAll(to: without) }
+        for s in core.userHomes { await s.handOffAll(to: without) }
+        await link.drain(timeout: timeout)
+    }
+}

@@ -1,0 +1,112 @@
+import ClusterCore
+import PresenceCore
+import PresenceWire
+
+/// Sends each call to the owner of what it touches (ARCHITECTURE.md, "Routing"): a channel's owner
+/// or a user's home, here (a shard actor) or over the peer link, stamped with the fingerprint of
+/// the ring it was routed by. While ownership moves, or the owner cannot be reached, a call is
+/// retried for `ClusterTimings.routingRetry`, then answered UNAVAILABLE (retryable); it is never
+/// answered from state this node does not own.
+struct Router: Sendable {
+    let core: EngineCore
+
+    private var topology: Topology { core.topology }
+
+    /// Runs a call at the channel's owner.
+    func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
+        try await retrying { () async throws(PresenceError) in
+            let (owner, fingerprint) = topology.route(key)
+            if owner == topology.me { return try await localChannel(key, call) }
+            guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(owner)") }
+            var call = call
+            call.ringFingerprint = fingerprint
+            return try await link.channel(owner, call)
+        }
+    }
+
+    /// Runs a call at the users' home (all of `call.userIDs`, at least one, share it).
+    func homeCall(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+        try await retrying { () async throws(PresenceError) in
+            let (home, fingerprint) = topology.route(user: call.userIDs.first ?? "")
+            if home == topology.me { return try await localHome(call) }
+            guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(home)") }
+            var call = call
+            call.ringFingerprint = fingerprint
+            return try await link.home(home, call)
+        }
+    }
+
+    func homeCall(_ user: String, _ op: ClusterHomeOp, _ fill: (inout ClusterHomeCall) -> Void = { _ in }) async throws(PresenceError) -> ClusterHomeResult {
+        var call = ClusterHomeCall(userIDs: [user], op: op)
+        fill(&call)
+        return try await homeCall(call)
+    }
+
+    private func retrying<T>(_ body: () async throws(PresenceError) -> T) async throws(PresenceError) -> T {
+        let deadline = core.clock.monotonicNanoseconds() + core.timings.routingRetry
+        var pause: UInt64 = 10_000_000
+        while true {
+            do {
+                return try await body()
+            } catch where error.kind == .unavailable && core.clock.monotonicNanoseconds() + pause < deadline && !Task.isCancelled {
+                try? await Task.sleep(nanoseconds: pause)
+                pause = min(pause * 2, 200_000_000)
+            }
+        }
+    }
+
+    /// A channel call this node must answer as the owner (or refuse while it may not).
+    func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
+        if let why = topology.notServing(keyHash: StableHash.of(key)) {
+            throw PresenceError(.unavailable, "NOT_SERVING", why)
+        }
+        let (r, tickets) = await core.channelShard(key).handle(call, key: key)
+        if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
+        if let e = r.error { throw PresenceError(wire: e) }
+        return r
+    }
+
+    /// A home call this node must answer as the users' home; users are split over shards.
+    func localHome(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+        if let u = call.userIDs.first, let why = topology.notServing(keyHash: HashRing.hash(ofUser: u)) {
+            throw PresenceError(.unavailable, "NOT_SERVING", why)
+        }
+        var groups: [Int: [String]] = [:]
+        for u in call.userIDs { groups[core.homeShardIndex(u), default: []].append(u) }
+        var merged = ClusterHomeResult()
+        for (i, users) in groups.sorted(by: { $0.key < $1.key }) {
+            var part = call
+            part.userIDs = users
+            let (r, tickets) = await core.userHomes[i].handle(part, users: users)
+            if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
+            if let e = r.error { throw PresenceError(wire: e) }
+            merged.channels += r.channels
+            merged.statuses += r.statuses
+            if r.found { merged.found = true; merged.session = r.session }
+        }
+        return merged
+    }
+
+    /// Users grouped by their home node (one home call per group).
+    func byHome(_ users: [String]) -> [[String]] {
+        var groups: [String: [String]] = [:]
+        for u in users { groups[topology.home(of: u), default: []].append(u) }
+        return groups.sorted { $0.key < $1.key }.map(\.value)
+    }
+
+    /// Tries `body` again every `pause` ns while it fails as unavailable, up to `attempts` times, in
+    /// the background: for what must reach an owner eventually (a session's end).
+    func retryInBackground(attempts: Int, pause: UInt64, _ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
+        core.background.run {
+            for _ in 0..<attempts {
+                do throws(PresenceError) {
+                    try await body()
+                    return
+                } catch {
+                    guard error.kind == .unavailable, !Task.isCancelled else { return }
+                    try? await Task.sleep(nanoseconds: pause)
+                }
+            }
+        }
+    }
+}

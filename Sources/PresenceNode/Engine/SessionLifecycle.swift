@@ -1,0 +1,172 @@
+import ClusterCore
+import PresenceCore
+import PresenceWire
+
+/// A session's life at its gateway (API.md, "Sessions"; RELIABILITY.md, "session epochs"): open;
+/// resume, on this node or any other, by claiming it at its user's home (a new epoch, so what an
+/// earlier gateway still says of it loses); close; the resume window after a broken stream and
+/// the timeout after it; and dropping a session whose client resumed it elsewhere.
+struct SessionLifecycle: Sendable {
+    let core: EngineCore
+    let router: Router
+
+    private var topology: Topology { core.topology }
+
+    func open(user: String, resume: String, initialStatus: UserStatus) async throws(PresenceError) -> PresenceEngine.OpenedSession {
+        let user = try Validate.userID(user)
+        switch initialStatus {
+        case .unknown, .online, .away, .busy, .offline: break
+        case .unrecognized(let v): throw PresenceError(.invalidArgument, "INVALID_STATUS", "initial_status \(v) is not a UserStatus")
+        }
+        if !resume.isEmpty, let id = SessionID(text: resume) {
+            if topology.isAlone && !topology.isLeaving, let o = core.gatewayShard(id).resume(id, user: user) {
+                if initialStatus != .unknown { _ = try await router.homeCall(user, .setStatus) { $0.status = initialStatus } }
+                return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
+            }
+            if !topology.isAlone, let claimed = try await claim(id, user: user, initialStatus: initialStatus) { return claimed }
+            if let o = core.gatewayShard(id).resume(id, user: user) {
+                // (its home does not know it: a cluster of one that just grew, or a home that lost it
+                // — anti-entropy gives the home this gateway's record)
+                return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
+            }
+        }
+        let id = SessionID.random()
+        let o = core.gatewayShard(id).create(id, user: user)
+        guard let s = core.gatewayShard(id).held(id) else { throw PresenceError(.unavailable, "SESSION_LOST", "the session ended while opening") }
+        do {
+            _ = try await router.homeCall(user, .sessionOpened) { c in
+                c.session = core.ref(s)
+                c.status = initialStatus
+            }
+        } catch {
+            _ = core.gatewayShard(id).close(id)
+            throw error
+        }
+        return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: false, outbox: o.outbox)
+    }
+
+    /// Takes the session over from wherever it was (this node included) through its user's home:
+    /// a new epoch starts there, the gateway it left is told, and this node announces it to its
+    /// channels' owners and its watched users' homes (no event for anyone; SNAPSHOTs for it).
+    private func claim(_ id: SessionID, user: String, initialStatus: UserStatus) async throws(PresenceError) -> PresenceEngine.OpenedSession? {
+        let probe = ClusterSessionRef(sessionID: id.description, userID: user, gateway: core.me.id, gatewayBoot: core.me.boot)
+        let found = try await router.homeCall(user, .claimSession) { $0.session = probe }
+        guard found.found, let (_, record) = found.session?.record else { return nil }
+        guard let o = core.gatewayShard(id).adopt(id, user: user, version: record.version, channels: record.channels, watching: Set(record.watching)),
+              let s = core.gatewayShard(id).held(id) else {
+            throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(id) belongs to another user")
+        }
+        if initialStatus != .unknown {
+            _ = try await router.homeCall(user, .setStatus) { c in
+                c.status = initialStatus
+                c.session = core.ref(s)
+            }
+        }
+        await announce(s)
+        return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
+    }
+
+    /// Tells the session's channels' owners and its watched users' homes that it lives here now,
+    /// at its new version (with the state this gateway holds for it).
+    func announce(_ s: SessionTable.Session) async {
+        for (key, m) in s.channels.sorted(by: { $0.key < $1.key }) {
+            let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
+                                          session: core.ref(s, withPresence: m.withPresence, version: m.joinVersion),
+                                          items: m.state, stateVersion: m.stateVersion)
+            do {
+                let r = try await router.channelCall(key, call)
+                core.gatewayShard(s.id).stateAcknowledged(s.id, channel: key, state: r.state, version: r.stateVersion)
+            } catch {
+                if error.name == "SESSION_MOVED" {
+                    superseded(s.id)
+                    return
+                }
+                // (anti-entropy tells the owner later)
+            }
+        }
+        for users in router.byHome(s.watching.sorted()) {
+            _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: core.ref(s)))
+        }
+    }
+
+    /// After a resume that lost events: a fresh SNAPSHOT of every channel the session follows.
+    func resnapshot(_ id: SessionID) async {
+        guard let s = core.gatewayShard(id).held(id) else { return }
+        for (key, m) in s.channels where m.withPresence {
+            _ = try? await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .resnapshot,
+                                                                      session: core.ref(s, withPresence: true)))
+        }
+    }
+
+    /// Sessions whose feed of a channel needs a fresh SNAPSHOT (their gateway saw events from
+    /// another owner, or a SNAPSHOT not above what they had): asked of the channels' owners.
+    func requestSnapshots(_ asks: [Subscriptions.Resnapshot]) {
+        core.background.run { [core, router] in
+            for a in asks {
+                guard let s = core.gatewayShard(a.session).held(a.session) else { continue }
+                _ = try? await router.channelCall(a.key, ClusterChannelCall(channelName: a.key.name, channelType: a.key.type, op: .resnapshot,
+                                                                            session: core.ref(s, withPresence: true), floor: a.floor))
+            }
+        }
+    }
+
+    /// The session's stream of `generation` broke: start its resume window; time it out after.
+    func streamBroke(_ id: SessionID, generation: UInt64) async {
+        guard let deadline = core.gatewayShard(id).disconnect(id, generation: generation) else { return }
+        let now = core.clock.monotonicNanoseconds()
+        let wait = deadline > now ? deadline - now : 0
+        core.background.run { [self] in
+            try? await Task.sleep(nanoseconds: wait + 1_000_000)
+            guard !Task.isCancelled else { return }
+            await expire(id)
+        }
+    }
+
+    /// Times the session out if its window has passed (and it was not resumed meanwhile).
+    func expire(_ id: SessionID) async {
+        guard let s = core.gatewayShard(id).expireIfDue(id) else { return }
+        await end(s, timedOut: true)
+    }
+
+    /// CloseSession: REMOTE_LEAVE where the user has no other session; the stream ends.
+    func close(_ sessionID: String) async throws(PresenceError) {
+        let id = try Validate.sessionID(sessionID)
+        guard let (s, outbox) = core.gatewayShard(id).close(id) else {
+            throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(sessionID)")
+        }
+        await end(s, timedOut: false)
+        outbox.end(.closed)
+    }
+
+    /// Tells the session's owners and home that it ended (stamped with its last version, so an
+    /// owner that knows a later epoch ignores it).
+    private func end(_ s: SessionTable.Session, timedOut: Bool) async {
+        let version = SessionVersion.bumped(s.version)
+        for key in s.channels.keys.sorted() {
+            core.gateway.subscriptions.unsubscribe(key, s.id)
+            let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: core.ref(s, version: version), timedOut: timedOut)
+            if (try? await router.channelCall(key, call)) == nil { endLater { [router] () async throws(PresenceError) in _ = try await router.channelCall(key, call) } }
+        }
+        let ended = ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: core.ref(s, version: version))
+        if (try? await router.homeCall(ended)) == nil { endLater { [router] () async throws(PresenceError) in _ = try await router.homeCall(ended) } }
+        await unwatch(Array(s.watching), by: s)
+    }
+
+    /// A session's end must reach its owners even if they were unreachable for the whole retry
+    /// window: tried again a few times (anti-entropy removes it later otherwise).
+    func endLater(_ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
+        router.retryInBackground(attempts: core.timings.endRetryAttempts, pause: core.timings.endRetryPause, body)
+    }
+
+    func unwatch(_ users: [String], by s: SessionTable.Session) async {
+        for us in router.byHome(users) {
+            _ = try? await router.homeCall(ClusterHomeCall(userIDs: us, op: .unwatch, session: core.ref(s)))
+        }
+    }
+
+    /// The session's client resumed it on another gateway (an owner or its home says so): this
+    /// gateway drops it without a word to anyone.
+    func superseded(_ id: SessionID) {
+        core.gateway.movedAway(id, to: nil, version: .max)
+    }
+}
