@@ -250,7 +250,7 @@ const ProtobufCMessageDescriptor presence__admin__v1__members_request__descripto
   (ProtobufCMessageInit) presence__admin__v1__members_request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__admin__v1__member__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__admin__v1__member__field_descriptors[7] =
 {
   {
     "node_id",
@@ -324,8 +324,21 @@ static const ProtobufCFieldDescriptor presence__admin__v1__member__field_descrip
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "boot",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Admin__V1__Member, boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__admin__v1__member__field_indices_by_name[] = {
+  6,   /* field[6] = boot */
   2,   /* field[2] = client_address */
   4,   /* field[4] = incarnation */
   5,   /* field[5] = is_self */
@@ -336,7 +349,7 @@ static const unsigned presence__admin__v1__member__field_indices_by_name[] = {
 static const ProtobufCIntRange presence__admin__v1__member__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor presence__admin__v1__member__descriptor =
 {
@@ -346,7 +359,7 @@ const ProtobufCMessageDescriptor presence__admin__v1__member__descriptor =
   "Presence__Admin__V1__Member",
   "presence.admin.v1",
   sizeof(Presence__Admin__V1__Member),
-  6,
+  7,
   presence__admin__v1__member__field_descriptors,
   presence__admin__v1__member__field_indices_by_name,
   1,  presence__admin__v1__member__number_ranges,

@@ -772,6 +772,51 @@ void   presence__cluster__v1__channel_record__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__channel_record__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   presence__cluster__v1__gone_gateway__init
+                     (Presence__Cluster__V1__GoneGateway         *message)
+{
+  static const Presence__Cluster__V1__GoneGateway init_value = PRESENCE__CLUSTER__V1__GONE_GATEWAY__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__gone_gateway__get_packed_size
+                     (const Presence__Cluster__V1__GoneGateway *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__gone_gateway__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__gone_gateway__pack
+                     (const Presence__Cluster__V1__GoneGateway *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__gone_gateway__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__gone_gateway__pack_to_buffer
+                     (const Presence__Cluster__V1__GoneGateway *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__gone_gateway__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__GoneGateway *
+       presence__cluster__v1__gone_gateway__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__GoneGateway *)
+     protobuf_c_message_unpack (&presence__cluster__v1__gone_gateway__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__gone_gateway__free_unpacked
+                     (Presence__Cluster__V1__GoneGateway *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__gone_gateway__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   presence__cluster__v1__user_record__init
                      (Presence__Cluster__V1__UserRecord         *message)
 {
@@ -2994,7 +3039,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__departure__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__departure__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[8] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__field_descriptors[9] =
 {
   {
     "channel_name",
@@ -3092,12 +3137,25 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_record__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "gone",
+    10,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ChannelRecord, n_gone),
+    offsetof(Presence__Cluster__V1__ChannelRecord, gone),
+    &presence__cluster__v1__gone_gateway__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_record__field_indices_by_name[] = {
   0,   /* field[0] = channel_name */
   1,   /* field[1] = channel_type */
   7,   /* field[7] = departed */
   3,   /* field[3] = full */
+  8,   /* field[8] = gone */
   5,   /* field[5] = handoff */
   4,   /* field[4] = members */
   2,   /* field[2] = sequence */
@@ -3107,7 +3165,7 @@ static const ProtobufCIntRange presence__cluster__v1__channel_record__number_ran
 {
   { 1, 0 },
   { 7, 5 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor =
 {
@@ -3117,14 +3175,78 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descript
   "Presence__Cluster__V1__ChannelRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelRecord),
-  8,
+  9,
   presence__cluster__v1__channel_record__field_descriptors,
   presence__cluster__v1__channel_record__field_indices_by_name,
   2,  presence__cluster__v1__channel_record__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__channel_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_descriptors[10] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__gone_gateway__field_descriptors[3] =
+{
+  {
+    "node_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__GoneGateway, node_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "boot",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__GoneGateway, boot),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gone_ms",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__GoneGateway, gone_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__gone_gateway__field_indices_by_name[] = {
+  1,   /* field[1] = boot */
+  2,   /* field[2] = gone_ms */
+  0,   /* field[0] = node_id */
+};
+static const ProtobufCIntRange presence__cluster__v1__gone_gateway__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__gone_gateway__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.GoneGateway",
+  "GoneGateway",
+  "Presence__Cluster__V1__GoneGateway",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__GoneGateway),
+  3,
+  presence__cluster__v1__gone_gateway__field_descriptors,
+  presence__cluster__v1__gone_gateway__field_indices_by_name,
+  1,  presence__cluster__v1__gone_gateway__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__gone_gateway__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_descriptors[11] =
 {
   {
     "user_id",
@@ -3246,6 +3368,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "gone",
+    11,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__UserRecord, n_gone),
+    offsetof(Presence__Cluster__V1__UserRecord, gone),
+    &presence__cluster__v1__gone_gateway__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__user_record__field_indices_by_name[] = {
   1,   /* field[1] = chosen */
@@ -3253,6 +3387,7 @@ static const unsigned presence__cluster__v1__user_record__field_indices_by_name[
   8,   /* field[8] = counter */
   7,   /* field[7] = departed */
   2,   /* field[2] = ever_opened */
+  10,   /* field[10] = gone */
   9,   /* field[9] = handoff */
   3,   /* field[3] = sessions */
   5,   /* field[5] = term */
@@ -3262,7 +3397,7 @@ static const unsigned presence__cluster__v1__user_record__field_indices_by_name[
 static const ProtobufCIntRange presence__cluster__v1__user_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 10 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor =
 {
@@ -3272,7 +3407,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor 
   "Presence__Cluster__V1__UserRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__UserRecord),
-  10,
+  11,
   presence__cluster__v1__user_record__field_descriptors,
   presence__cluster__v1__user_record__field_indices_by_name,
   1,  presence__cluster__v1__user_record__number_ranges,

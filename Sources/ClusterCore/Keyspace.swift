@@ -91,7 +91,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// Something for the shard to do.
     public enum Effect: Sendable {
         /// Send a copy to a node; `replica`: the call being answered waits until it arrived.
-        case send(V.Copy, to: String, replica: Bool)
+        /// `gone`: how long (ns) each gone process with sessions in it has been gone.
+        case send(V.Copy, to: String, replica: Bool, gone: [NodeInstance: UInt64])
         /// Carry out these events.
         case deliver([V.Output])
     }
@@ -153,11 +154,21 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// Copies of a changed key for its replicas (the call answers once they arrived).
     public func replicate(_ copy: V.Copy) -> [Effect] {
-        replicas(of: V.key(of: copy)).map { .send(copy, to: $0, replica: true) }
+        replicas(of: V.key(of: copy)).map { .send(copy, to: $0, replica: true, gone: [:]) }
     }
 
-    private func sendAll(_ v: V, to node: String, handoff: Bool, replica: Bool = false) -> [Effect] {
-        v.fullCopies(handoff: handoff).map { .send($0, to: node, replica: replica) }
+    private func sendAll(_ v: V, to node: String, handoff: Bool, replica: Bool = false, now: UInt64) -> [Effect] {
+        let gone = goneAges(of: v, now: now)
+        return v.fullCopies(handoff: handoff).map { .send($0, to: node, replica: replica, gone: gone) }
+    }
+
+    /// How long each gone process with sessions in `v` has been gone.
+    private func goneAges(of v: V, now: UInt64) -> [NodeInstance: UInt64] {
+        var out: [NodeInstance: UInt64] = [:]
+        for sink in v.sinks where !isLive(sink) {
+            if let since = goneSince[sink] { out[sink] = now > since ? now - since : 0 }
+        }
+        return out
     }
 
     // MARK: Ring changes
@@ -179,12 +190,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         for (key, v) in owned.sorted(by: { $0.key < $1.key }) {
             switch RingMove.owned(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .handOff(let newOwner, let keepCopy):
-                out += sendAll(v, to: newOwner, handoff: true)
+                out += sendAll(v, to: newOwner, handoff: true, now: now)
                 owned[key] = nil
                 orphanKeys.remove(key)
                 if keepCopy { copies[key] = v }
             case .keep(let newReplicas):
-                for r in newReplicas { out += sendAll(v, to: r, handoff: false) }
+                for r in newReplicas { out += sendAll(v, to: r, handoff: false, now: now) }
             }
         }
         for (key, v) in copies.sorted(by: { $0.key < $1.key }) {
@@ -196,7 +207,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 let events = value.tookOver(now: wall)
                 if !value.isEmpty { owned[key] = value }
                 if !events.isEmpty { out.append(.deliver(events)) }
-                for r in newReplicas { out += sendAll(value, to: r, handoff: false) }
+                for r in newReplicas { out += sendAll(value, to: r, handoff: false, now: now) }
             case .keep:
                 break
             case .drop:
@@ -220,11 +231,11 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// Graceful leave: every owned key goes to its owner on `ring` (the ring without this node);
     /// from now on this node owns nothing, so no acknowledged change can land only here.
-    public mutating func handOffAll(to ring: HashRing) -> [Effect] {
+    public mutating func handOffAll(to ring: HashRing, now: UInt64) -> [Effect] {
         var out: [Effect] = []
         for (key, v) in owned.sorted(by: { $0.key < $1.key }) {
             guard let owner = ring.owner(ofHash: V.ringHash(of: key)), owner != me else { continue }
-            out += sendAll(v, to: owner, handoff: true)
+            out += sendAll(v, to: owner, handoff: true, now: now)
         }
         leaving = true
         copies.merge(owned) { _, mine in mine }
@@ -238,8 +249,14 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// A copy from another node: its owner's change (this node is a replica), a handoff from its
     /// previous owner, or another version of a key this node owns (merged). Stale copies — from an
     /// owner superseded by a later lineage — change nothing.
-    public mutating func received(_ copy: V.Copy, now: UInt64, wall: Int64) -> [Effect] {
+    public mutating func received(_ copy: V.Copy, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64) -> [Effect] {
         let key = V.key(of: copy)
+        // the sender's word on how long a process has been gone counts (capped at a presence
+        // timeout), unless that process is live here
+        for (sink, age) in gone where !isLive(sink) {
+            let since = now > min(age, presenceTimeout) ? now - min(age, presenceTimeout) : 0
+            goneSince[sink] = min(goneSince[sink] ?? since, since)
+        }
         if owned[key] != nil {
             let events = owned[key]!.merge(copy, isLive: isLive, now: wall)
             let v = owned[key]!
@@ -247,7 +264,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
             if !events.isEmpty || V.isHandoff(copy) {
-                for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false) }
+                for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
             }
             return out
         }
@@ -262,19 +279,16 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             if !v.isEmpty { owned[key] = v }
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
-            for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false) }
+            for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
             return out
         }
         // a replica copy
         if let held = copies[key], V.term(of: copy) < held.term { return [] }  // from a superseded owner
-        if V.isFull(copy) {
-            var v = make(key)
-            v.install(copy)
-            copies[key] = v.isEmpty ? nil : v
-        } else if copies[key] != nil {
-            copies[key]!.install(copy)
-            if copies[key]!.isEmpty { copies[key] = nil }
-        }
+        // (a change to a key this node holds no copy of starts one: the owner's first change of
+        // a new key is all of it; anything a copy still lacks, the key's gateways restore)
+        var v = V.isFull(copy) ? make(key) : (copies[key] ?? make(key))
+        v.install(copy)
+        copies[key] = v.isEmpty ? nil : v
         return []
     }
 
@@ -326,7 +340,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             guard !events.isEmpty else { continue }
             owned[key] = v.isEmpty ? nil : v
             out.append(.deliver(events))
-            for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, replica: false) }
+            for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
         }
         return out
     }
@@ -370,7 +384,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             if !r.outputs.isEmpty {
                 effects.append(.deliver(r.outputs))
                 if let v = owned[key] {
-                    for rep in replicas(of: key) { effects += sendAll(v, to: rep, handoff: false) }
+                    for rep in replicas(of: key) { effects += sendAll(v, to: rep, handoff: false, now: now) }
                 }
                 r.outputs = []
             }
@@ -399,7 +413,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         }
         for key in touched.sorted() {
             guard let v = owned[key] else { continue }
-            for r in replicas(of: key) { effects += sendAll(v, to: r, handoff: false) }
+            for r in replicas(of: key) { effects += sendAll(v, to: r, handoff: false, now: now) }
         }
         return effects
     }

@@ -142,7 +142,7 @@ struct Context: Sendable {
             default: status = "unknown"
             }
             let clients = m.clientAddress.isEmpty ? "" : " clients=\(m.clientAddress)"
-            Output.line("\(m.nodeID) peers=\(m.peerAddress)\(clients) \(status) incarnation=\(m.incarnation)\(m.isSelf ? " (this node)" : "")")
+            Output.line("\(m.nodeID) peers=\(m.peerAddress)\(clients) \(status) incarnation=\(m.incarnation) boot=\(m.boot)\(m.isSelf ? " (this node)" : "")")
         }
     }
 

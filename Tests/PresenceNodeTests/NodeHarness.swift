@@ -78,7 +78,7 @@ final class Inbox: Sendable {
             let matches = presence.filter { $0.type == type && (publisher == nil || $0.publisher == publisher) }
             if matches.count >= count { return matches[count - 1] }
             if MonotonicClock.now() > deadline {
-                throw TimedOutWaiting(what: "\(type) \(publisher ?? "") (have \(presence.map { "\($0.type)/\($0.publisher)" }))")
+                throw TimedOutWaiting(what: "\(type) \(publisher ?? "") (have \(presence.map { "\($0.channelName)#\($0.sequence % 100_000) \($0.type)/\($0.publisher)\($0.states.map { "=" + $0.value }.joined())" }))")
             }
             try await Task.sleep(nanoseconds: 2_000_000)
         }

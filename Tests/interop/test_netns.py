@@ -74,7 +74,7 @@ class Remote:
 
 def alive_everywhere(nodes):
     ids = {n.node_id for n in nodes}
-    return all({k for k, (s, _) in members(n).items() if s == 1} == ids for n in nodes)
+    return all({k for k, (s, _, _) in members(n).items() if s == 1} == ids for n in nodes)
 
 
 def test_a_partition_shorter_than_the_timeout_heals_and_loses_nothing():

@@ -46,10 +46,14 @@ struct  Presence__Admin__V1__Member
   Presence__Cluster__V1__MemberStatus status;
   uint64_t incarnation;
   protobuf_c_boolean is_self;
+  /*
+   * The member's process instance (a restart is a new one).
+   */
+  uint64_t boot;
 };
 #define PRESENCE__ADMIN__V1__MEMBER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__admin__v1__member__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED, 0, 0, 0 }
 
 
 struct  Presence__Admin__V1__MembersResponse

@@ -33,6 +33,7 @@ typedef struct Presence__Cluster__V1__HomeResult Presence__Cluster__V1__HomeResu
 typedef struct Presence__Cluster__V1__MemberRecord Presence__Cluster__V1__MemberRecord;
 typedef struct Presence__Cluster__V1__Departure Presence__Cluster__V1__Departure;
 typedef struct Presence__Cluster__V1__ChannelRecord Presence__Cluster__V1__ChannelRecord;
+typedef struct Presence__Cluster__V1__GoneGateway Presence__Cluster__V1__GoneGateway;
 typedef struct Presence__Cluster__V1__UserRecord Presence__Cluster__V1__UserRecord;
 typedef struct Presence__Cluster__V1__Delivery Presence__Cluster__V1__Delivery;
 typedef struct Presence__Cluster__V1__SessionMoved Presence__Cluster__V1__SessionMoved;
@@ -496,10 +497,28 @@ struct  Presence__Cluster__V1__ChannelRecord
   uint64_t term;
   size_t n_departed;
   Presence__Cluster__V1__Departure **departed;
+  size_t n_gone;
+  Presence__Cluster__V1__GoneGateway **gone;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_record__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, 0, 0, 0,NULL, 0, 0, 0,NULL }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, 0, 0, 0,NULL, 0, 0, 0,NULL, 0,NULL }
+
+
+/*
+ * A gateway process whose sessions in a copy are orphans, and for how long it has been gone
+ * (the receiver times them out when the presence timeout has passed since, not afresh).
+ */
+struct  Presence__Cluster__V1__GoneGateway
+{
+  ProtobufCMessage base;
+  char *node_id;
+  uint64_t boot;
+  uint64_t gone_ms;
+};
+#define PRESENCE__CLUSTER__V1__GONE_GATEWAY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__gone_gateway__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0 }
 
 
 /*
@@ -521,10 +540,12 @@ struct  Presence__Cluster__V1__UserRecord
   Presence__Cluster__V1__Departure **departed;
   uint64_t counter;
   protobuf_c_boolean handoff;
+  size_t n_gone;
+  Presence__Cluster__V1__GoneGateway **gone;
 };
 #define PRESENCE__CLUSTER__V1__USER_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__user_record__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, 0, 0,NULL, 0,NULL, 0, 0, 0,NULL, 0, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, 0, 0,NULL, 0,NULL, 0, 0, 0,NULL, 0, 0, 0,NULL }
 
 
 /*
@@ -1137,6 +1158,25 @@ Presence__Cluster__V1__ChannelRecord *
 void   presence__cluster__v1__channel_record__free_unpacked
                      (Presence__Cluster__V1__ChannelRecord *message,
                       ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__GoneGateway methods */
+void   presence__cluster__v1__gone_gateway__init
+                     (Presence__Cluster__V1__GoneGateway         *message);
+size_t presence__cluster__v1__gone_gateway__get_packed_size
+                     (const Presence__Cluster__V1__GoneGateway   *message);
+size_t presence__cluster__v1__gone_gateway__pack
+                     (const Presence__Cluster__V1__GoneGateway   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__gone_gateway__pack_to_buffer
+                     (const Presence__Cluster__V1__GoneGateway   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__GoneGateway *
+       presence__cluster__v1__gone_gateway__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__gone_gateway__free_unpacked
+                     (Presence__Cluster__V1__GoneGateway *message,
+                      ProtobufCAllocator *allocator);
 /* Presence__Cluster__V1__UserRecord methods */
 void   presence__cluster__v1__user_record__init
                      (Presence__Cluster__V1__UserRecord         *message);
@@ -1475,6 +1515,9 @@ typedef void (*Presence__Cluster__V1__Departure_Closure)
 typedef void (*Presence__Cluster__V1__ChannelRecord_Closure)
                  (const Presence__Cluster__V1__ChannelRecord *message,
                   void *closure_data);
+typedef void (*Presence__Cluster__V1__GoneGateway_Closure)
+                 (const Presence__Cluster__V1__GoneGateway *message,
+                  void *closure_data);
 typedef void (*Presence__Cluster__V1__UserRecord_Closure)
                  (const Presence__Cluster__V1__UserRecord *message,
                   void *closure_data);
@@ -1651,6 +1694,7 @@ extern const ProtobufCMessageDescriptor presence__cluster__v1__home_result__desc
 extern const ProtobufCMessageDescriptor presence__cluster__v1__member_record__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__departure__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__gone_gateway__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__delivery__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descriptor;

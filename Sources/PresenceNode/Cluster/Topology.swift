@@ -30,7 +30,7 @@ public final class Topology: Sendable {
         var routing: HashRing
     }
     private let state: Mutex<State>
-    private let readyObserver = Mutex<(@Sendable () -> Void)?>(nil)
+    private let readyObservers = Mutex<[@Sendable () -> Void]>([])
 
     public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000, ready: Bool = true) {
         self.me = me
@@ -126,17 +126,17 @@ public final class Topology: Sendable {
     }
 
     public func markReady() {
-        let observer = state.withLock { s -> (@Sendable () -> Void)? in
-            guard !s.ready else { return nil }
+        let observers = state.withLock { s -> [@Sendable () -> Void] in
+            guard !s.ready else { return [] }
             s.ready = true
-            return readyObserver.withLock { $0 }
+            return readyObservers.withLock { $0 }
         }
-        observer?()
+        for o in observers { o() }
     }
 
     /// Runs `observer` once this node becomes ready (at once if it is).
     public func onReady(_ observer: @escaping @Sendable () -> Void) {
-        readyObserver.withLock { $0 = observer }
+        readyObservers.withLock { $0.append(observer) }
         if isReady { observer() }
     }
 

@@ -109,3 +109,18 @@ extension ClusterUserRecord {
         return HomeCopy(record: record, handoff: handoff)
     }
 }
+
+extension ClusterGoneGateway {
+    static func list(_ gone: [NodeInstance: UInt64]) -> [ClusterGoneGateway] {
+        gone.sorted { $0.key < $1.key }.map { ClusterGoneGateway(nodeID: $0.key.id, boot: $0.key.boot, goneMs: $0.value / 1_000_000) }
+    }
+
+    /// Gone processes and for how long (ns), as a peer said; invalid ids are dropped.
+    static func ages(_ list: [ClusterGoneGateway]) -> [NodeInstance: UInt64] {
+        var out: [NodeInstance: UInt64] = [:]
+        for g in list where Validate.isIdentifier(g.nodeID) {
+            out[NodeInstance(g.nodeID, boot: g.boot)] = g.goneMs.multipliedReportingOverflow(by: 1_000_000).overflow ? .max : g.goneMs * 1_000_000
+        }
+        return out
+    }
+}

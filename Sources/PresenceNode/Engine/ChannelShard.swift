@@ -21,6 +21,8 @@ actor ChannelShard {
     private var ticker: Task<Void, Never>? = nil
     private var sweeper: Task<Void, Never>? = nil
     private var sweepAt: UInt64? = nil
+    /// Copies that arrived before this shard carried out the ring change they were sent for.
+    private var early: [(ChannelCopy<NodeInstance>, [NodeInstance: UInt64])] = []
     /// Replica copies sent by the call being handled: the call answers once they arrived.
     private var replicaTickets: [PeerLink.Ticket] = []
 
@@ -43,8 +45,8 @@ actor ChannelShard {
     private func carryOut(_ effects: [Keyspace<Machine>.Effect]) {
         for e in effects {
             switch e {
-            case .send(let copy, let node, let replica):
-                if let t = fabric.send(copy, to: node), replica { replicaTickets.append(t) }
+            case .send(let copy, let node, let replica, let gone):
+                if let t = fabric.send(copy, to: node, gone: gone), replica { replicaTickets.append(t) }
             case .deliver(let events):
                 deliver(events)
             }
@@ -139,8 +141,20 @@ actor ChannelShard {
         return r
     }
 
+    /// The session is not in the channel here: its gateway (which holds it there) says so again
+    /// with an announce, then retries.
+    private func requireMember(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
+        guard space[owned: key]?.contains(user: c.user, session: c.id) == true else {
+            throw PresenceError(.failedPrecondition, "NOT_A_MEMBER", "session \(c.id) is not in \(key) at its owner")
+        }
+    }
+
     private func perform(_ call: ClusterChannelCall, key: ChannelKey) throws(PresenceError) -> ClusterChannelResult {
         let now = wall
+        // (routing checked the owner, but this shard may have carried out a ring change since)
+        guard space.isOwner(key) else {
+            throw PresenceError(.unavailable, "NOT_SERVING", "NOT_OWNER: \(key) moved to another node; retry")
+        }
         switch call.op {
         case .join:
             let c = try caller(call)
@@ -186,6 +200,7 @@ actor ChannelShard {
             let c = try caller(call)
             try refuseIfMoved(c, key)
             let items = try Validate.stateItems(call.items)
+            try requireMember(c, key)
             _ = try update(key, user: c.user, create: false) { m throws(PresenceError) in
                 (try m.setState(user: c.user, session: c.id, items: items, now: now), ())
             }
@@ -194,6 +209,7 @@ actor ChannelShard {
             let c = try caller(call)
             try refuseIfMoved(c, key)
             for k in call.keys { try Validate.stateKey(k) }
+            try requireMember(c, key)
             _ = try update(key, user: c.user, create: false) { m in
                 (m.removeState(user: c.user, session: c.id, keys: call.keys, now: now), ())
             }
@@ -234,11 +250,26 @@ actor ChannelShard {
     func ringChanged(to ring: HashRing) {
         carryOut(space.ringChanged(to: ring, now: now, wall: wall))
         reschedule(space.owned.keys)
+        receiveEarly()
+    }
+
+    /// Copies that waited for this shard to catch up (with the ring, or with joining).
+    func receiveEarly() {
+        guard fabric.topology.isReady, space.ring == fabric.topology.ring, !early.isEmpty else { return }
+        let copies = early
+        early = []
+        for (c, gone) in copies { received(c, gone: gone) }
     }
 
     /// A copy from another node (replication, handoff, or another version of an owned channel).
-    func received(_ copy: ChannelCopy<NodeInstance>) {
-        carryOut(space.received(copy, now: now, wall: wall))
+    /// One sent for a ring this shard has not caught up with yet (or before this node joined) waits for it.
+    func received(_ copy: ChannelCopy<NodeInstance>, gone: [NodeInstance: UInt64] = [:]) {
+        // (a node that has not joined yet routes by a ring of its own: it would own everything)
+        guard fabric.topology.isReady, space.ring == fabric.topology.ring else {
+            early.append((copy, gone))
+            return
+        }
+        carryOut(space.received(copy, gone: gone, now: now, wall: wall))
         reschedule([copy.key])
     }
 
@@ -264,7 +295,7 @@ actor ChannelShard {
     /// Hands every channel to the node that owns it once this node is gone (graceful leave); from
     /// now on this shard owns nothing.
     func handOffAll(to ring: HashRing) {
-        carryOut(space.handOffAll(to: ring))
+        carryOut(space.handOffAll(to: ring, now: now))
         intervalChannels = []
     }
 

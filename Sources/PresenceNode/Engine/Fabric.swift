@@ -129,15 +129,17 @@ final class Fabric: Sendable {
     }
 
     /// Sends a channel copy (replication or handoff) to `node`; the ticket tells when it arrived.
-    func send(_ copy: ChannelCopy<NodeInstance>, to node: String) -> PeerLink.Ticket? {
+    func send(_ copy: ChannelCopy<NodeInstance>, to node: String, gone: [NodeInstance: UInt64] = [:]) -> PeerLink.Ticket? {
         guard node != me, let link else { return nil }
-        let record = ClusterChannelRecord(copy)
+        var record = ClusterChannelRecord(copy)
+        record.gone = ClusterGoneGateway.list(gone)
         return link.push(to: instance(of: node), bytes: 96 * max(1, record.members.count)) { $0.channels.append(record) }
     }
 
-    func send(_ copy: HomeCopy, to node: String) -> PeerLink.Ticket? {
+    func send(_ copy: HomeCopy, to node: String, gone: [NodeInstance: UInt64] = [:]) -> PeerLink.Ticket? {
         guard node != me, let link else { return nil }
-        let record = ClusterUserRecord(copy)
+        var record = ClusterUserRecord(copy)
+        record.gone = ClusterGoneGateway.list(gone)
         return link.push(to: instance(of: node), bytes: 96 * max(1, record.sessions.count + record.watchers.count + 1)) { $0.users.append(record) }
     }
 }

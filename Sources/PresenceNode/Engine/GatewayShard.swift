@@ -37,7 +37,9 @@ final class GatewayShard: Sendable {
     func resume(_ id: SessionID, user: String) -> Opened? {
         let now = clock.monotonicNanoseconds()
         return state.withLock { st -> Opened? in
-            guard case .resumed(let id, let generation) = st.table.open(user: user, resume: id, newID: id, now: now),
+            // (only the session's own user may resume it; nothing is written otherwise)
+            guard st.table[id]?.userID == user,
+                  case .resumed(let id, let generation) = st.table.open(user: user, resume: id, newID: id, now: now),
                   let outbox = st.outboxes[id] else { return nil }
             return Opened(id: id, generation: generation, resumed: true, outbox: outbox)
         }

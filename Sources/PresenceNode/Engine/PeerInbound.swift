@@ -65,11 +65,11 @@ struct PeerInbound: Sendable {
         let from = NodeInstance(batch.fromNodeID, boot: batch.fromBoot)
         for r in batch.channels {
             guard let copy = r.copy else { continue }
-            await core.channelShard(copy.key).received(copy)
+            await core.channelShard(copy.key).received(copy, gone: ClusterGoneGateway.ages(r.gone))
         }
         for r in batch.users {
             guard let copy = r.copy else { continue }
-            await core.userHomes[core.homeShardIndex(copy.record.userID)].received(copy)
+            await core.userHomes[core.homeShardIndex(copy.record.userID)].received(copy, gone: ClusterGoneGateway.ages(r.gone))
         }
         for m in batch.moved {
             guard let id = SessionID(text: m.sessionID), Validate.isIdentifier(m.gateway) else { continue }

@@ -100,6 +100,12 @@ public final class PresenceEngine: Sendable {
         let sessions = self.sessions
         core.gateway.onResnapshot { asks in sessions.requestSnapshots(asks) }
         link?.onLoss { [ring] node in ring.lostPushes(to: node) }
+        topology.onReady { [core] in
+            core.background.run {
+                for s in core.channelShards { await s.receiveEarly() }
+                for s in core.userHomes { await s.receiveEarly() }
+            }
+        }
     }
 
     /// Starts the engine's periodic work (anti-entropy, in a cluster).
@@ -150,12 +156,22 @@ public final class PresenceEngine: Sendable {
 
     /// Runs a call for one of this gateway's sessions at an owner; an owner that knows the session
     /// was resumed on another gateway makes this gateway drop it (NOT_FOUND for the client).
-    private func sessionCall<T>(_ id: SessionID, _ body: () async throws(PresenceError) -> T) async throws(PresenceError) -> T {
-        do {
-            return try await body()
+    /// An owner that lost the session's membership (NOT_A_MEMBER) is given it back by an announce
+    /// from this gateway, the authority on it, and the call is made once more.
+    private func sessionCall<T>(_ id: SessionID, _ key: ChannelKey? = nil, _ body: () async throws(PresenceError) -> T) async throws(PresenceError) -> T {
+        do throws(PresenceError) {
+            do throws(PresenceError) {
+                return try await body()
+            } catch where error.name == "NOT_A_MEMBER" {
+                guard let key, let s = core.gatewayShard(id).held(id) else { throw error }
+                try await sessions.announce(s, key)
+                return try await body()
+            }
         } catch where error.name == "SESSION_MOVED" {
             sessions.superseded(id)
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "session \(id) was resumed on another node")
+        } catch where error.name == "NOT_A_MEMBER" {
+            throw PresenceError(.unavailable, "NOT_SERVING", "the channel's owner is catching up with this session; retry")
         }
     }
 
@@ -214,7 +230,7 @@ public final class PresenceEngine: Sendable {
             try g.setPendingState(id, channel: key, items: items)
             return
         }
-        let r = try await sessionCall(id) { () async throws(PresenceError) in
+        let r = try await sessionCall(id, key) { () async throws(PresenceError) in
             try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .setState,
                                                                  session: core.ref(s, version: m.joinVersion), items: items))
         }
@@ -231,7 +247,7 @@ public final class PresenceEngine: Sendable {
             g.removePendingState(id, channel: key, keys: keys)
             return
         }
-        let r = try await sessionCall(id) { () async throws(PresenceError) in
+        let r = try await sessionCall(id, key) { () async throws(PresenceError) in
             try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .removeState,
                                                                  session: core.ref(s, version: m.joinVersion), keys: keys))
         }

@@ -69,13 +69,9 @@ struct SessionLifecycle: Sendable {
     /// Tells the session's channels' owners and its watched users' homes that it lives here now,
     /// at its new version (with the state this gateway holds for it).
     func announce(_ s: SessionTable.Session) async {
-        for (key, m) in s.channels.sorted(by: { $0.key < $1.key }) {
-            let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
-                                          session: core.ref(s, withPresence: m.withPresence, version: m.joinVersion),
-                                          items: m.state, stateVersion: m.stateVersion)
+        for key in s.channels.keys.sorted() {
             do {
-                let r = try await router.channelCall(key, call)
-                core.gatewayShard(s.id).stateAcknowledged(s.id, channel: key, state: r.state, version: r.stateVersion)
+                try await announce(s, key)
             } catch {
                 if error.name == "SESSION_MOVED" {
                     superseded(s.id)
@@ -87,6 +83,16 @@ struct SessionLifecycle: Sendable {
         for users in router.byHome(s.watching.sorted()) {
             _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: core.ref(s)))
         }
+    }
+
+    /// Tells a channel's owner that the session is in it, as this gateway holds it.
+    func announce(_ s: SessionTable.Session, _ key: ChannelKey) async throws(PresenceError) {
+        guard let m = s.channels[key] else { return }
+        let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
+                                      session: core.ref(s, withPresence: m.withPresence, version: m.joinVersion),
+                                      items: m.state, stateVersion: m.stateVersion)
+        let r = try await router.channelCall(key, call)
+        core.gatewayShard(s.id).stateAcknowledged(s.id, channel: key, state: r.state, version: r.stateVersion)
     }
 
     /// After a resume that lost events: a fresh SNAPSHOT of every channel the session follows.

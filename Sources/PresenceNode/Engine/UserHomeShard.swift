@@ -16,6 +16,8 @@ actor UserHomeShard {
     private let fabric: Fabric
     private var sweeper: Task<Void, Never>? = nil
     private var sweepAt: UInt64? = nil
+    /// Copies that arrived before this shard carried out the ring change they were sent for.
+    private var early: [(HomeCopy, [NodeInstance: UInt64])] = []
     /// Replica copies sent by the call being handled.
     private var replicaTickets: [PeerLink.Ticket] = []
 
@@ -34,8 +36,8 @@ actor UserHomeShard {
     private func carryOut(_ effects: [Keyspace<Record>.Effect]) {
         for e in effects {
             switch e {
-            case .send(let copy, let node, let replica):
-                if let t = fabric.send(copy, to: node), replica { replicaTickets.append(t) }
+            case .send(let copy, let node, let replica, let gone):
+                if let t = fabric.send(copy, to: node, gone: gone), replica { replicaTickets.append(t) }
             case .deliver(let changes):
                 for c in changes { fabric.deliver(c, at: wall) }
             }
@@ -96,6 +98,10 @@ actor UserHomeShard {
     private func perform(_ call: ClusterHomeCall, users: [String]) throws(PresenceError) -> ClusterHomeResult {
         var result = ClusterHomeResult()
         guard let user = users.first else { return result }
+        // (routing checked the home, but this shard may have carried out a ring change since)
+        guard users.allSatisfy({ space.isOwner($0) }) else {
+            throw PresenceError(.unavailable, "NOT_SERVING", "NOT_OWNER: these users' home moved to another node; retry")
+        }
         switch call.op {
         case .sessionOpened:
             let (id, sink, version) = try caller(call)
@@ -202,10 +208,25 @@ actor UserHomeShard {
     func ringChanged(to ring: HashRing) {
         carryOut(space.ringChanged(to: ring, now: now, wall: wall))
         scheduleSweep()
+        receiveEarly()
     }
 
-    func received(_ copy: HomeCopy) {
-        carryOut(space.received(copy, now: now, wall: wall))
+    /// Copies that waited for this shard to catch up (with the ring, or with joining).
+    func receiveEarly() {
+        guard fabric.topology.isReady, space.ring == fabric.topology.ring, !early.isEmpty else { return }
+        let copies = early
+        early = []
+        for (c, gone) in copies { received(c, gone: gone) }
+    }
+
+    /// A copy from another node; one sent for a ring this shard has not caught up with yet waits for it.
+    func received(_ copy: HomeCopy, gone: [NodeInstance: UInt64] = [:]) {
+        // (a node that has not joined yet routes by a ring of its own: it would own everything)
+        guard fabric.topology.isReady, space.ring == fabric.topology.ring else {
+            early.append((copy, gone))
+            return
+        }
+        carryOut(space.received(copy, gone: gone, now: now, wall: wall))
         scheduleSweep()
     }
 
@@ -224,7 +245,7 @@ actor UserHomeShard {
     }
 
     func handOffAll(to ring: HashRing) {
-        carryOut(space.handOffAll(to: ring))
+        carryOut(space.handOffAll(to: ring, now: now))
     }
 
     // MARK: Timers

@@ -19,7 +19,7 @@ public struct AdminService: Sendable {
             let counts = await engine.channelCounts()
             return AdminMembersResponse(members: membership.members.map { u in
                 AdminMember(nodeID: u.id, peerAddress: u.address, clientAddress: membership.clientAddress(of: u.id),
-                            status: membership.wire(u).status, incarnation: u.incarnation, isSelf: u.id == membership.nodeID)
+                            status: membership.wire(u).status, incarnation: u.incarnation, isSelf: u.id == membership.nodeID, boot: u.boot)
             }, peerRequestsReceived: UInt64(traffic.requests), peerBytesReceived: UInt64(traffic.bytes),
                channelsOwned: UInt64(counts.owned), channelCopies: UInt64(counts.copies))
         }

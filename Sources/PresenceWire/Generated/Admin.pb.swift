@@ -43,16 +43,18 @@ public struct AdminMember: ProtoMessage, Sendable, Hashable {
     public var status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0)
     public var incarnation: UInt64 = 0
     public var isSelf: Bool = false
+    public var boot: UInt64 = 0
 
     public init() {}
 
-    public init(nodeID: String = "", peerAddress: String = "", clientAddress: String = "", status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0), incarnation: UInt64 = 0, isSelf: Bool = false) {
+    public init(nodeID: String = "", peerAddress: String = "", clientAddress: String = "", status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0), incarnation: UInt64 = 0, isSelf: Bool = false, boot: UInt64 = 0) {
         self.nodeID = nodeID
         self.peerAddress = peerAddress
         self.clientAddress = clientAddress
         self.status = status
         self.incarnation = incarnation
         self.isSelf = isSelf
+        self.boot = boot
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -81,6 +83,7 @@ extension AdminMember: CMessageBridge {
         self.status = ClusterMemberStatus(rawValue: Int32(truncatingIfNeeded: c.pointee.status.rawValue))
         self.incarnation = c.pointee.incarnation
         self.isSelf = c.pointee.is_self != 0
+        self.boot = c.pointee.boot
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -91,6 +94,7 @@ extension AdminMember: CMessageBridge {
         c.pointee.status = .init(rawValue: .init(truncatingIfNeeded: self.status.rawValue))
         c.pointee.incarnation = self.incarnation
         c.pointee.is_self = self.isSelf ? 1 : 0
+        c.pointee.boot = self.boot
     }
 }
 

@@ -1062,10 +1062,11 @@ public struct ClusterChannelRecord: ProtoMessage, Sendable, Hashable {
     public var handoff: Bool = false
     public var term: UInt64 = 0
     public var departed: [ClusterDeparture] = []
+    public var gone: [ClusterGoneGateway] = []
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sequence: UInt64 = 0, full: Bool = false, members: [ClusterMemberRecord] = [], handoff: Bool = false, term: UInt64 = 0, departed: [ClusterDeparture] = []) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), sequence: UInt64 = 0, full: Bool = false, members: [ClusterMemberRecord] = [], handoff: Bool = false, term: UInt64 = 0, departed: [ClusterDeparture] = [], gone: [ClusterGoneGateway] = []) {
         self.channelName = channelName
         self.channelType = channelType
         self.sequence = sequence
@@ -1074,6 +1075,7 @@ public struct ClusterChannelRecord: ProtoMessage, Sendable, Hashable {
         self.handoff = handoff
         self.term = term
         self.departed = departed
+        self.gone = gone
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1104,6 +1106,7 @@ extension ClusterChannelRecord: CMessageBridge {
         self.handoff = c.pointee.handoff != 0
         self.term = c.pointee.term
         self.departed = try WireCodec.readArray(c.pointee.departed, c.pointee.n_departed) { try ClusterDeparture(cStruct: $0!) }
+        self.gone = try WireCodec.readArray(c.pointee.gone, c.pointee.n_gone) { try ClusterGoneGateway(cStruct: $0!) }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1116,6 +1119,54 @@ extension ClusterChannelRecord: CMessageBridge {
         c.pointee.handoff = self.handoff ? 1 : 0
         c.pointee.term = self.term
         (c.pointee.n_departed, c.pointee.departed) = arena.messageArray(self.departed)
+        (c.pointee.n_gone, c.pointee.gone) = arena.messageArray(self.gone)
+    }
+}
+
+/// `presence.cluster.v1.GoneGateway` (proto message).
+public struct ClusterGoneGateway: ProtoMessage, Sendable, Hashable {
+    public var nodeID: String = ""
+    public var boot: UInt64 = 0
+    public var goneMs: UInt64 = 0
+
+    public init() {}
+
+    public init(nodeID: String = "", boot: UInt64 = 0, goneMs: UInt64 = 0) {
+        self.nodeID = nodeID
+        self.boot = boot
+        self.goneMs = goneMs
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterGoneGateway.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterGoneGateway: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__GoneGateway
+    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__gone_gateway__unpack(nil, count, data) }
+    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__gone_gateway__free_unpacked(message, nil) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__gone_gateway__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__gone_gateway__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.nodeID = try WireCodec.readString(c.pointee.node_id)
+        self.boot = c.pointee.boot
+        self.goneMs = c.pointee.gone_ms
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__gone_gateway__init(c)
+        if !self.nodeID.isEmpty { c.pointee.node_id = arena.cString(self.nodeID) }
+        c.pointee.boot = self.boot
+        c.pointee.gone_ms = self.goneMs
     }
 }
 
@@ -1131,10 +1182,11 @@ public struct ClusterUserRecord: ProtoMessage, Sendable, Hashable {
     public var departed: [ClusterDeparture] = []
     public var counter: UInt64 = 0
     public var handoff: Bool = false
+    public var gone: [ClusterGoneGateway] = []
 
     public init() {}
 
-    public init(userID: String = "", chosen: UserStatus = UserStatus(rawValue: 0), everOpened: Bool = false, sessions: [ClusterHomeSession] = [], watchers: [ClusterSessionRef] = [], term: UInt64 = 0, chosenVersion: UInt64 = 0, departed: [ClusterDeparture] = [], counter: UInt64 = 0, handoff: Bool = false) {
+    public init(userID: String = "", chosen: UserStatus = UserStatus(rawValue: 0), everOpened: Bool = false, sessions: [ClusterHomeSession] = [], watchers: [ClusterSessionRef] = [], term: UInt64 = 0, chosenVersion: UInt64 = 0, departed: [ClusterDeparture] = [], counter: UInt64 = 0, handoff: Bool = false, gone: [ClusterGoneGateway] = []) {
         self.userID = userID
         self.chosen = chosen
         self.everOpened = everOpened
@@ -1145,6 +1197,7 @@ public struct ClusterUserRecord: ProtoMessage, Sendable, Hashable {
         self.departed = departed
         self.counter = counter
         self.handoff = handoff
+        self.gone = gone
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1177,6 +1230,7 @@ extension ClusterUserRecord: CMessageBridge {
         self.departed = try WireCodec.readArray(c.pointee.departed, c.pointee.n_departed) { try ClusterDeparture(cStruct: $0!) }
         self.counter = c.pointee.counter
         self.handoff = c.pointee.handoff != 0
+        self.gone = try WireCodec.readArray(c.pointee.gone, c.pointee.n_gone) { try ClusterGoneGateway(cStruct: $0!) }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1191,6 +1245,7 @@ extension ClusterUserRecord: CMessageBridge {
         (c.pointee.n_departed, c.pointee.departed) = arena.messageArray(self.departed)
         c.pointee.counter = self.counter
         c.pointee.handoff = self.handoff ? 1 : 0
+        (c.pointee.n_gone, c.pointee.gone) = arena.messageArray(self.gone)
     }
 }
 
