@@ -124,3 +124,23 @@ extension ClusterGoneGateway {
         return out
     }
 }
+
+extension ClusterChannelFact {
+    init(_ key: ChannelKey, _ f: ChannelFact, at me: NodeInstance) {
+        self.init(channelName: key.name, channelType: key.type,
+                  session: ClusterSessionRef(sessionID: f.session.description, userID: f.user, gateway: me.id, withPresence: f.withPresence,
+                                             gatewayBoot: me.boot, version: f.joinVersion),
+                  state: f.state, stateVersion: f.stateVersion)
+    }
+}
+
+extension ClusterHomeFact {
+    init(_ user: String, _ f: HomeFact, at me: NodeInstance) {
+        switch f {
+        case .session(let id, let record):
+            self.init(userID: user, session: ClusterHomeSession(id, record))
+        case .watcher(let id, let version):
+            self.init(userID: user, session: ClusterHomeSession(sessionID: id.description, gateway: me.id, gatewayBoot: me.boot, version: version), watcher: true)
+        }
+    }
+}

@@ -53,47 +53,9 @@ final class AntiEntropy: Sendable {
         }
     }
 
-    /// What this gateway holds for one owner's keys.
-    struct Facts {
-        var channels = FactDigest()
-        var homes = FactDigest()
-        var channelFacts: [Int: [ClusterChannelFact]] = [:]
-        var homeFacts: [Int: [ClusterHomeFact]] = [:]
-    }
-
     /// This gateway's facts, by the node that owns each key on `ring`.
-    func facts(on ring: HashRing) -> [String: Facts] {
-        var out: [String: Facts] = [:]
-        let me = core.me
-        for g in core.gateway.shards {
-            for s in g.allSessions() {
-                for (key, m) in s.channels {
-                    guard let owner = ring.owner(of: key) else { continue }
-                    let h = StableHash.of(key)
-                    let fact = ChannelFact(session: s.id, user: s.userID, withPresence: m.withPresence, joinVersion: m.joinVersion, state: m.state, stateVersion: m.stateVersion)
-                    out[owner, default: Facts()].channels.add(keyHash: h, fact: fact.hash)
-                    out[owner]!.channelFacts[FactDigest.bucket(h), default: []].append(ClusterChannelFact(
-                        channelName: key.name, channelType: key.type,
-                        session: ClusterSessionRef(sessionID: s.id.description, userID: s.userID, gateway: me.id, withPresence: m.withPresence,
-                                                   gatewayBoot: me.boot, version: m.joinVersion),
-                        state: m.state, stateVersion: m.stateVersion))
-                }
-                let record = HomeRecord<NodeInstance>.Session(sink: me, version: s.version, channels: s.channels.mapValues(\.withPresence), watching: s.watching.sorted())
-                if let home = ring.home(ofUser: s.userID) {
-                    let h = HashRing.hash(ofUser: s.userID)
-                    out[home, default: Facts()].homes.add(keyHash: h, fact: HomeFact.session(s.id, record).hash)
-                    out[home]!.homeFacts[FactDigest.bucket(h), default: []].append(ClusterHomeFact(userID: s.userID, session: ClusterHomeSession(s.id, record)))
-                }
-                for w in s.watching {
-                    guard let home = ring.home(ofUser: w) else { continue }
-                    let h = HashRing.hash(ofUser: w)
-                    out[home, default: Facts()].homes.add(keyHash: h, fact: HomeFact.watcher(s.id, version: s.version).hash)
-                    out[home]!.homeFacts[FactDigest.bucket(h), default: []].append(ClusterHomeFact(
-                        userID: w, session: ClusterHomeSession(sessionID: s.id.description, gateway: me.id, gatewayBoot: me.boot, version: s.version), watcher: true))
-                }
-            }
-        }
-        return out
+    func facts(on ring: HashRing) -> [String: GatewayFacts] {
+        GatewayFacts.byOwner(core.gateway.shards.lazy.flatMap { $0.allSessions() }, me: core.me, ring: ring)
     }
 
     /// One round with every owner.
@@ -104,11 +66,11 @@ final class AntiEntropy: Sendable {
         rounds.add(1, ordering: .relaxed)
         let all = facts(on: ring)
         for node in ring.members {
-            await reconcile(with: node, all[node] ?? Facts(), fingerprint: ring.fingerprint)
+            await reconcile(with: node, all[node] ?? GatewayFacts(), fingerprint: ring.fingerprint)
         }
     }
 
-    private func reconcile(with node: String, _ f: Facts, fingerprint: UInt64) async {
+    private func reconcile(with node: String, _ f: GatewayFacts, fingerprint: UInt64) async {
         let me = core.me
         let digest = ClusterDigestRequest(fromNodeID: me.id, fromBoot: me.boot, ringFingerprint: fingerprint,
                                           channelCounts: f.channels.counts, channelSums: f.channels.sums,
@@ -124,13 +86,13 @@ final class AntiEntropy: Sendable {
             current = ClusterExchangeRequest(fromNodeID: me.id, fromBoot: me.boot, ringFingerprint: fingerprint)
         }
         for b in d.channelBuckets where b < FactDigest.buckets {
-            let facts = f.channelFacts[Int(b)] ?? []
+            let facts = (f.channelFacts[Int(b)] ?? []).map { ClusterChannelFact($0.key, $0.fact, at: me) }
             if current.channelFacts.count + current.homeFacts.count + facts.count > Self.maxFactsPerExchange, !(current.channelBuckets.isEmpty && current.homeBuckets.isEmpty) { flush() }
             current.channelBuckets.append(b)
             current.channelFacts += facts
         }
         for b in d.homeBuckets where b < FactDigest.buckets {
-            let facts = f.homeFacts[Int(b)] ?? []
+            let facts = (f.homeFacts[Int(b)] ?? []).map { ClusterHomeFact($0.user, $0.fact, at: me) }
             if current.channelFacts.count + current.homeFacts.count + facts.count > Self.maxFactsPerExchange, !(current.channelBuckets.isEmpty && current.homeBuckets.isEmpty) { flush() }
             current.homeBuckets.append(b)
             current.homeFacts += facts
@@ -168,28 +130,20 @@ final class AntiEntropy: Sendable {
         for k in suspects {
             guard let id = SessionID(text: k.sessionID) else { continue }
             let g = core.gatewayShard(id)
-            if let s = g.held(id) {
-                let stillThere: Bool
-                if k.channelName.isEmpty {
-                    stillThere = s.userID == k.userID || s.watching.contains(k.userID)
-                } else {
-                    stillThere = (try? Validate.channel(k.channelName, k.channelType)).map { s.channels[$0] != nil } ?? true
-                }
-                if !stillThere {
-                    var gone = k
-                    gone.version = s.version
-                    out.gone.append(gone)
-                }
-            } else if let (to, version) = g.movedTo(id) {
-                var moved = k
-                moved.gateway = to.id
-                moved.gatewayBoot = to.boot
-                moved.version = version
-                out.moved.append(moved)
-            } else {
-                var gone = k
-                gone.version = .max
-                out.gone.append(gone)
+            let channel = k.channelName.isEmpty ? nil : try? Validate.channel(k.channelName, k.channelType)
+            guard k.channelName.isEmpty || channel != nil else { continue }
+            var answer = k
+            switch GatewayFacts.verdict(channel: channel, user: k.channelName.isEmpty ? k.userID : nil, held: g.held(id), movedTo: g.movedTo(id)) {
+            case .held:
+                continue
+            case .gone(let version):
+                answer.version = version
+                out.gone.append(answer)
+            case .moved(let to, let version):
+                answer.gateway = to.id
+                answer.gatewayBoot = to.boot
+                answer.version = version
+                out.moved.append(answer)
             }
         }
         return out
