@@ -40,7 +40,7 @@ public final class Node: Sendable {
         health.setJoining(true)
         topology.onReady { health.setJoining(false) }
         let link = PeerLink(me: { topology.instance }, timings: settings.timings) { [weak membership] id in membership?.peerClient(for: id) }
-        let engine = PresenceEngine(settings: settings, loops: group.loops, topology: topology, link: link)
+        let engine = PresenceEngine(settings: settings, loops: group.loops, topology: topology, link: link, logger: self.logger)
         self.engine = engine
         // ring changes are carried out one at a time, in the order membership saw them
         let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing).self)

@@ -62,8 +62,25 @@ actor ChannelShard {
                 encoded = (key, d.event.sequence, EventEncoding.framed(d.event))
             }
             fabric.deliver(d, channel: key, framed: encoded!.bytes)
+            if d.isSnapshot, let trace = fabric.trace {
+                trace("snapshot", ["channel": "\(key)", "sessions": d.sessions.map(\.description).joined(separator: ","),
+                                   "to": "\(d.sink)", "sequence": String(d.event.sequence)])
+            }
         }
     }
+
+    /// Logs (at debug) which channels this shard started or stopped owning, and their lineage.
+    private func traceOwnership(_ what: String, before: [ChannelKey: UInt64]) {
+        guard let trace = fabric.trace else { return }
+        for (key, m) in space.owned where before[key] != m.term {
+            trace("owning", ["channel": "\(key)", "after": what, "term": String(m.term), "sequence": String(m.sequence), "members": String(m.occupancy)])
+        }
+        for key in before.keys where space.owned[key] == nil {
+            trace("not owning", ["channel": "\(key)", "after": what])
+        }
+    }
+
+    private var terms: [ChannelKey: UInt64] { fabric.trace == nil ? [:] : space.owned.mapValues(\.term) }
 
     /// After anything that may have changed which channels need ticking or sweeping.
     private func reschedule(_ keys: some Sequence<ChannelKey>) {
@@ -248,7 +265,9 @@ actor ChannelShard {
     // MARK: Ring changes, copies, gateways
 
     func ringChanged(to ring: HashRing) {
+        let before = terms
         carryOut(space.ringChanged(to: ring, now: now, wall: wall))
+        traceOwnership("ring change", before: before)
         reschedule(space.owned.keys)
         receiveEarly()
     }
@@ -269,7 +288,9 @@ actor ChannelShard {
             early.append((copy, gone))
             return
         }
+        let before = terms
         carryOut(space.received(copy, gone: gone, now: now, wall: wall))
+        traceOwnership(copy.handoff ? "handoff" : "copy", before: before)
         reschedule([copy.key])
     }
 

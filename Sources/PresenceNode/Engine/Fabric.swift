@@ -83,10 +83,14 @@ final class Fabric: Sendable {
     var me: String { topology.me }
     var instance: NodeInstance { topology.instance }
 
-    init(topology: Topology, link: PeerLink?, gateway: LocalGateway) {
+    /// Debug logging of ownership changes and SNAPSHOTs (nil unless the node logs at debug).
+    let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
+
+    init(topology: Topology, link: PeerLink?, gateway: LocalGateway, trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil) {
         self.topology = topology
         self.link = link
         self.gateway = gateway
+        self.trace = trace
     }
 
     /// The process of `node` on the current ring (for pushes addressed to it).

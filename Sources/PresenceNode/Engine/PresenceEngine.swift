@@ -38,7 +38,8 @@ final class EngineCore: Sendable {
     var timings: ClusterTimings { settings.timings }
     var me: NodeInstance { topology.instance }
 
-    init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock, topology: Topology, link: PeerLink?) {
+    init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock, topology: Topology, link: PeerLink?,
+         trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil) {
         self.settings = settings
         self.clock = clock
         self.topology = topology
@@ -46,7 +47,7 @@ final class EngineCore: Sendable {
         let n = max(1, settings.shards)
         let gateway = LocalGateway(shards: n, resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock, movedMemory: settings.timings.movedMemory)
         self.gateway = gateway
-        let fabric = Fabric(topology: topology, link: link, gateway: gateway)
+        let fabric = Fabric(topology: topology, link: link, gateway: gateway, trace: trace)
         channelShards = (0..<n).map { i in
             ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds,
                          presenceTimeout: settings.presenceTimeoutNanoseconds, replicationFactor: topology.replicationFactor,
@@ -87,10 +88,14 @@ public final class PresenceEngine: Sendable {
     /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count). Without a
     /// `link` the engine is a cluster of one.
     public init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock = SystemClock(),
-                topology: Topology? = nil, link: PeerLink? = nil) {
+                topology: Topology? = nil, link: PeerLink? = nil, logger: Logger? = nil) {
         precondition(!loops.isEmpty, "the engine needs at least one event loop")
         let topology = topology ?? Topology(me: settings.nodeID, replicationFactor: 1)
-        let core = EngineCore(settings: settings, loops: loops, clock: clock, topology: topology, link: link)
+        var trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil
+        if let logger, logger.level == .debug {
+            trace = { m, f in logger.debug(m, f) }
+        }
+        let core = EngineCore(settings: settings, loops: loops, clock: clock, topology: topology, link: link, trace: trace)
         self.core = core
         router = Router(core: core)
         sessions = SessionLifecycle(core: core, router: router)
