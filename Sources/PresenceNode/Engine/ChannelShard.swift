@@ -365,6 +365,17 @@ actor ChannelShard {
         return true
     }
 
+    /// Drops a session from an owned channel as if this owner had lost it (a copy that missed it),
+    /// with the events that makes. For tests of anti-entropy only.
+    func loseForTesting(_ session: SessionID, in key: ChannelKey) {
+        var routed: [RoutedDelivery<NodeInstance>] = []
+        _ = try? space.withOwned(key, create: false, now: wall) { m in
+            guard let user = m.user(of: session) else { return }
+            routed = m.route(m.leave(user: user, session: session, byGateway: false, now: wall))
+        }
+        deliver(routed)
+    }
+
     // MARK: Counters
 
     var channelCount: Int { space.owned.count }
