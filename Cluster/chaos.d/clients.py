@@ -33,6 +33,7 @@ CHANNEL_OPTIONS = [
     # a paused or cut-off node is noticed by keepalive (an SDK's only way without app-level pings)
     ("grpc.keepalive_time_ms", 1000),
     ("grpc.keepalive_timeout_ms", 1500),
+    ("grpc.http2.ping_timeout_ms", 1500),   # (grpc-core 1.66 times keepalive pings out with this one)
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     # a restarted node is reachable again quickly
@@ -69,6 +70,7 @@ class Device:
         self.broken_at = None
         self.recovery = None        # what to restore after a lost session (done by the worker)
         self.closed_at = 0.0
+        self.reopen_at = 0.0
         self.events = []            # (t, sid, node, kind, payload) of every received event
         self.sessions = []          # every sid this device held, in order
         self.channels = {}          # the SDK's own view: channel -> with_presence
@@ -127,6 +129,7 @@ class Device:
             self.move_from = None
             if not self.sessions or self.sessions[-1] != sid:
                 self.sessions.append(sid)
+            self.env.attachments.setdefault(sid, []).append((now(), node_index))
             self.cond.notify_all()
         if old is not None and old is not call:
             old.cancel()
@@ -258,6 +261,13 @@ class Device:
         # no node answered for longer than the presence timeout: the session is gone
         self._lost(sid, origin, "no node answered a resume in time", None, None)
 
+    def vanished(self, sid, origin, reason):
+        """The worker found the session unknown to its gateway although its stream was up."""
+        with self.cond:
+            if self.sid != sid:
+                return
+        self._lost(sid, origin, reason, None, None)
+
     def _lost(self, sid, origin, reason, call, fresh):
         """The session ended without our consent. The worker restores what it can (as an SDK would)."""
         env = self.env
@@ -280,12 +290,17 @@ class Device:
             self.channels = {}
             self.watching = set()
             self.recovery = {"channels": channels, "state": restore, "watching": watching, "since": t}
+            stale = None
             if fresh:
                 self.state = "opening"
             else:
                 self.state = "closed"   # the worker opens a fresh session
                 self.sid = None
+                self.gen += 1           # whatever stream is left belongs to the lost session
+                stale, self.call = self.call, None
                 self.cond.notify_all()
+        if stale is not None:
+            stale.cancel()
         if fresh:
             self._install(call, fresh[0], fresh[1])
 
@@ -321,7 +336,9 @@ class UserClient:
             m.leave_started(sid0, channel, rec.t0)
         same_node_failures = 0
         last_node = None
-        while True:
+        if sid0 is None:
+            rec.outcome = "session-lost"   # the session ended (lost) just before the call
+        while rec.outcome is None:
             left = CALL_CAP - (now() - rec.t0)
             if left <= 0:
                 rec.outcome = "gave-up"
@@ -367,12 +384,23 @@ class UserClient:
                         rec.notes.append("NOT_FOUND while the stream broke: retried after the resume")
                         env.stats["notfound_after_break"] += 1
                         continue
-                    if method == "CloseSession" and rec.attempts > 1 and dev.state == "closed":
+                    if method == "CloseSession":
+                        # the session is gone either way: an SDK takes it as closed (the model too)
                         rec.outcome = "ok"
+                        if len(rec.errors) > 1:
+                            # an earlier attempt without an answer closed it; the retry must not fail
+                            rec.notes.append("not idempotent: the retried CloseSession answered NOT_FOUND")
+                        else:
+                            rec.notes.append("vanished: CloseSession of a connected session answered NOT_FOUND")
                         break
                 rec.outcome = "error"
                 rec.code = code.name
                 rec.detail = detail
+                if code == grpc.StatusCode.NOT_FOUND and session_call and detail.startswith("SESSION_NOT_FOUND"):
+                    # the gateway no longer knows a session whose stream is up: an SDK drops it and
+                    # opens a new one (its recovery); the model ends it here
+                    rec.notes.append(f"vanished: node-{node} answered SESSION_NOT_FOUND with the stream up")
+                    dev.vanished(sid, rec.t0, f"node-{node} answered {method} with SESSION_NOT_FOUND")
                 break
         rec.t1 = now()
         m.call_done(rec)
@@ -510,6 +538,7 @@ class UserClient:
                     dev.state = "closed"
                     dev.sid = None
                     dev.closed_at = now()
+                    dev.reopen_at = dev.closed_at + self.rng.uniform(4.0, 10.0)
                     call = dev.call
                     dev.call = None
                     dev.gen += 1
@@ -556,7 +585,8 @@ class UserClient:
                 return
         dev = self.rng.choice(self.devices)
         if dev.sid is None:
-            if now() - dev.closed_at > 2.0 and (self.rng.random() < 0.3 or not any(d.sid for d in self.devices)):
+            # a closed device stays away a while (4-10 s): long enough for the ghost sampler to look
+            if now() > dev.reopen_at:
                 u = env.model.users.get(self.uid)
                 initial = self.chosen if not (u and u.live) else 0
                 self.open_device(dev, initial)

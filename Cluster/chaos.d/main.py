@@ -79,6 +79,7 @@ class Env:
         self.resume_attempts = []
         self.losses = []
         self.watch_answers = collections.defaultdict(list)
+        self.attachments = {}               # sid -> [(t, node index)] every stream it had
         self.session_notes = Notes()
         self.errors = []
         self.final_convergence = None

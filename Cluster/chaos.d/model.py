@@ -122,6 +122,8 @@ class User:
         self.live = set()          # sids opened and not ended
         self.state = {}            # channel key -> {key: value}
         self.last_end = None       # when the user's last session ended (no session since)
+        self.calls_started = 0     # every call of the user (the ghost sampler checks none overlapped)
+        self.in_flight = 0
         self.session_activity = 0  # bumped whenever a session of this user opens or ends
 
 
@@ -152,6 +154,9 @@ class Model:
             self._ids += 1
             c = Call(self._ids, user, device, sid, method, summary, channel, t0)
             self.calls.append(c)
+            u = self.user(user)
+            u.calls_started += 1
+            u.in_flight += 1
             return c
 
     def note(self, uid, t, channel, text):
@@ -160,6 +165,8 @@ class Model:
             self.log[uid].append((t, channel, text))
 
     def call_done(self, call):
+        with self.lock:
+            self.users[call.user].in_flight -= 1
         self.note(call.user, call.t0, call.channel, call.describe())
 
     def add_taint(self, uid, channel, t, reason):
@@ -412,6 +419,16 @@ class Model:
                     return True
                 cur = [lo, hi]
         return bool(cur) and cur[0] <= a and cur[1] >= b
+
+    def sessions_certain_during(self, uid, ch, a, b):
+        """Sessions of the user certainly in the channel at some point of [a, b]."""
+        with self.lock:
+            out = []
+            for s in self.spans.get((uid, ch), []):
+                c = s.certain()
+                if c and c[0] <= b and c[1] >= a:
+                    out.append(s.sid)
+            return out
 
     def certainly_out(self, uid, ch, a, b):
         """True when no session of the user could have been in the channel at any time in [a, b]."""

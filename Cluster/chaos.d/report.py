@@ -127,7 +127,7 @@ def print_summary(s, out):
         f"{st['events_received']} events received")
     cv = s["convergence"]
     out(f"membership convergence after a fault: {fmt_dist(cv['after_faults'])}, over 3 s: {cv['over_3s']}, "
-        f"never (15 s): {cv['not_converged']}; final: {cv['final']}")
+        f"never (10 s): {cv['not_converged']}; final: {cv['final']}")
     for fl in f["list"]:
         conv = "-" if fl["convergence_s"] is None else f"{fl['convergence_s']:.2f}s"
         out(f"    {fl['t_start']:8.2f}s {fl['kind']:16} {','.join(fl['nodes']):16} converged {conv}"
