@@ -339,7 +339,8 @@ class Checker:
                 # invariant 3 (flaps) and 8 (stale joins) do not depend on the period
                 self._event_rules(dev, sid, node, t, ts, ev, ch, flaps, stale)
                 for i, (start, end, unc) in enumerate(periods.get((sid, ch), [])):
-                    if start <= t < end:
+                    # (an event made before this subscription began is a late one of the previous)
+                    if start <= t < end and ts >= start - 0.05:
                         per_period.setdefault((sid, ch, i), []).append((t, node, ev))
                         break
             for (sid, ch), plist in periods.items():
