@@ -19,3 +19,10 @@ def from_wall_ms(ms):
 
 def fmt(t):
     return f"{t:8.2f}s"
+
+
+def reset():
+    """Starts the run clock again (each run of `--ci` counts from its own start)."""
+    global _T0, _WALL0
+    _T0 = time.monotonic()
+    _WALL0 = time.time()

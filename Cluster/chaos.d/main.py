@@ -173,6 +173,7 @@ def wait_all_connected(env, bound):
 
 def run_once(opts, ns, mode, seed, seconds, kinds):
     """One run: returns (summary dict, violations list)."""
+    clock.reset()
     workdir = tempfile.mkdtemp(prefix=f"presenced-chaos-{mode}-")
     use_proxy = not opts.no_proxy
     cluster = Cluster(opts.nodes, mode, opts.bin, workdir, opts.presence_timeout, opts.rf, use_proxy=use_proxy, seed=seed)
