@@ -347,20 +347,55 @@ class Checker:
                 for i, (start, end, unc) in enumerate(plist):
                     evs = per_period.get((sid, ch, i), [])
                     self._check_period(dev, sid, ch, start, end, unc, evs, final_t)
+        # one violation per spurious leave/timeout event (however many subscribers saw it); SNAPSHOTs
+        # that omit a user are grouped per continuous stay of that user, stale ones per burst
+        snap_groups = {}
         for (u, ch, typ, seq), (subs, t, ts, since) in sorted(flaps.items(), key=lambda kv: kv[1][1]):
+            if typ == "SNAPSHOT without the user":
+                snap_groups.setdefault((u, ch, since[0] if since else None), []).append((t, ts, seq, subs, since))
+                continue
             what = EV.get(typ, typ) if isinstance(typ, int) else typ
             self.add(Violation(3, f"{what} for {u} in {chan_label(ch)} (seq {seq}) while {u} stayed in the channel",
-                               [f"seen by {', '.join(sorted(subs)[:6])}{' +%d' % (len(subs) - 6) if len(subs) > 6 else ''} "
-                                f"at {t:.2f}s (server time {ts:.2f}s)",
-                                f"model: {u} certainly in {chan_label(ch)} from {since[0]:.2f}s to "
-                                + ("the end" if since[1] == INF else f"{since[1]:.2f}s")],
+                               [f"seen by {self._names(subs)} at {t:.2f}s (server time {ts:.2f}s)",
+                                self._since(u, ch, since)], user=u, channel=ch, t=ts, subscriber=sorted(subs)[0]))
+        for (u, ch, _), items in sorted(snap_groups.items(), key=lambda kv: kv[1][0][0]):
+            t, ts, seq, subs, since = items[0]
+            allsubs = set().union(*(x[3] for x in items))
+            seqs = sorted({x[2] for x in items})
+            self.add(Violation(3, f"{len(items)} SNAPSHOT(s) without {u} in {chan_label(ch)} (seq {seqs[0]}..{seqs[-1]}, "
+                                  f"{items[0][1]:.2f}s..{items[-1][1]:.2f}s) while {u} stayed in the channel",
+                               [f"first seen by {self._names(subs)} at {t:.2f}s (server time {ts:.2f}s); "
+                                f"{len(allsubs)} subscriber(s) in all", self._since(u, ch, since)],
                                user=u, channel=ch, t=ts, subscriber=sorted(subs)[0]))
+        bursts = []
         for (u, ch, typ, seq), (subs, t, ts) in sorted(stale.items(), key=lambda kv: kv[1][1]):
             what = EV.get(typ, typ) if isinstance(typ, int) else typ
-            self.add(Violation(8, f"{what} for {u} in {chan_label(ch)} (seq {seq}) while {u} was out of the channel",
-                               [f"seen by {', '.join(sorted(subs)[:6])} at {t:.2f}s (server time {ts:.2f}s)",
+            last = bursts[-1] if bursts else None
+            if last and last[0] == (u, ch, what) and ts - last[1][-1][1] < 10.0:
+                last[1].append((t, ts, seq, subs))
+            else:
+                bursts.append(((u, ch, what), [(t, ts, seq, subs)]))
+        for (u, ch, what), items in sorted(bursts, key=lambda b: b[1][0][0]):
+            t, ts, seq, subs = items[0]
+            seqs = sorted({x[2] for x in items})
+            head = f"{what} for {u} in {chan_label(ch)} (seq {seq})" if len(items) == 1 else \
+                f"{len(items)} x {what} for {u} in {chan_label(ch)} (seq {seqs[0]}..{seqs[-1]}, {items[0][1]:.2f}s..{items[-1][1]:.2f}s)"
+            self.add(Violation(8, f"{head} while {u} was out of the channel",
+                               [f"first seen by {self._names(subs)} at {t:.2f}s (server time {ts:.2f}s)",
                                 f"model: no session of {u} was (or could linger) in {chan_label(ch)} around then"],
                                user=u, channel=ch, t=ts, subscriber=sorted(subs)[0]))
+
+    @staticmethod
+    def _names(subs):
+        subs = sorted(subs)
+        return ", ".join(subs[:6]) + (f" +{len(subs) - 6}" if len(subs) > 6 else "")
+
+    @staticmethod
+    def _since(u, ch, since):
+        if not since:
+            return f"model: {u} certainly in {chan_label(ch)} then"
+        return (f"model: {u} certainly in {chan_label(ch)} from {since[0]:.2f}s to "
+                + ("the end" if since[1] == INF else f"{since[1]:.2f}s"))
 
     def _event_rules(self, dev, sid, node, t, ts, ev, ch, flaps, stale):
         m = self.model
@@ -428,16 +463,23 @@ class Checker:
                                user=dev.user.uid, channel=ch, t=first_t, subscriber=dev.name))
         top = None
         last_node = first_node
+        backwards = []
         for t, node, ev in evs:
             if top is not None:
                 bad = ev.sequence < top if ev.type == 1 else ev.sequence <= top
                 if bad:
-                    moved = " (after moving from node-%d to node-%d)" % (last_node, node) if node != last_node else ""
-                    self.add(Violation(5, f"{label}: {EV.get(ev.type)} seq={ev.sequence} after seq {top} was seen{moved}",
-                                       [f"at {t:.2f}s via node-{node}; publisher={ev.publisher or '-'}"],
-                                       user=ev.publisher or dev.user.uid, channel=ch, t=t, subscriber=dev.name))
+                    moved = " after a move from node-%d to node-%d" % (last_node, node) if node != last_node else ""
+                    backwards.append((t, node, ev, top, moved))
             top = ev.sequence if top is None else max(top, ev.sequence)
             last_node = node
+        if backwards:
+            # one violation per subscription, with its first few out-of-order events
+            t, node, ev, prev, moved = backwards[0]
+            self.add(Violation(5, f"{label}: {len(backwards)} event(s) out of sequence, first {EV.get(ev.type)} seq={ev.sequence} "
+                                  f"after seq {prev}{moved}",
+                               [f"{bt:.2f}s via node-{bn}: {EV.get(be.type)} seq={be.sequence} ({be.publisher or '-'}) after seq {bp}{bm}"
+                                for bt, bn, be, bp, bm in backwards[:5]],
+                               user=ev.publisher or dev.user.uid, channel=ch, t=t, subscriber=dev.name))
         # the final view of a subscription still open at the end
         if end != INF or uncertain:
             return
