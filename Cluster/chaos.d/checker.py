@@ -701,6 +701,7 @@ class GhostSampler:
             if unchanged and (listed or status != 4) and (uid, last_end) not in self.reported:
                 self.reported.add((uid, last_end))
                 t = now()
-                self.checker.add(Violation(2, f"ghost: {uid} still listed on {node.node_id} {t - last_end:.1f}s after its last session ended",
+                what = f"still in {len(listed)} channel(s)" if listed else f"reads {STATUS_NAMES.get(status, status)}, not OFFLINE,"
+                self.checker.add(Violation(2, f"ghost: {uid} {what} on {node.node_id} {t - last_end:.1f}s after its last session ended",
                                            [f"GetUserChannels: {', '.join(listed) or '(none)'}; status {STATUS_NAMES.get(status, status)} "
                                             f"(expected no channels, OFFLINE within {bound:.1f}s)"], user=uid, t=t))

@@ -373,6 +373,7 @@ class UserClient:
                     same_node_failures += 1
                     if same_node_failures >= 2:
                         dev.request_move(node)   # "retry, then move"
+                        dev.wait_changed(gen, 3.0)
                         same_node_failures = 0
                     else:
                         time.sleep(0.1)
