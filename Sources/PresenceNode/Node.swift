@@ -30,8 +30,8 @@ public final class Node: Sendable {
                                       probeInterval: configuration.probeInterval)
         let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
                                 handoffLimit: settings.timings.handoffLimit,
-                                ready: !configuration.seeds.contains { $0 != configuration.peerListen })
-        let membership = Membership(nodeID: configuration.nodeID, peerAddress: configuration.peerListen.description,
+                                ready: !configuration.seeds.contains { $0 != (configuration.peerAdvertise ?? configuration.peerListen) })
+        let membership = Membership(nodeID: configuration.nodeID, peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
                                     clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
                                     clusterSecret: clusterSecret, settings: SWIM.Settings(probeInterval: UInt64(configuration.probeInterval * 1e9)),
                                     topology: topology, logger: self.logger)
@@ -80,7 +80,9 @@ public final class Node: Sendable {
         Sockets.raiseOpenFileLimit()
         try server.start()
         try peerServer.start()
-        membership.start(peerAddress: HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
+        // the address gossiped to others: --peer-advertise if given, else the one bound
+        let advertised = configuration.peerAdvertise ?? HostPort(host: configuration.peerListen.host, port: peerServer.port)
+        membership.start(peerAddress: advertised.description,
                          clientAddress: HostPort(host: configuration.listen.host, port: server.port).description)
         engine.start()
         logger.info("presenced started", [
@@ -88,6 +90,7 @@ public final class Node: Sendable {
             "boot": String(engine.topology.boot),
             "listen": HostPort(host: configuration.listen.host, port: server.port).description,
             "peer_listen": HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
+            "peer_advertise": advertised.description,
         ])
         if configuration.clusterSecretFile == nil {
             logger.warning("no --cluster-secret-file: any process that reaches the peer port can join this cluster")

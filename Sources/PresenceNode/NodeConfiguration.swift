@@ -11,6 +11,8 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var nodeID: String
     public var listen = HostPort(host: "127.0.0.1", port: 7400)
     public var peerListen = HostPort(host: "127.0.0.1", port: 7401)
+    /// The peer address gossiped to other nodes, when it differs from the bound one (a proxy, NAT).
+    public var peerAdvertise: HostPort? = nil
     public var seeds: [HostPort] = []
     /// Seconds a disconnected session may resume before its user times out.
     public var presenceTimeout: Double = 10
@@ -52,6 +54,9 @@ public struct NodeConfiguration: Sendable, Equatable {
         },
         Flag(name: "peer-listen", valueName: "HOST:PORT", help: "address for other nodes (default 127.0.0.1:7401)") { c, v throws(ConfigurationError) in
             c.peerListen = try hostPort("peer-listen", v)
+        },
+        Flag(name: "peer-advertise", valueName: "HOST:PORT", help: "peer address other nodes are told to use (default: the bound --peer-listen address)") { c, v throws(ConfigurationError) in
+            c.peerAdvertise = try hostPort("peer-advertise", v)
         },
         Flag(name: "seeds", valueName: "HOST:PORT,...", help: "peer addresses of nodes to join through (default: none, a cluster of one)") { c, v throws(ConfigurationError) in
             c.seeds = try v.split(separator: ",").map { s throws(ConfigurationError) in try hostPort("seeds", String(s)) }

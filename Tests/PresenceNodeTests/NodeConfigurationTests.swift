@@ -15,6 +15,7 @@ import Testing
         #expect(c.nodeID == "host-1")
         #expect(c.listen == HostPort(host: "127.0.0.1", port: 7400))
         #expect(c.peerListen == HostPort(host: "127.0.0.1", port: 7401))
+        #expect(c.peerAdvertise == nil)
         #expect(c.seeds.isEmpty)
         #expect(c.presenceTimeout == 10)
         #expect(c.maxInstantEvents == 50)
@@ -42,6 +43,13 @@ import Testing
         #expect(c.probeInterval == 0.5)
         #expect(c.authSecretFile == "/dev/null" && c.clusterSecretFile == "/dev/null")
         #expect(c.logLevel == .debug && c.logFormat == .json)
+    }
+
+    @Test func peerAdvertise() throws {
+        #expect(try parse(["--peer-advertise", "10.0.0.9:17401"]).peerAdvertise == HostPort(host: "10.0.0.9", port: 17401))
+        #expect(try parse([], env: ["PRESENCED_PEER_ADVERTISE": "127.0.0.1:9"]).peerAdvertise == HostPort(host: "127.0.0.1", port: 9))
+        #expect(try parse(["--peer-listen", "127.0.0.1:5"]).peerAdvertise == nil)
+        #expect(throws: ConfigurationError.self) { try parse(["--peer-advertise", "nohost"]) }
     }
 
     @Test func environmentAndCommandLinePrecedence() throws {
