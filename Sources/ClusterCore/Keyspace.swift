@@ -369,12 +369,16 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// Reconciles the facts a gateway sent for `buckets`: every owned key in those buckets with a
     /// session there, and every key the gateway mentions that this node owns.
+    /// Keys `mayServe` refuses (a handoff from their previous owner has not arrived yet) are left
+    /// for a later round: a key this node is only about to own must not start from one gateway's word.
     public mutating func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [V.Key: [V.GatewayFact]],
+                                   mayServe: (V.Key) -> Bool = { _ in true },
                                    now: UInt64, wall: Int64) -> (effects: [Effect], results: [V.Key: Reconciliation<V.Output, V.Correction>]) {
         var keys = Set(facts.keys.filter { isOwner($0) })
         for (key, v) in owned where buckets.contains(FactDigest.bucket(V.ringHash(of: key))) && v.sinks.contains(sink) {
             keys.insert(key)
         }
+        keys = keys.filter(mayServe)
         var effects: [Effect] = []
         var results: [V.Key: Reconciliation<V.Output, V.Correction>] = [:]
         for key in keys.sorted() {

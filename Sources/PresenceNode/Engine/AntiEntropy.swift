@@ -112,7 +112,7 @@ final class AntiEntropy: Sendable {
     private func apply(_ r: ClusterExchangeResponse) {
         for s in r.superseded {
             guard let id = SessionID(text: s.sessionID) else { continue }
-            core.gateway.movedAway(id, to: nil, version: s.version)
+            core.gateway.movedAway(id, to: nil, version: s.version, why: "anti-entropy: \(s.channelName.isEmpty ? "home of " + s.userID : s.channelName)")
         }
         for c in r.corrections {
             guard let id = SessionID(text: c.sessionID), let key = try? Validate.channel(c.channelName, c.channelType),

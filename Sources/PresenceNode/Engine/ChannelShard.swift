@@ -301,8 +301,13 @@ actor ChannelShard {
 
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
 
+    /// The ring this shard has carried out.
+    var ring: HashRing { space.ring }
+
     func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [ChannelKey: [ChannelFact]]) -> [ChannelKey: Reconciliation<RoutedDelivery<NodeInstance>, StateCorrection>] {
-        let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts, now: now, wall: wall)
+        let topology = fabric.topology
+        let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts,
+                                                 mayServe: { topology.notServing(keyHash: StableHash.of($0)) == nil }, now: now, wall: wall)
         carryOut(effects)
         reschedule(results.keys)
         return results

@@ -12,8 +12,13 @@ final class LocalGateway: Sendable {
     /// Where requests for fresh SNAPSHOTs go (the engine routes them to the channels' owners).
     private let resnapshotHandler = Mutex<(@Sendable ([Subscriptions.Resnapshot]) -> Void)?>(nil)
 
-    init(shards: Int, resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64) {
+    /// Debug logging (nil unless the node logs at debug).
+    let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
+
+    init(shards: Int, resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64,
+         trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil) {
         self.clock = clock
+        self.trace = trace
         self.shards = (0..<max(1, shards)).map { _ in GatewayShard(resumeWindow: resumeWindow, clock: clock, movedMemory: movedMemory) }
     }
 
@@ -67,8 +72,10 @@ final class LocalGateway: Sendable {
 
     /// The session's client resumed it on `to`: it stops being this gateway's, silently; its stream
     /// here (if any) ends as resumed elsewhere.
-    func movedAway(_ id: SessionID, to: NodeInstance?, version: UInt64) {
+    func movedAway(_ id: SessionID, to: NodeInstance?, version: UInt64, why: String) {
         guard let (s, outbox) = shard(id).movedAway(id, to: to, version: version) else { return }
+        trace?("session moved away", ["session": id.description, "to": to.map { "\($0)" } ?? "?", "version": String(version),
+                                      "had": String(s.version), "why": why])
         for key in s.channels.keys { subscriptions.unsubscribe(key, id) }
         outbox?.end(.replaced)
     }

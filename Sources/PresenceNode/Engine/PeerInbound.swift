@@ -73,7 +73,7 @@ struct PeerInbound: Sendable {
         }
         for m in batch.moved {
             guard let id = SessionID(text: m.sessionID), Validate.isIdentifier(m.gateway) else { continue }
-            core.gateway.movedAway(id, to: NodeInstance(m.gateway, boot: m.gatewayBoot), version: m.version)
+            core.gateway.movedAway(id, to: NodeInstance(m.gateway, boot: m.gatewayBoot), version: m.version, why: "its home: claimed by \(m.gateway)")
         }
         for d in batch.deliveries { core.gateway.deliver(d, from: from) }
         if batch.handoffDone { topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint) }

@@ -45,7 +45,8 @@ final class EngineCore: Sendable {
         self.topology = topology
         self.link = link
         let n = max(1, settings.shards)
-        let gateway = LocalGateway(shards: n, resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock, movedMemory: settings.timings.movedMemory)
+        let gateway = LocalGateway(shards: n, resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock, movedMemory: settings.timings.movedMemory,
+                                   trace: trace)
         self.gateway = gateway
         let fabric = Fabric(topology: topology, link: link, gateway: gateway, trace: trace)
         channelShards = (0..<n).map { i in
@@ -105,11 +106,8 @@ public final class PresenceEngine: Sendable {
         let sessions = self.sessions
         core.gateway.onResnapshot { asks in sessions.requestSnapshots(asks) }
         link?.onLoss { [ring] node in ring.lostPushes(to: node) }
-        topology.onReady { [core] in
-            core.background.run {
-                for s in core.channelShards { await s.receiveEarly() }
-                for s in core.userHomes { await s.receiveEarly() }
-            }
+        topology.onReady { [core, ring] in
+            core.background.run { await ring.joined() }
         }
     }
 

@@ -22,7 +22,9 @@ final class RingCoordinator: Sendable {
     func ringChanged(from old: HashRing, to new: HashRing) async {
         for s in core.channelShards { await s.ringChanged(to: new) }
         for s in core.userHomes { await s.ringChanged(to: new) }
-        core.topology.settled(new.fingerprint)
+        // (a node not joined yet still holds back the copies sent to it: it settles once it has
+        // taken them in, see `joined`)
+        if core.topology.isReady { core.topology.settled(new.fingerprint) }
         guard let link = core.link else { return }
         for node in new.members where node != core.topology.me {
             link.push(to: NodeInstance(node, boot: new.boot(of: node))) { b in
@@ -33,6 +35,21 @@ final class RingCoordinator: Sendable {
         link.forgetAllBut(new)
         await restartLossyFollowers()
         antiEntropy.runSoon()
+    }
+
+    /// This node has joined its cluster: it takes in the copies that arrived before, then serves.
+    func joined() async {
+        for s in core.channelShards { await s.receiveEarly() }
+        for s in core.userHomes { await s.receiveEarly() }
+        let ring = core.topology.ring
+        if await allShards(atRing: ring) { core.topology.settled(ring.fingerprint) }
+    }
+
+    /// Whether every shard has carried out the change to `ring` (a later one may still be queued).
+    private func allShards(atRing ring: HashRing) async -> Bool {
+        for s in core.channelShards where await s.ring != ring { return false }
+        for s in core.userHomes where await s.ring != ring { return false }
+        return true
     }
 
     /// Pushes to `node` were lost (shed, given up, or dropped with a gone process's queue).

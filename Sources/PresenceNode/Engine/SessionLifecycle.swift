@@ -173,6 +173,6 @@ struct SessionLifecycle: Sendable {
     /// The session's client resumed it on another gateway (an owner or its home says so): this
     /// gateway drops it without a word to anyone.
     func superseded(_ id: SessionID) {
-        core.gateway.movedAway(id, to: nil, version: .max)
+        core.gateway.movedAway(id, to: nil, version: .max, why: "an owner knows a later epoch")
     }
 }

@@ -123,13 +123,15 @@ actor UserHomeShard {
                 claimed = r.claim(session: id, sink: sink)
                 return (nil, ())
             }
+            fabric.trace?("claim", ["user": user, "session": id.description, "by": "\(sink)", "found": claimed == nil ? "no" : "yes",
+                                   "version": String(claimed?.record.version ?? 0), "previous": claimed.map { "\($0.previous)" } ?? "-"])
             guard let claimed else { return result }
             result.found = true
             result.session = record(id, claimed.record)
             if claimed.previous != sink {
                 // the gateway it left stops speaking for it (it may still think it holds it)
                 if claimed.previous == fabric.instance {
-                    fabric.gateway.movedAway(id, to: sink, version: claimed.record.version)
+                    fabric.gateway.movedAway(id, to: sink, version: claimed.record.version, why: "claimed by \(sink)")
                 } else if fabric.topology.ring.isLive(claimed.previous.id, boot: claimed.previous.boot) {
                     let moved = ClusterSessionMoved(sessionID: id.description, gateway: sink.id, gatewayBoot: sink.boot, version: claimed.record.version)
                     fabric.link?.push(to: claimed.previous) { $0.moved.append(moved) }
@@ -232,8 +234,13 @@ actor UserHomeShard {
 
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
 
+    /// The ring this shard has carried out.
+    var ring: HashRing { space.ring }
+
     func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [String: [HomeFact]]) -> [String: Reconciliation<Record.StatusChange, Never>] {
-        let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts, now: now, wall: wall)
+        let topology = fabric.topology
+        let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts,
+                                                 mayServe: { topology.notServing(keyHash: HashRing.hash(ofUser: $0)) == nil }, now: now, wall: wall)
         carryOut(effects)
         scheduleSweep()
         return results
