@@ -55,14 +55,17 @@ public struct GatewayFacts: Sendable {
     public enum Verdict: Equatable, Sendable {
         /// It is there after all (it joined since the facts were taken): leave it.
         case held
-        /// It is not here (as of this version of the session, or at all: the maximum).
+        /// It is not here, as of this version (the session's own, or, for one this gateway does not
+        /// know at all, the version the owner placed it at: never a later one, which a claim in
+        /// flight may have given it).
         case gone(version: UInt64)
         /// Its client resumed it on another gateway.
         case moved(to: NodeInstance, version: UInt64)
     }
 
-    public static func verdict(channel: ChannelKey?, user: String?, held: SessionTable.Session?,
-                               movedTo: (to: NodeInstance, version: UInt64)?) -> Verdict {
+    public static func verdict(channel: ChannelKey?, user: String?, placedAt version: UInt64, held: SessionTable.Session?,
+                               claiming: Bool = false, movedTo: (to: NodeInstance, version: UInt64)?) -> Verdict {
+        if claiming { return .held }  // its client is resuming it here right now
         if let s = held {
             let stillThere: Bool
             if let channel {
@@ -75,6 +78,6 @@ public struct GatewayFacts: Sendable {
             return stillThere ? .held : .gone(version: s.version)
         }
         if let movedTo { return .moved(to: movedTo.to, version: movedTo.version) }
-        return .gone(version: .max)
+        return .gone(version: version)
     }
 }

@@ -56,8 +56,9 @@ public protocol ReplicatedValue: Sendable {
 /// What reconciling one key with a gateway's facts did.
 public struct Reconciliation<Output: Sendable, Correction: Sendable>: Sendable {
     public var outputs: [Output] = []
-    /// Sessions this owner places at the gateway that the gateway did not mention.
-    public var suspects: [SessionID] = []
+    /// Sessions this owner places at the gateway that the gateway did not mention, with the
+    /// version of that placement (the gateway confirms them gone as of it, or of its own later one).
+    public var suspects: [SessionID: UInt64] = [:]
     /// Sessions the gateway holds under an epoch older than one this owner knows.
     public var superseded: [SessionID: UInt64] = [:]
     public var corrections: [Correction] = []

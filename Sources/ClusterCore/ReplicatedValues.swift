@@ -91,7 +91,7 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
             if let v = o.superseded { r.superseded[f.session] = v }
             if let c = o.correction { r.corrections.append(StateCorrection(session: f.session, state: c.state, stateVersion: c.version)) }
         }
-        for (_, s) in sessions(at: sink) where !mentioned.contains(s) { r.suspects.append(s) }
+        for (_, s) in sessions(at: sink) where !mentioned.contains(s) { r.suspects[s] = places[s]?.version ?? 0 }
         return r
     }
 
@@ -191,8 +191,8 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
                 watch(by: id, sink: sink, version: version)
             }
         }
-        for (id, s) in sessions where s.sink == sink && !mentioned.contains(id) { r.suspects.append(id) }
-        for (id, w) in watchers where w.sink == sink && !mentioned.contains(id) && !r.suspects.contains(id) { r.suspects.append(id) }
+        for (id, s) in sessions where s.sink == sink && !mentioned.contains(id) { r.suspects[id] = s.version }
+        for (id, w) in watchers where w.sink == sink && !mentioned.contains(id) && r.suspects[id] == nil { r.suspects[id] = w.version }
         return r
     }
 

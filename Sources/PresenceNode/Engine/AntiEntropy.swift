@@ -133,7 +133,8 @@ final class AntiEntropy: Sendable {
             let channel = k.channelName.isEmpty ? nil : try? Validate.channel(k.channelName, k.channelType)
             guard k.channelName.isEmpty || channel != nil else { continue }
             var answer = k
-            switch GatewayFacts.verdict(channel: channel, user: k.channelName.isEmpty ? k.userID : nil, held: g.held(id), movedTo: g.movedTo(id)) {
+            switch GatewayFacts.verdict(channel: channel, user: k.channelName.isEmpty ? k.userID : nil, placedAt: k.version,
+                                        held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id)) {
             case .held:
                 continue
             case .gone(let version):

@@ -15,6 +15,8 @@ final class GatewayShard: Sendable {
         /// Sessions whose client resumed them on another gateway: where, at which version, and
         /// until when this is remembered (monotonic ns).
         var moved: [SessionID: (to: NodeInstance, version: UInt64, until: UInt64)] = [:]
+        /// Sessions whose client is resuming them here (a claim at their home is in flight).
+        var claiming: [SessionID: Int] = [:]
     }
     private let state: Mutex<State>
     private let clock: EngineClock
@@ -58,6 +60,17 @@ final class GatewayShard: Sendable {
             return Opened(id: id, generation: generation, resumed: true, outbox: outbox)
         }
     }
+
+    /// A claim of the session for this gateway starts (`true`) or ends; while one is in flight,
+    /// anti-entropy does not tell owners the session is not here.
+    func claiming(_ id: SessionID, _ starts: Bool) {
+        state.withLock { st in
+            let n = (st.claiming[id] ?? 0) + (starts ? 1 : -1)
+            st.claiming[id] = n > 0 ? n : nil
+        }
+    }
+
+    func isClaiming(_ id: SessionID) -> Bool { state.withLock { $0.claiming[id] != nil } }
 
     /// The outbox of a session here, if it has one.
     func outbox(_ id: SessionID) -> SessionOutbox? { state.withLock { $0.outboxes[id] } }

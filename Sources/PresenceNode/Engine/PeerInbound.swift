@@ -115,7 +115,7 @@ struct PeerInbound: Sendable {
         for (i, shard) in core.channelShards.enumerated() {
             let results = await shard.reconcile(from: sink, buckets: channelBuckets, facts: channelFacts[i] ?? [:])
             for (key, r) in results {
-                response.suspects += r.suspects.map { ClusterKeySession(channelName: key.name, channelType: key.type, sessionID: $0.description) }
+                response.suspects += r.suspects.map { ClusterKeySession(channelName: key.name, channelType: key.type, sessionID: $0.key.description, version: $0.value) }
                 response.superseded += r.superseded.map { ClusterKeySession(channelName: key.name, channelType: key.type, sessionID: $0.key.description, version: $0.value) }
                 response.corrections += r.corrections.map {
                     ClusterStateCorrection(channelName: key.name, channelType: key.type, sessionID: $0.session.description, state: $0.state, stateVersion: $0.stateVersion)
@@ -139,7 +139,7 @@ struct PeerInbound: Sendable {
         for (i, shard) in core.userHomes.enumerated() {
             let results = await shard.reconcile(from: sink, buckets: homeBuckets, facts: homeFacts[i] ?? [:])
             for (user, r) in results {
-                response.suspects += r.suspects.map { ClusterKeySession(userID: user, sessionID: $0.description) }
+                response.suspects += r.suspects.map { ClusterKeySession(userID: user, sessionID: $0.key.description, version: $0.value) }
                 response.superseded += r.superseded.map { ClusterKeySession(userID: user, sessionID: $0.key.description, version: $0.value) }
             }
         }

@@ -50,6 +50,8 @@ struct SessionLifecycle: Sendable {
     /// channels' owners and its watched users' homes (no event for anyone; SNAPSHOTs for it).
     private func claim(_ id: SessionID, user: String, initialStatus: UserStatus) async throws(PresenceError) -> PresenceEngine.OpenedSession? {
         let probe = ClusterSessionRef(sessionID: id.description, userID: user, gateway: core.me.id, gatewayBoot: core.me.boot)
+        core.gatewayShard(id).claiming(id, true)
+        defer { core.gatewayShard(id).claiming(id, false) }
         let found = try await router.homeCall(user, .claimSession) { $0.session = probe }
         guard found.found, let (_, record) = found.session?.record else { return nil }
         guard let o = core.gatewayShard(id).adopt(id, user: user, version: record.version, channels: record.channels, watching: Set(record.watching)),
