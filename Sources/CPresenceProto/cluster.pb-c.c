@@ -3607,7 +3607,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descripto
   (ProtobufCMessageInit) presence__cluster__v1__session_moved__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[9] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[10] =
 {
   {
     "from_node_id",
@@ -3717,6 +3717,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "handoff_request",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, handoff_request),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[] = {
   2,   /* field[2] = channels */
@@ -3724,6 +3736,7 @@ static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[]
   6,   /* field[6] = from_boot */
   0,   /* field[0] = from_node_id */
   4,   /* field[4] = handoff_done */
+  9,   /* field[9] = handoff_request */
   8,   /* field[8] = moved */
   5,   /* field[5] = ring_fingerprint */
   7,   /* field[7] = to_boot */
@@ -3733,7 +3746,7 @@ static const ProtobufCIntRange presence__cluster__v1__push_batch__number_ranges[
 {
   { 1, 0 },
   { 8, 5 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
 {
@@ -3743,7 +3756,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
   "Presence__Cluster__V1__PushBatch",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__PushBatch),
-  9,
+  10,
   presence__cluster__v1__push_batch__field_descriptors,
   presence__cluster__v1__push_batch__field_indices_by_name,
   2,  presence__cluster__v1__push_batch__number_ranges,

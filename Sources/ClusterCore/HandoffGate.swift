@@ -32,6 +32,17 @@ public struct HandoffGate: Sendable {
         done = done.filter { $0.key == new.fingerprint }
     }
 
+    /// This node was declared dead and is back (it refuted): whatever it owns on `ring` was taken
+    /// over by others meanwhile. Until each live member says it handed back (or `limit` passes),
+    /// this node serves none of its keys: it would answer from a stale copy.
+    public mutating func returnedFromDeath(ring: HashRing, now: UInt64) {
+        previous = ring.removing(me)
+        current = ring
+        done = [:]
+        waitingFor = Set(ring.members.filter { $0 != me })
+        deadline = now &+ limit
+    }
+
     /// `node` has handed off everything it owned that this node owns under ring `fingerprint`.
     public mutating func handoffDone(from node: String, fingerprint: UInt64) {
         done[fingerprint, default: []].insert(node)

@@ -104,6 +104,9 @@ public enum SWIM {
         case scheduleSuspicionCheck(at: UInt64)
         /// A member's status changed (for the ring and the log).
         case memberChanged(Update)
+        /// Others had declared this node dead (it refuted): they took its keys over meanwhile, and
+        /// will hand them back once they see it alive again.
+        case declaredDead(incarnation: UInt64)
     }
 
     /// One node's view of the cluster and its probe protocol.
@@ -195,6 +198,9 @@ public enum SWIM {
                 }
                 // Someone thinks we are suspect or dead: refute with a higher incarnation.
                 if (u.status == .suspect || u.status == .dead) && myself.status == .alive {
+                    // declared dead (even if a suspicion was refuted first): the others have
+                    // taken this node's keys over meanwhile
+                    if u.status == .dead { out.append(.declaredDead(incarnation: u.incarnation)) }
                     if u.incarnation >= myself.incarnation {
                         // (an incarnation at the top of the range cannot be refuted by counting
                         // up; a new boot can: this process takes one, as if it had restarted)

@@ -47,6 +47,7 @@ public final class Node: Sendable {
         membership.onRingChange { old, new in queue.yield((old, new)) }
         // a node that refuted its own death: owners may have lost its pushes or timed sessions out
         membership.onRefute { engine.antiEntropy.runSoon() }
+        membership.onDeclaredDead { engine.ring.returnedFromDeath() }
         ringChanges = queue
         let log = self.logger
         ringTask = Task {

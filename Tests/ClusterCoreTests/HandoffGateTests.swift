@@ -45,3 +45,23 @@ import Testing
         #expect(g.mayServe(keyHash: h, now: 1))
     }
 }
+
+@Suite struct HandoffGateReturnTests {
+    @Test func aNodeBackFromDeathServesItsKeysOnlyOnceHandedBack() {
+        let ring = HashRing(members: ["a", "b", "c"])
+        var g = HandoffGate(me: "c", limit: 3_000)
+        // an old "done" for this very ring (from before c was declared dead) must not count
+        g.handoffDone(from: "a", fingerprint: ring.fingerprint)
+        g.returnedFromDeath(ring: ring, now: 1_000)
+        let mine = (0..<10_000).map { StableHash.of("k\($0)") }.first { ring.owner(ofHash: $0) == "c" }!
+        #expect(!g.mayServe(keyHash: mine, now: 1_001))
+        #expect(g.pending == ["a", "b"])
+        g.handoffDone(from: "a", fingerprint: ring.fingerprint)
+        g.handoffDone(from: "b", fingerprint: ring.fingerprint)
+        #expect(g.mayServe(keyHash: mine, now: 1_002))
+        // and a silent member does not block it forever
+        var h = HandoffGate(me: "c", limit: 3_000)
+        h.returnedFromDeath(ring: ring, now: 0)
+        #expect(!h.mayServe(keyHash: mine, now: 2_999) && h.mayServe(keyHash: mine, now: 3_000))
+    }
+}

@@ -53,6 +53,8 @@ struct Simulation {
     var rng = SplitMix64(seed: 7)
     /// (time, observer, what it learnt)
     var changes: [(at: UInt64, observer: String, update: U)] = []
+    /// (time, node) each time a node learnt it had been declared dead
+    var declaredDead: [(at: UInt64, node: String)] = []
     var delivered = 0
 
     init(ids: [String], settings: SWIM.Settings = SWIM.Settings()) {
@@ -87,6 +89,7 @@ struct Simulation {
             case .scheduleProbeTimeout(let seq, let at): schedule(at: at, .probeTimeout(node, seq))
             case .scheduleSuspicionCheck(let at): schedule(at: at, .suspicionCheck(node))
             case .memberChanged(let u): changes.append((now, node, u))
+            case .declaredDead: declaredDead.append((now, node))
             }
         }
     }
@@ -194,6 +197,8 @@ struct Simulation {
         }
         let back = sim.firstSeen("d", .alive, after: healed)
         #expect(back.count == 3, "\(back)")
+        // each side learnt it had been declared dead (and stops serving its keys until handed back)
+        #expect(Set(sim.declaredDead.filter { $0.at >= healed }.map(\.node)).isSuperset(of: ["d", "e"]))
         if let last = back.values.max() { #expect(last - healed <= 6_000 * ms, "took \(Double(last - healed) / 1e6) ms") }
     }
 

@@ -629,10 +629,15 @@ struct  Presence__Cluster__V1__PushBatch
   uint64_t to_boot;
   size_t n_moved;
   Presence__Cluster__V1__SessionMoved **moved;
+  /*
+   * The sender was declared dead and is back: each receiver whose ring has this fingerprint
+   * answers with handoff_done for it (once it has handed back what it took over).
+   */
+  uint64_t handoff_request;
 };
 #define PRESENCE__CLUSTER__V1__PUSH_BATCH__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__push_batch__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL, 0 }
 
 
 struct  Presence__Cluster__V1__PushAck

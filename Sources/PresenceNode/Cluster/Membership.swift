@@ -32,6 +32,17 @@ public final class Membership: Sendable {
     /// Called when this node refuted a suspicion or death of itself (others may have timed its
     /// sessions out meanwhile: its gateway re-announces them).
     private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
+    private let deathObserver = Mutex<(@Sendable () -> Void)?>(nil)
+    private let lastTickAt = Atomic<UInt64>(0)
+    private let lastDeath = Atomic<UInt64>(0)
+
+    /// Tells the engine (at most once a second) that others may have taken this node's keys over.
+    private func declaredDead() {
+        let now = MonotonicClock.now()
+        let last = lastDeath.load(ordering: .relaxed)
+        guard last == 0 || now - last > 1_000_000_000, lastDeath.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
+        deathObserver.withLock { $0 }?()
+    }
     private let lastIncarnation = Atomic<UInt64>(0)
     /// The process each member was last known as (to tell a restart from a status change).
     private let knownBoots = Mutex<[String: UInt64]>([:])
@@ -81,6 +92,12 @@ public final class Membership: Sendable {
 
     public func onRefute(_ observer: @escaping @Sendable () -> Void) {
         refuteObserver.withLock { $0 = observer }
+    }
+
+    /// Sets what runs when this node learns it was declared dead (it refuted): the others took its
+    /// keys over meanwhile.
+    public func onDeclaredDead(_ observer: @escaping @Sendable () -> Void) {
+        deathObserver.withLock { $0 = observer }
     }
 
     /// The pooled peer client of a live member; nil for anyone else.
@@ -195,6 +212,13 @@ public final class Membership: Sendable {
             loop.scheduleTimer(after: period) { [self] in
                 guard running.load(ordering: .relaxed) else { return }
                 let now = MonotonicClock.now()
+                // a tick far later than asked for: this process was frozen (a paused VM, SIGSTOP)
+                // long enough to be declared dead, and others may hold its keys now
+                let last = lastTickAt.exchange(now, ordering: .relaxed)
+                if last > 0, now - last > period + settings.suspicionMax {
+                    logger.warning("this node was frozen for \((now - last) / 1_000_000) ms", [:])
+                    declaredDead()
+                }
                 let (ds, incarnation) = swim.withLock { s in (s.periodTick(now: now), s.myself.incarnation) }
                 carryOut(ds)
                 if lastIncarnation.exchange(incarnation, ordering: .relaxed) < incarnation {
@@ -262,6 +286,9 @@ public final class Membership: Sendable {
                         carryOut(swim.withLock { $0.suspicionsDue(now: now) })
                     }
                 }
+            case .declaredDead(let incarnation):
+                logger.warning("this node was declared dead and is back", ["incarnation": String(incarnation)])
+                declaredDead()
             case .memberChanged(let u):
                 logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation), "boot": String(u.boot)])
                 let restarted = knownBoots.withLock { b -> Bool in

@@ -47,6 +47,8 @@ public final class Topology: Sendable {
     public var isReady: Bool { state.withLock { $0.ready } }
     public var isAlone: Bool { state.withLock { $0.ring.members.count == 1 } }
     public var isLeaving: Bool { state.withLock { $0.leaving } }
+    /// Whether the engine has carried out the current ring.
+    public var isSettled: Bool { state.withLock { $0.settled } }
 
     public func owner(of key: ChannelKey) -> String { state.withLock { $0.routing.owner(of: key) } ?? me }
     public func owners(of key: ChannelKey) -> [String] { state.withLock { $0.ring.owners(of: key, count: replicationFactor) } }
@@ -138,6 +140,12 @@ public final class Topology: Sendable {
     public func onReady(_ observer: @escaping @Sendable () -> Void) {
         readyObservers.withLock { $0.append(observer) }
         if isReady { observer() }
+    }
+
+    /// This node was declared dead and is back: it serves none of its keys until the others handed
+    /// back what they took over meanwhile (`HandoffGate.returnedFromDeath`).
+    public func returnedFromDeath() {
+        state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: MonotonicClock.now()) }
     }
 
     public func handoffDone(from node: String, fingerprint: UInt64) {

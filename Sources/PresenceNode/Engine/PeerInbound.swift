@@ -10,6 +10,8 @@ struct PeerInbound: Sendable {
     let core: EngineCore
     let router: Router
     let sessions: SessionLifecycle
+    /// Told when a member back from death asks for handoffs.
+    let handoffRequested: @Sendable (NodeInstance, UInt64) -> Void
 
     private var topology: Topology { core.topology }
 
@@ -77,6 +79,7 @@ struct PeerInbound: Sendable {
         }
         for d in batch.deliveries { core.gateway.deliver(d, from: from) }
         if batch.handoffDone { topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint) }
+        if batch.handoffRequest != 0 { handoffRequested(from, batch.handoffRequest) }
     }
 
     // MARK: Anti-entropy (this node as owner and home)

@@ -100,9 +100,13 @@ public final class PresenceEngine: Sendable {
         self.core = core
         router = Router(core: core)
         sessions = SessionLifecycle(core: core, router: router)
-        inbound = PeerInbound(core: core, router: router, sessions: sessions)
+        let handoffs = Mutex<RingCoordinator?>(nil)
+        inbound = PeerInbound(core: core, router: router, sessions: sessions) { node, fingerprint in
+            handoffs.withLock { $0 }?.handoffRequested(by: node, fingerprint: fingerprint)
+        }
         antiEntropy = AntiEntropy(core: core, inbound: inbound)
         ring = RingCoordinator(core: core, antiEntropy: antiEntropy)
+        handoffs.withLock { [ring] in $0 = ring }
         let sessions = self.sessions
         core.gateway.onResnapshot { asks in sessions.requestSnapshots(asks) }
         link?.onLoss { [ring] node in ring.lostPushes(to: node) }

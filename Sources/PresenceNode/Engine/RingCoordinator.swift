@@ -52,6 +52,28 @@ final class RingCoordinator: Sendable {
         return true
     }
 
+    /// This node was declared dead and is back: it stops serving its keys (the others took them
+    /// over and hold later versions) and asks every member to say when it has handed back.
+    func returnedFromDeath() {
+        core.topology.returnedFromDeath()
+        guard let link = core.link else { return }
+        let ring = core.topology.ring
+        for node in ring.members where node != core.topology.me {
+            link.push(to: NodeInstance(node, boot: ring.boot(of: node))) { $0.handoffRequest = ring.fingerprint }
+        }
+        antiEntropy.runSoon()
+    }
+
+    /// A member back from death asks whether this node has handed back for the ring `fingerprint`:
+    /// if this node has carried out that ring, it has (its handoffs went out before this answer).
+    func handoffRequested(by node: NodeInstance, fingerprint: UInt64) {
+        guard let link = core.link, core.topology.ring.fingerprint == fingerprint, core.topology.isSettled else { return }
+        link.push(to: node) { b in
+            b.handoffDone = true
+            b.ringFingerprint = fingerprint
+        }
+    }
+
     /// Pushes to `node` were lost (shed, given up, or dropped with a gone process's queue).
     func lostPushes(to node: String) {
         lossy.withLock { _ = $0.insert(node) }

@@ -1374,10 +1374,11 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
     public var fromBoot: UInt64 = 0
     public var toBoot: UInt64 = 0
     public var moved: [ClusterSessionMoved] = []
+    public var handoffRequest: UInt64 = 0
 
     public init() {}
 
-    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = []) {
+    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = [], handoffRequest: UInt64 = 0) {
         self.fromNodeID = fromNodeID
         self.deliveries = deliveries
         self.channels = channels
@@ -1387,6 +1388,7 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
         self.fromBoot = fromBoot
         self.toBoot = toBoot
         self.moved = moved
+        self.handoffRequest = handoffRequest
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1418,6 +1420,7 @@ extension ClusterPushBatch: CMessageBridge {
         self.fromBoot = c.pointee.from_boot
         self.toBoot = c.pointee.to_boot
         self.moved = try WireCodec.readArray(c.pointee.moved, c.pointee.n_moved) { try ClusterSessionMoved(cStruct: $0!) }
+        self.handoffRequest = c.pointee.handoff_request
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1431,6 +1434,7 @@ extension ClusterPushBatch: CMessageBridge {
         c.pointee.from_boot = self.fromBoot
         c.pointee.to_boot = self.toBoot
         (c.pointee.n_moved, c.pointee.moved) = arena.messageArray(self.moved)
+        c.pointee.handoff_request = self.handoffRequest
     }
 }
 
