@@ -165,9 +165,12 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
         merge(copy.record, isLive: isLive).map { [$0] } ?? []
     }
 
-    public mutating func tookOver(now: Int64) -> [StatusChange] { [] }
+    /// A new home: watchers may have missed a change on the way; they are told the current status.
+    public mutating func tookOver(now: Int64) -> [StatusChange] { currentStatus().map { [$0] } ?? [] }
     public mutating func timeOut(at sink: NodeInstance, now: Int64) -> [StatusChange] { timeOut(at: sink, now: now).map { [$0] } ?? [] }
-    public mutating func restart(followersAt node: String, now: Int64) -> [StatusChange] { [] }
+    public mutating func restart(followersAt node: String, now: Int64) -> [StatusChange] {
+        currentStatus(at: { $0.id == node }).map { [$0] } ?? []
+    }
 
     public func factHashes(at sink: NodeInstance) -> [UInt64] {
         var out: [UInt64] = []
@@ -188,7 +191,7 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
                 if let c = o.change { r.outputs.append(c) }
                 if let v = o.superseded { r.superseded[id] = v }
             case .watcher(let id, let version):
-                watch(by: id, sink: sink, version: version)
+                if let c = watch(by: id, sink: sink, version: version) { r.outputs.append(c) }
             }
         }
         for (id, s) in sessions where s.sink == sink && !mentioned.contains(id) { r.suspects[id] = s.version }

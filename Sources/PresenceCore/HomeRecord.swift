@@ -248,9 +248,23 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
     // MARK: Watchers
 
-    public mutating func watch(by session: SessionID, sink: Sink, version: UInt64 = 0) {
-        if let w = watchers[session], SessionVersion.epoch(w.version) > SessionVersion.epoch(version) { return }
-        watchers[session] = Watcher(sink: sink, version: max(watchers[session]?.version ?? 0, version))
+    /// Adds (or moves) a watcher. Returns the user's visible status for the watcher when it moved
+    /// here from another sink (its new gateway may have missed changes: it is told the current one).
+    @discardableResult
+    public mutating func watch(by session: SessionID, sink: Sink, version: UInt64 = 0) -> StatusChange? {
+        if let w = watchers[session], SessionVersion.epoch(w.version) > SessionVersion.epoch(version) { return nil }
+        let before = watchers[session]
+        watchers[session] = Watcher(sink: sink, version: max(before?.version ?? 0, version))
+        guard let before, before.sink != sink else { return nil }
+        return StatusChange(userID: userID, status: visibleStatus, watchers: [session: sink])
+    }
+
+    /// The user's visible status for every watcher (`at`: only those living at these sinks), for
+    /// watchers that may have missed changes.
+    public func currentStatus(at: ((Sink) -> Bool)? = nil) -> StatusChange? {
+        let to = at.map { f in watchers.filter { f($0.value.sink) } } ?? watchers
+        guard !to.isEmpty, everOpened else { return nil }
+        return StatusChange(userID: userID, status: visibleStatus, watchers: to.mapValues(\.sink))
     }
 
     /// Removes a watcher; with `sink`, only if it still lives there (it may have moved on).

@@ -53,6 +53,9 @@ actor ChannelShard {
         }
     }
 
+    /// What the shard is carrying out (for the debug log).
+    private var cause = "call"
+
     /// Sends each event to the gateways it is routed to, encoded once.
     private func deliver(_ routed: [RoutedDelivery<NodeInstance>]) {
         var encoded: (key: ChannelKey, sequence: UInt64, bytes: [UInt8])? = nil
@@ -60,6 +63,10 @@ actor ChannelShard {
             let key = ChannelKey(name: d.event.channelName, type: d.event.channelType)
             if encoded?.key != key || encoded?.sequence != d.event.sequence {
                 encoded = (key, d.event.sequence, EventEncoding.framed(d.event))
+                if let trace = fabric.trace, d.event.type == .remoteLeave || d.event.type == .remoteTimeout || d.event.type == .remoteJoin {
+                    trace("event", ["channel": "\(key)", "type": "\(d.event.type)", "user": d.event.publisher, "sequence": String(d.event.sequence),
+                                    "cause": cause])
+                }
             }
             fabric.deliver(d, channel: key, framed: encoded!.bytes)
             if d.isSnapshot, let trace = fabric.trace {
@@ -265,6 +272,8 @@ actor ChannelShard {
     // MARK: Ring changes, copies, gateways
 
     func ringChanged(to ring: HashRing) {
+        cause = "ring change"
+        defer { cause = "call" }
         let before = terms
         carryOut(space.ringChanged(to: ring, now: now, wall: wall))
         traceOwnership("ring change", before: before)
@@ -289,6 +298,8 @@ actor ChannelShard {
             return
         }
         let before = terms
+        cause = "copy from another node (\(copy.handoff ? "handoff" : "replica"))"
+        defer { cause = "call" }
         carryOut(space.received(copy, gone: gone, now: now, wall: wall))
         traceOwnership(copy.handoff ? "handoff" : "copy", before: before)
         reschedule([copy.key])
@@ -296,6 +307,8 @@ actor ChannelShard {
 
     /// Pushes to `node` may have been lost: its followers get fresh SNAPSHOTs.
     func restart(followersAt node: String) {
+        cause = "restart followers"
+        defer { cause = "call" }
         carryOut(space.restart(followersAt: node, wall: wall))
     }
 
@@ -305,6 +318,8 @@ actor ChannelShard {
     var ring: HashRing { space.ring }
 
     func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [ChannelKey: [ChannelFact]]) -> [ChannelKey: Reconciliation<RoutedDelivery<NodeInstance>, StateCorrection>] {
+        cause = "anti-entropy from \(sink)"
+        defer { cause = "call" }
         let topology = fabric.topology
         let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts,
                                                  mayServe: { topology.notServing(keyHash: StableHash.of($0)) == nil }, now: now, wall: wall)
@@ -314,6 +329,8 @@ actor ChannelShard {
     }
 
     func confirmed(from sink: NodeInstance, gone: [(ChannelKey, SessionID, UInt64)], moved: [(ChannelKey, SessionID, NodeInstance, UInt64)]) {
+        cause = "confirmed by gateway"
+        defer { cause = "call" }
         carryOut(space.confirmed(from: sink, gone: gone, moved: moved, now: now, wall: wall))
         reschedule(gone.map(\.0) + moved.map(\.0))
     }
@@ -342,6 +359,8 @@ actor ChannelShard {
     }
 
     private func sweep() {
+        cause = "orphan timeout"
+        defer { cause = "call" }
         sweeper = nil
         sweepAt = nil
         carryOut(space.sweep(now: now, wall: wall))

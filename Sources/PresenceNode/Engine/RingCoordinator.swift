@@ -91,6 +91,7 @@ final class RingCoordinator: Sendable {
         }
         for node in due {
             for s in core.channelShards { await s.restart(followersAt: node) }
+            for s in core.userHomes { await s.restart(followersAt: node) }
         }
     }
 

@@ -177,10 +177,7 @@ actor UserHomeShard {
         case .watch:
             let (id, sink, version) = try caller(call)
             for u in users {
-                try update(u, create: true) { r in
-                    r.watch(by: id, sink: sink, version: version)
-                    return (nil, ())
-                }
+                try update(u, create: true) { r in (r.watch(by: id, sink: sink, version: version), ()) }
                 space.placed(u, at: sink, now: now)
             }
             result.statuses = users.map { UserStatusEntry(userID: $0, status: space[owned: $0]?.visibleStatus ?? .unknown) }
@@ -230,6 +227,11 @@ actor UserHomeShard {
         }
         carryOut(space.received(copy, gone: gone, now: now, wall: wall))
         scheduleSweep()
+    }
+
+    /// Pushes to `node` may have been lost: its watchers are told the current statuses.
+    func restart(followersAt node: String) {
+        carryOut(space.restart(followersAt: node, wall: wall))
     }
 
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
