@@ -3607,7 +3607,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descripto
   (ProtobufCMessageInit) presence__cluster__v1__session_moved__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[10] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[11] =
 {
   {
     "from_node_id",
@@ -3729,6 +3729,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "relay_to",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, relay_to),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[] = {
   2,   /* field[2] = channels */
@@ -3738,6 +3750,7 @@ static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[]
   4,   /* field[4] = handoff_done */
   9,   /* field[9] = handoff_request */
   8,   /* field[8] = moved */
+  10,   /* field[10] = relay_to */
   5,   /* field[5] = ring_fingerprint */
   7,   /* field[7] = to_boot */
   3,   /* field[3] = users */
@@ -3746,7 +3759,7 @@ static const ProtobufCIntRange presence__cluster__v1__push_batch__number_ranges[
 {
   { 1, 0 },
   { 8, 5 },
-  { 0, 10 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
 {
@@ -3756,7 +3769,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
   "Presence__Cluster__V1__PushBatch",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__PushBatch),
-  10,
+  11,
   presence__cluster__v1__push_batch__field_descriptors,
   presence__cluster__v1__push_batch__field_indices_by_name,
   2,  presence__cluster__v1__push_batch__number_ranges,

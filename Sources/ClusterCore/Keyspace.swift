@@ -346,6 +346,15 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return out
     }
 
+    /// Copies sent to `node` were lost: whole copies of every owned key it is a replica of.
+    public func resync(replica node: String, now: UInt64) -> [Effect] {
+        var out: [Effect] = []
+        for (key, v) in owned.sorted(by: { $0.key < $1.key }) where replicas(of: key).contains(node) {
+            out += sendAll(v, to: node, handoff: false, now: now)
+        }
+        return out
+    }
+
     /// Pushes to `node` may have been lost (its queue was dropped or shed): everyone following an
     /// owned key there gets a fresh start.
     public mutating func restart(followersAt node: String, wall: Int64) -> [Effect] {

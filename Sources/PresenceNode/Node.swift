@@ -39,7 +39,10 @@ public final class Node: Sendable {
         let health = self.health
         health.setJoining(true)
         topology.onReady { health.setJoining(false) }
-        let link = PeerLink(me: { topology.instance }, timings: settings.timings) { [weak membership] id in membership?.peerClient(for: id) }
+        let link = PeerLink(me: { topology.instance }, timings: settings.timings,
+                            relays: { node in topology.ring.members.filter { $0 != node && $0 != topology.me } }) { [weak membership] id in
+            membership?.peerClient(for: id)
+        }
         let engine = PresenceEngine(settings: settings, loops: group.loops, topology: topology, link: link, logger: self.logger)
         self.engine = engine
         // ring changes are carried out one at a time, in the order membership saw them

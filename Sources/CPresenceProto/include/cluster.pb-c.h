@@ -634,10 +634,15 @@ struct  Presence__Cluster__V1__PushBatch
    * answers with handoff_done for it (once it has handed back what it took over).
    */
   uint64_t handoff_request;
+  /*
+   * Set when the sender cannot reach the destination directly (one link cut): the receiver
+   * passes the batch on to this node and acknowledges once that one did. One hop only.
+   */
+  char *relay_to;
 };
 #define PRESENCE__CLUSTER__V1__PUSH_BATCH__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__push_batch__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL, 0, (char *)protobuf_c_empty_string }
 
 
 struct  Presence__Cluster__V1__PushAck

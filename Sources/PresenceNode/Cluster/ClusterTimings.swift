@@ -17,6 +17,9 @@ public struct ClusterTimings: Sendable, Equatable {
     /// Timeout of one push to another node, and the pause between its attempts (5 s, 50 ms); after
     /// `pushAttempts` failures the push is given up (the receiver's followers get fresh SNAPSHOTs).
     public var pushTimeout: UInt64
+    /// The first attempt of a push gets less (0.7 s, within the replication wait): after it, the
+    /// push also tries through another member.
+    public var firstPushTimeout: UInt64
     public var pushRetryPause: UInt64
     public var pushAttempts: Int
     /// Bytes queued for one node at most before its oldest deliveries are shed (64 MiB).
@@ -45,6 +48,7 @@ public struct ClusterTimings: Sendable, Equatable {
         replicationWait = max(1_000_000_000, probeInterval * 5)
         peerCallTimeout = max(2_000_000_000, probeInterval * 10)
         pushTimeout = max(5_000_000_000, probeInterval * 25)
+        firstPushTimeout = max(700_000_000, probeInterval * 7 / 2)
         pushRetryPause = 50_000_000
         pushAttempts = 40
         pushQueueBytes = 64 << 20

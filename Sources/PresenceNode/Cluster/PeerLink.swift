@@ -19,49 +19,57 @@ public final class PeerLink: Sendable {
     private let queues = Mutex<[NodeInstance: PushQueue]>([:])
     let timings: ClusterTimings
     /// Told when pushes to a node were lost (shed from an overfull queue, given up after failing,
-    /// or dropped with a queue to a process that left): its followers need fresh SNAPSHOTs.
-    private let lossObserver = Mutex<(@Sendable (String) -> Void)?>(nil)
+    /// or dropped with a queue to a process that left): its followers need fresh SNAPSHOTs, and,
+    /// when copies were among them (`copies`), the keys it is a replica of need whole copies again.
+    private let lossObserver = Mutex<(@Sendable (String, Bool) -> Void)?>(nil)
 
     /// Items per Push at most; a batch also stops growing past `maxBatchBytes`.
     static let maxBatchItems = 2_000
     static let maxBatchBytes = 2 << 20
 
-    public init(me: @escaping @Sendable () -> NodeInstance, timings: ClusterTimings = ClusterTimings(), clientFor: @escaping @Sendable (String) -> GRPCClient?) {
+    /// Live members other than this node and `node`, through which a push to `node` may be relayed.
+    private let relays: @Sendable (String) -> [String]
+
+    public init(me: @escaping @Sendable () -> NodeInstance, timings: ClusterTimings = ClusterTimings(),
+                relays: @escaping @Sendable (String) -> [String] = { _ in [] },
+                clientFor: @escaping @Sendable (String) -> GRPCClient?) {
         self.myself = me
+        self.relays = relays
         self.timings = timings
         self.clientFor = clientFor
     }
 
-    public func onLoss(_ observer: @escaping @Sendable (String) -> Void) {
+    public func onLoss(_ observer: @escaping @Sendable (String, Bool) -> Void) {
         lossObserver.withLock { $0 = observer }
     }
 
-    private func lost(_ node: String) {
-        lossObserver.withLock { $0 }?(node)
+    private func lost(_ node: String, copies: Bool = false) {
+        lossObserver.withLock { $0 }?(node, copies)
     }
 
     // MARK: Calls
 
-    public func channel(_ node: String, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
-        let r = try await unary(node, PeerPresenceMethods.channel, call)
+    public func channel(_ node: String, _ call: ClusterChannelCall, timeout: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
+        let r = try await unary(node, PeerPresenceMethods.channel, call, timeout: timeout)
         if let e = r.error { throw PresenceError(wire: e) }
         return r
     }
 
-    public func home(_ node: String, _ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
-        let r = try await unary(node, PeerPresenceMethods.home, call)
+    public func home(_ node: String, _ call: ClusterHomeCall, timeout: UInt64? = nil) async throws(PresenceError) -> ClusterHomeResult {
+        let r = try await unary(node, PeerPresenceMethods.home, call, timeout: timeout)
         if let e = r.error { throw PresenceError(wire: e) }
         return r
     }
 
     /// Which of `sessions` the gateway `node` still holds; nil when it could not be asked.
     /// Any other call to a peer; failures are the node or the link failing (UNAVAILABLE).
-    func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ node: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req) async throws(PresenceError) -> Resp {
+    func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ node: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req,
+                                                      timeout: UInt64? = nil) async throws(PresenceError) -> Resp {
         guard let client = clientFor(node) else {
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")
         }
         do {
-            return try await client.unary(method, request, timeout: .nanoseconds(Int64(timings.peerCallTimeout)))
+            return try await client.unary(method, request, timeout: .nanoseconds(Int64(timeout ?? timings.peerCallTimeout)))
         } catch {
             // (answers come back as results; a failed call is the node or the link failing)
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer: \(error)")
@@ -118,15 +126,32 @@ public final class PeerLink: Sendable {
         for q in gone where q.clear() { lost(q.node.id) }
     }
 
+    /// Passes on a batch another node could not deliver directly (`relay_to`), and returns once the
+    /// destination acknowledged it; throws when it could not be delivered either.
+    public func relay(_ batch: ClusterPushBatch) async throws {
+        guard let client = clientFor(batch.relayTo) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "not a live member") }
+        var b = batch
+        b.relayTo = ""
+        _ = try await client.unary(PeerPresenceMethods.push, b, timeout: .nanoseconds(Int64(timings.pushTimeout)))
+    }
+
     private func startSending(_ q: PushQueue) {
         Task { [self] in
             while let (batch, last) = q.take(me: me) {
                 var attempt = 0
                 var delivered = false
                 while true {
-                    guard let client = clientFor(q.node.id) else { break }  // not a live member: drop
+                    guard clientFor(q.node.id) != nil else { break }  // not a live member: drop
+                    // every other attempt after the first goes through another member (the direct
+                    // link may be cut while both ends are alive); the first one is given a short
+                    // time, so a cut link costs less than the replication wait
+                    let relay = attempt % 2 == 1 ? relays(q.node.id).randomElement() : nil
+                    var sent = batch
+                    if relay != nil { sent.relayTo = q.node.id }
                     do {
-                        _ = try await client.unary(PeerPresenceMethods.push, batch, timeout: .nanoseconds(Int64(timings.pushTimeout)))
+                        guard let client = clientFor(relay ?? q.node.id) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "gone") }
+                        let timeout = attempt == 0 ? timings.firstPushTimeout : timings.pushTimeout
+                        _ = try await client.unary(PeerPresenceMethods.push, sent, timeout: .nanoseconds(Int64(timeout)))
                         delivered = true
                         break
                     } catch {
@@ -135,7 +160,9 @@ public final class PeerLink: Sendable {
                         try? await Task.sleep(nanoseconds: timings.pushRetryPause)
                     }
                 }
-                if !delivered && !batch.deliveries.isEmpty { lost(q.node.id) }
+                if !delivered && (!batch.deliveries.isEmpty || !batch.channels.isEmpty || !batch.users.isEmpty) {
+                    lost(q.node.id, copies: !batch.channels.isEmpty || !batch.users.isEmpty)
+                }
                 q.acked(through: last)
             }
         }

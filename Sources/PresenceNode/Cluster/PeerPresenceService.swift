@@ -23,7 +23,12 @@ struct PeerPresenceService {
             // (no membership check: after a partition a node's pushes may arrive before this
             // node believes it alive again; versions decide what they may change)
             try membership.authorize(ctx)
-            await inbound.push(req)
+            if !req.relayTo.isEmpty && req.relayTo != membership.nodeID {
+                // a batch for another node whose sender cannot reach it directly
+                try await inbound.relay(req)
+            } else {
+                await inbound.push(req)
+            }
             return ClusterPushAck()
         }
         registry.unary(PeerPresenceMethods.digest) { req, ctx in

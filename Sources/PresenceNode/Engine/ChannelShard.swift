@@ -312,6 +312,11 @@ actor ChannelShard {
         carryOut(space.restart(followersAt: node, wall: wall))
     }
 
+    /// Copies sent to `node` were lost: it gets whole copies of the keys it is a replica of.
+    func resync(replica node: String) {
+        carryOut(space.resync(replica: node, now: now))
+    }
+
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
 
     /// The ring this shard has carried out.

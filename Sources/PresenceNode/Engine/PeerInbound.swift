@@ -60,6 +60,12 @@ struct PeerInbound: Sendable {
 
     // MARK: Pushes
 
+    /// Passes a batch on to its destination for a sender that cannot reach it (one hop).
+    func relay(_ batch: ClusterPushBatch) async throws {
+        guard let link = core.link, Validate.isIdentifier(batch.relayTo) else { return }
+        try await link.relay(batch)
+    }
+
     /// What another node pushed, in its order: copies and handoffs, sessions that moved away,
     /// deliveries. A push queued for an earlier process of this node is dropped.
     func push(_ batch: ClusterPushBatch) async {

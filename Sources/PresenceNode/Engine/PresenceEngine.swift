@@ -109,7 +109,7 @@ public final class PresenceEngine: Sendable {
         handoffs.withLock { [ring] in $0 = ring }
         let sessions = self.sessions
         core.gateway.onResnapshot { asks in sessions.requestSnapshots(asks) }
-        link?.onLoss { [ring] node in ring.lostPushes(to: node) }
+        link?.onLoss { [ring] node, copies in ring.lostPushes(to: node, copies: copies) }
         topology.onReady { [core, ring] in
             core.background.run { await ring.joined() }
         }

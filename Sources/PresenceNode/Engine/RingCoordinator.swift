@@ -75,9 +75,16 @@ final class RingCoordinator: Sendable {
     }
 
     /// Pushes to `node` were lost (shed, given up, or dropped with a gone process's queue).
-    func lostPushes(to node: String) {
+    func lostPushes(to node: String, copies: Bool) {
         lossy.withLock { _ = $0.insert(node) }
-        core.background.run { [self] in await restartLossyFollowers() }
+        core.background.run { [self] in
+            await restartLossyFollowers()
+            // a replica that missed changes would take over from a stale copy: it gets whole ones
+            if copies, core.topology.ring.members.contains(node) {
+                for s in core.channelShards { await s.resync(replica: node) }
+                for s in core.userHomes { await s.resync(replica: node) }
+            }
+        }
     }
 
     /// Fresh SNAPSHOTs for everyone following an owned channel at a node whose pushes were lost,

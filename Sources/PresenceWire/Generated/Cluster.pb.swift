@@ -1375,10 +1375,11 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
     public var toBoot: UInt64 = 0
     public var moved: [ClusterSessionMoved] = []
     public var handoffRequest: UInt64 = 0
+    public var relayTo: String = ""
 
     public init() {}
 
-    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = [], handoffRequest: UInt64 = 0) {
+    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = [], handoffRequest: UInt64 = 0, relayTo: String = "") {
         self.fromNodeID = fromNodeID
         self.deliveries = deliveries
         self.channels = channels
@@ -1389,6 +1390,7 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
         self.toBoot = toBoot
         self.moved = moved
         self.handoffRequest = handoffRequest
+        self.relayTo = relayTo
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1421,6 +1423,7 @@ extension ClusterPushBatch: CMessageBridge {
         self.toBoot = c.pointee.to_boot
         self.moved = try WireCodec.readArray(c.pointee.moved, c.pointee.n_moved) { try ClusterSessionMoved(cStruct: $0!) }
         self.handoffRequest = c.pointee.handoff_request
+        self.relayTo = try WireCodec.readString(c.pointee.relay_to)
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1435,6 +1438,7 @@ extension ClusterPushBatch: CMessageBridge {
         c.pointee.to_boot = self.toBoot
         (c.pointee.n_moved, c.pointee.moved) = arena.messageArray(self.moved)
         c.pointee.handoff_request = self.handoffRequest
+        if !self.relayTo.isEmpty { c.pointee.relay_to = arena.cString(self.relayTo) }
     }
 }
 
