@@ -200,7 +200,9 @@ public final class PresenceEngine: Sendable {
             throw error
         }
         g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
-        _ = try? await router.homeCall(j.user, .sessionJoined) { c in
+        // the session's record at its home is what a resume on another node starts from: the join
+        // is acknowledged only once it is there (a retry of the call repeats both, harmlessly)
+        _ = try await router.homeCall(j.user, .sessionJoined) { c in
             c.session = core.ref(s, version: j.version)
             c.channel = ClusterSessionChannel(key, withPresence: withPresence)
         }
@@ -210,8 +212,11 @@ public final class PresenceEngine: Sendable {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
         let g = core.gatewayShard(id)
-        let (user, version) = try g.left(id, channel: key)
-        guard let version, let s = g.held(id) else { return }
+        let (user, left) = try g.left(id, channel: key)
+        guard let s = g.held(id) else { return }
+        // (not in the channel here: a retry of a leave whose acknowledgement failed, or a leave of
+        // a channel never joined; both ends are told again, which changes nothing if they knew)
+        let version = left ?? s.version
         core.gateway.subscriptions.unsubscribe(key, id)
         let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: core.ref(s, version: version))
         do {
@@ -221,7 +226,8 @@ public final class PresenceEngine: Sendable {
             sessions.endLater { [router] () async throws(PresenceError) in _ = try await router.channelCall(key, call) }
             throw error
         }
-        _ = try? await router.homeCall(user, .sessionLeft) { c in
+        // acknowledged only once its home's record says so too (a resume elsewhere starts from it)
+        _ = try await router.homeCall(user, .sessionLeft) { c in
             c.session = core.ref(s, version: version)
             c.channel = ClusterSessionChannel(key, withPresence: false)
         }
@@ -332,7 +338,7 @@ public final class PresenceEngine: Sendable {
             let r = try await router.homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: core.ref(s)))
             for e in r.statuses { statuses[e.userID] = e.status }
         }
-        _ = try? await router.homeCall(user, .sessionWatching) { c in
+        _ = try await router.homeCall(user, .sessionWatching) { c in
             c.session = core.ref(s)
             c.watching = s.watching.sorted()
         }
