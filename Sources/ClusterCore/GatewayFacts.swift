@@ -63,8 +63,10 @@ public struct GatewayFacts: Sendable {
         case moved(to: NodeInstance, version: UInt64)
     }
 
+    /// `movedTo`: where the session went when its client resumed it elsewhere (`to` nil: another
+    /// gateway claimed it, but which is not known here: it is left alone, the new one speaks for it).
     public static func verdict(channel: ChannelKey?, user: String?, placedAt version: UInt64, held: SessionTable.Session?,
-                               claiming: Bool = false, movedTo: (to: NodeInstance, version: UInt64)?) -> Verdict {
+                               claiming: Bool = false, movedTo: (to: NodeInstance?, version: UInt64)?) -> Verdict {
         if claiming { return .held }  // its client is resuming it here right now
         if let s = held {
             let stillThere: Bool
@@ -77,7 +79,10 @@ public struct GatewayFacts: Sendable {
             }
             return stillThere ? .held : .gone(version: s.version)
         }
-        if let movedTo { return .moved(to: movedTo.to, version: movedTo.version) }
+        if let movedTo {
+            guard let to = movedTo.to else { return .held }
+            return .moved(to: to, version: movedTo.version)
+        }
         return .gone(version: version)
     }
 }

@@ -14,7 +14,8 @@ final class GatewayShard: Sendable {
         var outboxes: [SessionID: SessionOutbox] = [:]
         /// Sessions whose client resumed them on another gateway: where, at which version, and
         /// until when this is remembered (monotonic ns).
-        var moved: [SessionID: (to: NodeInstance, version: UInt64, until: UInt64)] = [:]
+        /// (`to` is nil when an owner said another gateway claimed it without saying which.)
+        var moved: [SessionID: (to: NodeInstance?, version: UInt64, until: UInt64)] = [:]
         /// Sessions whose client is resuming them here (a claim at their home is in flight).
         var claiming: [SessionID: Int] = [:]
     }
@@ -86,8 +87,8 @@ final class GatewayShard: Sendable {
     /// A session here, if any (disconnected ones included).
     func held(_ id: SessionID) -> SessionTable.Session? { state.withLock { $0.table[id] } }
 
-    /// Where a session that left this gateway went, if it is remembered.
-    func movedTo(_ id: SessionID) -> (to: NodeInstance, version: UInt64)? {
+    /// Where a session that left this gateway went (nil: not known where), if it is remembered.
+    func movedTo(_ id: SessionID) -> (to: NodeInstance?, version: UInt64)? {
         let now = clock.monotonicNanoseconds()
         return state.withLock { st in
             guard let m = st.moved[id], m.until > now else { return nil }
@@ -116,7 +117,7 @@ final class GatewayShard: Sendable {
         return state.withLock { st -> (SessionTable.Session, SessionOutbox?)? in
             guard let s = st.table[id], SessionVersion.epoch(s.version) < SessionVersion.epoch(version) else { return nil }
             _ = st.table.close(id)
-            if let to { st.moved[id] = (to, version, now &+ movedMemory) }
+            st.moved[id] = (to, version, now &+ movedMemory)
             if st.moved.count > 1024 { st.moved = st.moved.filter { $0.value.until > now } }
             return (s, st.outboxes.removeValue(forKey: id))
         }

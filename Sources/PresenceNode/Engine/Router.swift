@@ -14,25 +14,47 @@ struct Router: Sendable {
 
     /// Runs a call at the channel's owner.
     func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
-        try await retrying { () async throws(PresenceError) in
+        try await retrying { (attempt: Attempt) async throws(PresenceError) in
             let (owner, fingerprint) = topology.route(key)
             if owner == topology.me { return try await localChannel(key, call) }
             guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(owner)") }
             var call = call
             call.ringFingerprint = fingerprint
-            return try await link.channel(owner, call)
+            let (node, timeout) = attempt.target(owner, relays: relays(owner))
+            return try await link.channel(node, call, timeout: timeout)
         }
     }
 
     /// Runs a call at the users' home (all of `call.userIDs`, at least one, share it).
     func homeCall(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
-        try await retrying { () async throws(PresenceError) in
+        try await retrying { (attempt: Attempt) async throws(PresenceError) in
             let (home, fingerprint) = topology.route(user: call.userIDs.first ?? "")
             if home == topology.me { return try await localHome(call) }
             guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(home)") }
             var call = call
             call.ringFingerprint = fingerprint
-            return try await link.home(home, call)
+            let (node, timeout) = attempt.target(home, relays: relays(home))
+            return try await link.home(node, call, timeout: timeout)
+        }
+    }
+
+    /// Other live members, through which a call to `node` may go when it cannot be reached directly.
+    private func relays(_ node: String) -> [String] {
+        topology.routingRing.members.filter { $0 != node && $0 != topology.me }
+    }
+
+    /// Where one attempt of a call goes. The first goes straight to the owner and is given little
+    /// time; after the owner could not be reached (a link may be cut while both ends live), every
+    /// other attempt goes through another member, which forwards it once.
+    struct Attempt {
+        let number: Int
+        let unreachable: Bool
+        let timings: ClusterTimings
+
+        func target(_ owner: String, relays: [String]) -> (String, UInt64) {
+            if number == 0 { return (owner, timings.firstPushTimeout) }
+            if unreachable && number % 2 == 1, let relay = relays.randomElement() { return (relay, timings.peerCallTimeout) }
+            return (owner, timings.peerCallTimeout)
         }
     }
 
@@ -42,13 +64,17 @@ struct Router: Sendable {
         return try await homeCall(call)
     }
 
-    private func retrying<T>(_ body: () async throws(PresenceError) -> T) async throws(PresenceError) -> T {
+    private func retrying<T>(_ body: (Attempt) async throws(PresenceError) -> T) async throws(PresenceError) -> T {
         let deadline = core.clock.monotonicNanoseconds() + core.timings.routingRetry
         var pause: UInt64 = 10_000_000
+        var attempt = Attempt(number: 0, unreachable: false, timings: core.timings)
         while true {
             do {
-                return try await body()
+                return try await body(attempt)
             } catch where error.kind == .unavailable && core.clock.monotonicNanoseconds() + pause < deadline && !Task.isCancelled {
+                // (a node that did not answer at all is unreachable; one that refused is not)
+                attempt = Attempt(number: attempt.number + 1, unreachable: attempt.unreachable || error.name == "NODE_UNAVAILABLE",
+                                  timings: core.timings)
                 try? await Task.sleep(nanoseconds: pause)
                 pause = min(pause * 2, 200_000_000)
             }
