@@ -3607,7 +3607,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descripto
   (ProtobufCMessageInit) presence__cluster__v1__session_moved__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[11] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[13] =
 {
   {
     "from_node_id",
@@ -3741,14 +3741,40 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "copy_requests",
+    14,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__PushBatch, n_copy_requests),
+    offsetof(Presence__Cluster__V1__PushBatch, copy_requests),
+    &presence__cluster__v1__session_channel__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "home_copy_requests",
+    15,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Presence__Cluster__V1__PushBatch, n_home_copy_requests),
+    offsetof(Presence__Cluster__V1__PushBatch, home_copy_requests),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[] = {
   2,   /* field[2] = channels */
+  11,   /* field[11] = copy_requests */
   1,   /* field[1] = deliveries */
   6,   /* field[6] = from_boot */
   0,   /* field[0] = from_node_id */
   4,   /* field[4] = handoff_done */
   9,   /* field[9] = handoff_request */
+  12,   /* field[12] = home_copy_requests */
   8,   /* field[8] = moved */
   10,   /* field[10] = relay_to */
   5,   /* field[5] = ring_fingerprint */
@@ -3759,7 +3785,7 @@ static const ProtobufCIntRange presence__cluster__v1__push_batch__number_ranges[
 {
   { 1, 0 },
   { 8, 5 },
-  { 0, 11 }
+  { 0, 13 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
 {
@@ -3769,7 +3795,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
   "Presence__Cluster__V1__PushBatch",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__PushBatch),
-  11,
+  13,
   presence__cluster__v1__push_batch__field_descriptors,
   presence__cluster__v1__push_batch__field_indices_by_name,
   2,  presence__cluster__v1__push_batch__number_ranges,

@@ -96,6 +96,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         case send(V.Copy, to: String, replica: Bool, gone: [NodeInstance: UInt64])
         /// Carry out these events.
         case deliver([V.Output])
+        /// Ask `node` (the key's owner) for a whole copy: this replica holds only part of it.
+        case askForCopy(V.Key, from: String)
     }
 
     public init(me: String, replicationFactor: Int, presenceTimeout: UInt64, ring: HashRing? = nil,
@@ -250,7 +252,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// A copy from another node: its owner's change (this node is a replica), a handoff from its
     /// previous owner, or another version of a key this node owns (merged). Stale copies — from an
     /// owner superseded by a later lineage — change nothing.
-    public mutating func received(_ copy: V.Copy, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64) -> [Effect] {
+    public mutating func received(_ copy: V.Copy, from sender: String? = nil, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64) -> [Effect] {
         let key = V.key(of: copy)
         // the sender's word on how long a process has been gone counts (capped at a presence
         // timeout), unless that process is live here
@@ -285,12 +287,21 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         }
         // a replica copy
         if let held = copies[key], V.term(of: copy) < held.term { return [] }  // from a superseded owner
-        // (a change to a key this node holds no copy of starts one: the owner's first change of
-        // a new key is all of it; anything a copy still lacks, the key's gateways restore)
+        // a change to a key this node holds no copy of (it was not a replica of it a moment ago,
+        // by its ring): kept, but a replica must never take over from part of a key, so it asks
+        // the owner for all of it
+        let partial = !V.isFull(copy) && copies[key] == nil
         var v = V.isFull(copy) ? make(key) : (copies[key] ?? make(key))
         v.install(copy)
         copies[key] = v.isEmpty ? nil : v
+        if partial, copies[key] != nil, let sender { return [.askForCopy(key, from: sender)] }
         return []
+    }
+
+    /// A replica asks for a whole copy of `key`: sent if this node owns it and `node` replicates it.
+    public func wholeCopy(of key: V.Key, for node: String, now: UInt64) -> [Effect] {
+        guard let v = owned[key], replicas(of: key).contains(node) else { return [] }
+        return sendAll(v, to: node, handoff: false, now: now)
     }
 
     private mutating func noteOrphans(_ key: V.Key, now: UInt64) {

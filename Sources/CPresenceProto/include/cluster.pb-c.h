@@ -639,10 +639,17 @@ struct  Presence__Cluster__V1__PushBatch
    * passes the batch on to this node and acknowledges once that one did. One hop only.
    */
   char *relay_to;
+  /*
+   * A replica that got a change of a key it holds no copy of asks its owner for all of it.
+   */
+  size_t n_copy_requests;
+  Presence__Cluster__V1__SessionChannel **copy_requests;
+  size_t n_home_copy_requests;
+  char **home_copy_requests;
 };
 #define PRESENCE__CLUSTER__V1__PUSH_BATCH__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__push_batch__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL, 0, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL, 0, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL }
 
 
 struct  Presence__Cluster__V1__PushAck

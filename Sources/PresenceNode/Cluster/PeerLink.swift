@@ -332,7 +332,9 @@ final class PushQueue: Sendable {
 }
 
 extension ClusterPushBatch {
-    var itemCount: Int { deliveries.count + channels.count + users.count + moved.count + (handoffDone ? 1 : 0) }
+    var itemCount: Int {
+        deliveries.count + channels.count + users.count + moved.count + copyRequests.count + homeCopyRequests.count + (handoffDone ? 1 : 0)
+    }
 }
 
 extension PresenceError {

@@ -22,7 +22,7 @@ actor ChannelShard {
     private var sweeper: Task<Void, Never>? = nil
     private var sweepAt: UInt64? = nil
     /// Copies that arrived before this shard carried out the ring change they were sent for.
-    private var early: [(ChannelCopy<NodeInstance>, [NodeInstance: UInt64])] = []
+    private var early: [(ChannelCopy<NodeInstance>, String?, [NodeInstance: UInt64])] = []
     /// Replica copies sent by the call being handled: the call answers once they arrived.
     private var replicaTickets: [PeerLink.Ticket] = []
 
@@ -47,6 +47,8 @@ actor ChannelShard {
             switch e {
             case .send(let copy, let node, let replica, let gone):
                 if let t = fabric.send(copy, to: node, gone: gone), replica { replicaTickets.append(t) }
+            case .askForCopy(let key, let node):
+                fabric.link?.push(to: fabric.instance(of: node)) { $0.copyRequests.append(ClusterSessionChannel(key, withPresence: false)) }
             case .deliver(let events):
                 deliver(events)
             }
@@ -142,16 +144,18 @@ actor ChannelShard {
                            _ body: (inout Machine) throws(PresenceError) -> ([Delivery], R)) throws(PresenceError) -> R? {
         let replicated = user != nil && !space.replicas(of: key).isEmpty
         var routed: [RoutedDelivery<NodeInstance>] = []
-        var delta: ChannelCopy<NodeInstance>? = nil
+        var deltas: [ChannelCopy<NodeInstance>] = []
+        let created = space[owned: key] == nil
         let r = try space.withOwned(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) -> R in
             let (d, r) = try body(&m)
             routed = m.route(d)
-            // (taken here: a channel left empty is gone once this returns)
-            if replicated, let user { delta = m.delta(users: [user], left: left) }
+            // (taken here: a channel left empty is gone once this returns; a channel this call
+            // created goes whole, so its replicas hold all of it from the start)
+            if replicated, let user { deltas = created ? m.fullCopies(handoff: false) : [m.delta(users: [user], left: left)] }
             return r
         }
         deliver(routed)
-        if let delta { carryOut(space.replicate(delta)) }
+        for delta in deltas { carryOut(space.replicate(delta)) }
         if space[owned: key]?.isIntervalMode == true { startTicking(key) } else { intervalChannels.remove(key) }
         return r
     }
@@ -286,21 +290,21 @@ actor ChannelShard {
         guard fabric.topology.isReady, space.ring == fabric.topology.ring, !early.isEmpty else { return }
         let copies = early
         early = []
-        for (c, gone) in copies { received(c, gone: gone) }
+        for (c, sender, gone) in copies { received(c, from: sender, gone: gone) }
     }
 
     /// A copy from another node (replication, handoff, or another version of an owned channel).
     /// One sent for a ring this shard has not caught up with yet (or before this node joined) waits for it.
-    func received(_ copy: ChannelCopy<NodeInstance>, gone: [NodeInstance: UInt64] = [:]) {
+    func received(_ copy: ChannelCopy<NodeInstance>, from sender: String? = nil, gone: [NodeInstance: UInt64] = [:]) {
         // (a node that has not joined yet routes by a ring of its own: it would own everything)
         guard fabric.topology.isReady, space.ring == fabric.topology.ring else {
-            early.append((copy, gone))
+            early.append((copy, sender, gone))
             return
         }
         let before = terms
         cause = "copy from another node (\(copy.handoff ? "handoff" : "replica"))"
         defer { cause = "call" }
-        carryOut(space.received(copy, gone: gone, now: now, wall: wall))
+        carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
         traceOwnership(copy.handoff ? "handoff" : "copy", before: before)
         reschedule([copy.key])
     }
@@ -315,6 +319,11 @@ actor ChannelShard {
     /// Copies sent to `node` were lost: it gets whole copies of the keys it is a replica of.
     func resync(replica node: String) {
         carryOut(space.resync(replica: node, now: now))
+    }
+
+    /// A replica asks for a whole copy of a key it holds only part of.
+    func sendWholeCopy(of key: ChannelKey, to node: String) {
+        carryOut(space.wholeCopy(of: key, for: node, now: now))
     }
 
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }

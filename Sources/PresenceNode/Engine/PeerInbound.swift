@@ -73,11 +73,18 @@ struct PeerInbound: Sendable {
         let from = NodeInstance(batch.fromNodeID, boot: batch.fromBoot)
         for r in batch.channels {
             guard let copy = r.copy else { continue }
-            await core.channelShard(copy.key).received(copy, gone: ClusterGoneGateway.ages(r.gone))
+            await core.channelShard(copy.key).received(copy, from: from.id, gone: ClusterGoneGateway.ages(r.gone))
         }
         for r in batch.users {
             guard let copy = r.copy else { continue }
-            await core.userHomes[core.homeShardIndex(copy.record.userID)].received(copy, gone: ClusterGoneGateway.ages(r.gone))
+            await core.userHomes[core.homeShardIndex(copy.record.userID)].received(copy, from: from.id, gone: ClusterGoneGateway.ages(r.gone))
+        }
+        for c in batch.copyRequests.prefix(Limits.maxChannelsPerSession) {
+            guard let key = c.key else { continue }
+            await core.channelShard(key).sendWholeCopy(of: key, to: from.id)
+        }
+        for u in batch.homeCopyRequests.prefix(Limits.maxUsersPerCall) where Validate.isIdentifier(u) {
+            await core.userHomes[core.homeShardIndex(u)].sendWholeCopy(of: u, to: from.id)
         }
         for m in batch.moved {
             guard let id = SessionID(text: m.sessionID), Validate.isIdentifier(m.gateway) else { continue }

@@ -17,7 +17,7 @@ actor UserHomeShard {
     private var sweeper: Task<Void, Never>? = nil
     private var sweepAt: UInt64? = nil
     /// Copies that arrived before this shard carried out the ring change they were sent for.
-    private var early: [(HomeCopy, [NodeInstance: UInt64])] = []
+    private var early: [(HomeCopy, String?, [NodeInstance: UInt64])] = []
     /// Replica copies sent by the call being handled.
     private var replicaTickets: [PeerLink.Ticket] = []
 
@@ -38,6 +38,8 @@ actor UserHomeShard {
             switch e {
             case .send(let copy, let node, let replica, let gone):
                 if let t = fabric.send(copy, to: node, gone: gone), replica { replicaTickets.append(t) }
+            case .askForCopy(let user, let node):
+                fabric.link?.push(to: fabric.instance(of: node)) { $0.homeCopyRequests.append(user) }
             case .deliver(let changes):
                 for c in changes { fabric.deliver(c, at: wall) }
             }
@@ -215,17 +217,17 @@ actor UserHomeShard {
         guard fabric.topology.isReady, space.ring == fabric.topology.ring, !early.isEmpty else { return }
         let copies = early
         early = []
-        for (c, gone) in copies { received(c, gone: gone) }
+        for (c, sender, gone) in copies { received(c, from: sender, gone: gone) }
     }
 
     /// A copy from another node; one sent for a ring this shard has not caught up with yet waits for it.
-    func received(_ copy: HomeCopy, gone: [NodeInstance: UInt64] = [:]) {
+    func received(_ copy: HomeCopy, from sender: String? = nil, gone: [NodeInstance: UInt64] = [:]) {
         // (a node that has not joined yet routes by a ring of its own: it would own everything)
         guard fabric.topology.isReady, space.ring == fabric.topology.ring else {
-            early.append((copy, gone))
+            early.append((copy, sender, gone))
             return
         }
-        carryOut(space.received(copy, gone: gone, now: now, wall: wall))
+        carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
         scheduleSweep()
     }
 
@@ -237,6 +239,11 @@ actor UserHomeShard {
     /// Copies sent to `node` were lost: it gets whole copies of the keys it is a replica of.
     func resync(replica node: String) {
         carryOut(space.resync(replica: node, now: now))
+    }
+
+    /// A replica asks for a whole copy of a key it holds only part of.
+    func sendWholeCopy(of key: String, to node: String) {
+        carryOut(space.wholeCopy(of: key, for: node, now: now))
     }
 
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }

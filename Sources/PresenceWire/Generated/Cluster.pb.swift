@@ -1376,10 +1376,12 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
     public var moved: [ClusterSessionMoved] = []
     public var handoffRequest: UInt64 = 0
     public var relayTo: String = ""
+    public var copyRequests: [ClusterSessionChannel] = []
+    public var homeCopyRequests: [String] = []
 
     public init() {}
 
-    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = [], handoffRequest: UInt64 = 0, relayTo: String = "") {
+    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = [], handoffRequest: UInt64 = 0, relayTo: String = "", copyRequests: [ClusterSessionChannel] = [], homeCopyRequests: [String] = []) {
         self.fromNodeID = fromNodeID
         self.deliveries = deliveries
         self.channels = channels
@@ -1391,6 +1393,8 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
         self.moved = moved
         self.handoffRequest = handoffRequest
         self.relayTo = relayTo
+        self.copyRequests = copyRequests
+        self.homeCopyRequests = homeCopyRequests
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1424,6 +1428,8 @@ extension ClusterPushBatch: CMessageBridge {
         self.moved = try WireCodec.readArray(c.pointee.moved, c.pointee.n_moved) { try ClusterSessionMoved(cStruct: $0!) }
         self.handoffRequest = c.pointee.handoff_request
         self.relayTo = try WireCodec.readString(c.pointee.relay_to)
+        self.copyRequests = try WireCodec.readArray(c.pointee.copy_requests, c.pointee.n_copy_requests) { try ClusterSessionChannel(cStruct: $0!) }
+        self.homeCopyRequests = try WireCodec.readArray(c.pointee.home_copy_requests, c.pointee.n_home_copy_requests) { try WireCodec.readString($0) }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1439,6 +1445,8 @@ extension ClusterPushBatch: CMessageBridge {
         (c.pointee.n_moved, c.pointee.moved) = arena.messageArray(self.moved)
         c.pointee.handoff_request = self.handoffRequest
         if !self.relayTo.isEmpty { c.pointee.relay_to = arena.cString(self.relayTo) }
+        (c.pointee.n_copy_requests, c.pointee.copy_requests) = arena.messageArray(self.copyRequests)
+        (c.pointee.n_home_copy_requests, c.pointee.home_copy_requests) = arena.stringArray(self.homeCopyRequests)
     }
 }
 
