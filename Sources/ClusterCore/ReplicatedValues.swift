@@ -97,7 +97,11 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
 
     public mutating func removeGone(_ session: SessionID, at sink: NodeInstance, version: UInt64, now: Int64) -> [Output] {
         guard let p = places[session], p.sink == sink, p.version <= version else { return [] }
-        return route(leave(user: p.user, session: session, version: version, now: now))
+        // "not held there at all" (the maximum) speaks for the epoch this owner placed the session
+        // in, no later: recorded as the maximum, the departure would refuse the session's next
+        // epochs (it resumed on another gateway) for good
+        let v = version == .max ? SessionVersion.make(epoch: SessionVersion.epoch(p.version), counter: 0xffff_ffff) : version
+        return route(leave(user: p.user, session: session, version: v, now: now))
     }
 
     public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output] {

@@ -1,0 +1,39 @@
+// Regression tests for what the keyspace simulation (KeyspaceSimulation.swift, which follows
+// these fixes) found in the cores: one plain-value test per fix, each failing before it.
+
+import ClusterCore
+import PresenceCore
+import PresenceWire
+import Testing
+
+@Suite struct KeyspaceSimulationFindingsTests {
+    typealias Machine = ChannelMachine<NodeInstance>
+    let key = ChannelKey(name: "room", type: .message)
+    let s = SessionID(raw: 7)
+    let a = NodeInstance("a", boot: 1), b = NodeInstance("b", boot: 1), g = NodeInstance("g", boot: 1)
+    let second: UInt64 = 1_000_000_000
+
+    func v(_ epoch: UInt64, _ counter: UInt64) -> UInt64 { SessionVersion.make(epoch: epoch, counter: counter) }
+    func item(_ k: String, _ value: String) -> StateItem { StateItem(key: k, value: value) }
+
+    func space(_ me: String, _ ring: HashRing, copies: Int = 1) -> Keyspace<Machine> {
+        Keyspace(me: me, replicationFactor: copies, presenceTimeout: 5 * second, ring: ring) { Machine(key: $0, maxInstantEvents: 100) }
+    }
+
+    /// A key `owner` owns on `ring`.
+    func key(ownedBy owner: String, on ring: HashRing) -> ChannelKey {
+        (0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first { ring.owner(ofHash: StableHash.of($0)) == owner }!
+    }
+
+    /// (1)
+    @Test func aSessionGoneFromOneGatewayIsNotRefusedAtTheNext() {
+        var m = Machine(key: key, maxInstantEvents: 100)
+        _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1)
+        _ = m.removeGone(s, at: a, version: .max, now: 2)  // a: "not here at all" (it moved on)
+        #expect(m.leftAfter(s, v(1, 5)))  // a's delayed word of that epoch stays out
+        #expect(m.supersedingVersion(of: s, v(2, 0)) == nil)
+        let o = m.announce(user: "u", session: s, withPresence: false, sink: b, version: v(2, 0), now: 3)
+        #expect(o.superseded == nil && m.contains(user: "u", session: s))
+        #expect(m.supersedingVersion(of: s, v(1, 5)) != nil)
+    }
+}
