@@ -327,19 +327,24 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             }
             var events: [V.Output] = []
             var waiting = false
+            var timedOut = false
             for sink in v.sinks.sorted() where !isLive(sink) {
                 let since = goneSince[sink] ?? now
                 if goneSince[sink] == nil { goneSince[sink] = now }
                 if now >= since &+ presenceTimeout {
                     events += v.timeOut(at: sink, now: wall)
+                    timedOut = true
                 } else {
                     waiting = true
                 }
             }
             if !waiting { orphanKeys.remove(key) }
-            guard !events.isEmpty else { continue }
+            // (a timeout changes the value even when it makes no event for anyone — nobody there
+            // follows presence, or the user has another session: it is kept all the same, else
+            // the sessions stay, and the key is no orphan any more to be swept again)
+            guard timedOut else { continue }
             owned[key] = v.isEmpty ? nil : v
-            out.append(.deliver(events))
+            if !events.isEmpty { out.append(.deliver(events)) }
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
         }
         return out

@@ -36,4 +36,19 @@ import Testing
         #expect(o.superseded == nil && m.contains(user: "u", session: s))
         #expect(m.supersedingVersion(of: s, v(1, 5)) != nil)
     }
+
+    /// (2)
+    @Test func aTimeoutThatMakesNoEventStillRemovesTheSession() {
+        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: false, sink: g, version: v(1, 1), now: 1_000)
+        }
+        _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 0, wall: 1_000)
+        #expect(ks.orphanKeys == [key])
+        _ = ks.sweep(now: 5 * second + 1, wall: 7_000)
+        #expect(ks[owned: key]?.contains(user: "u") != true)
+        #expect(ks.orphanKeys.isEmpty)
+    }
 }
