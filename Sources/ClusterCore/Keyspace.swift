@@ -184,9 +184,17 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             let gone = NodeInstance(id, boot: old.boot(of: id))
             if goneSince[gone] == nil { goneSince[gone] = now }
         }
+        // processes thought gone that are live again (a pause, a healed partition): nothing was
+        // sent to them meanwhile, so whoever follows an owned key there gets a fresh start
+        let back = Set(goneSince.keys.filter { new.isLive($0.id, boot: $0.boot) }.map(\.id))
         goneSince = goneSince.filter { !new.isLive($0.key.id, boot: $0.key.boot) }
         guard !leaving else { return [] }
         var out: [Effect] = []
+        var restarted: [V.Output] = []
+        for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { back.contains($0.id) && new.isLive($0.id, boot: $0.boot) }) {
+            for node in back.sorted() { restarted += owned[key]!.restart(followersAt: node, now: wall) }
+        }
+        if !restarted.isEmpty { out.append(.deliver(restarted)) }
         for (key, v) in owned.sorted(by: { $0.key < $1.key }) {
             switch RingMove.owned(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .handOff(let newOwner, let keepCopy):

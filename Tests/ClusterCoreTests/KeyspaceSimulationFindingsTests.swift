@@ -51,4 +51,21 @@ import Testing
         #expect(ks[owned: key]?.contains(user: "u") != true)
         #expect(ks.orphanKeys.isEmpty)
     }
+
+    /// (3)
+    @Test func followersAtAProcessThatComesBackGetAFreshSnapshot() {
+        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        }
+        _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 1, wall: 2_000)  // g thought gone
+        let back = ks.ringChanged(to: ring, now: 2 * second, wall: 4_000)  // the same process is back
+        let snapshots = back.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
+            return []
+        }
+        #expect(snapshots.map(\.sink) == [g] && snapshots.first?.sessions == [s])
+    }
 }
