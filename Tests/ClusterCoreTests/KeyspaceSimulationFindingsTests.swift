@@ -68,4 +68,21 @@ import Testing
         }
         #expect(snapshots.map(\.sink) == [g] && snapshots.first?.sessions == [s])
     }
+
+    /// (4)
+    @Test func aSessionBackAtAGatewayItLeftTakesItsChannelsFromItsHome() throws {
+        let k1 = ChannelKey(name: "one", type: .message), k2 = ChannelKey(name: "two", type: .message)
+        let k3 = ChannelKey(name: "three", type: .message)
+        var t = SessionTable(resumeWindow: 5 * second)
+        _ = t.open(user: "u", resume: nil, newID: s, now: 0)
+        _ = try t.joined(s, channel: k1, withPresence: true)
+        // its client resumed it elsewhere (epoch 2: left k1, joined k2 there), then came back (epoch 3)
+        _ = t.adopt(s, user: "u", version: v(3, 0), channels: [k2: false], watching: [])
+        #expect(t[s]?.channels.keys.sorted() == [k2])
+        #expect(t[s]?.channels[k2] == SessionTable.Membership(withPresence: false, joinVersion: v(3, 0)))
+        // resumed where it is held (epoch 3, then 4): what it holds here stays
+        _ = try t.joined(s, channel: k3, withPresence: true)
+        _ = t.adopt(s, user: "u", version: v(4, 0), channels: [k2: false], watching: [])
+        #expect(t[s]?.channels.keys.sorted() == [k3, k2].sorted())
+    }
 }
