@@ -159,6 +159,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// SNAPSHOT as its first event of this channel.
     public mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
                               pendingState: [StateItem] = [], now: Int64) -> [Delivery] {
+        join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, pendingState: pendingState,
+             datingState: true, now: now)
+    }
+
+    /// `datingState`: a user's first session starts its state afresh (a client's join), dated now,
+    /// so an older state of the user — from before it left, in another version of the channel
+    /// merged later — does not come back. Announces and merges add members whose state comes
+    /// with them (from the gateway, or from the other version): not dated.
+    private mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64,
+                               pendingState: [StateItem], datingState: Bool, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
         departed[session] = nil
         if var m = members[user] {
@@ -175,7 +185,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            members[user] = Member(sessions: SessionList(session), state: state, stateVersion: state.isEmpty ? 0 : nextSequence())
+            members[user] = Member(sessions: SessionList(session), state: state,
+                                   stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence())
             order.insert(user, at: insertionIndex(for: user))
             updateMode(now: now, into: &out)
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
@@ -213,7 +224,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         }
         if leftAfter(session, version) { return outcome }  // news from before its leave
         if !contains(user: user, session: session) {
-            outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, now: now)
+            outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version,
+                                      pendingState: [], datingState: false, now: now)
         } else {
             let before = places[session]
             place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
@@ -477,7 +489,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                     continue
                 }
                 if let d = departed[s.id], d.version >= s.version { continue }  // it left here after that
-                out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version, now: now)
+                out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version,
+                            pendingState: [], datingState: false, now: now)
             }
             guard var m = members[c.userID], c.stateVersion > m.stateVersion else { continue }
             let next = StateItems(c.state)

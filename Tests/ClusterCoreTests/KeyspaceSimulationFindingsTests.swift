@@ -85,4 +85,24 @@ import Testing
         _ = t.adopt(s, user: "u", version: v(4, 0), channels: [k2: false], watching: [])
         #expect(t[s]?.channels.keys.sorted() == [k3, k2].sorted())
     }
+
+    /// (5)
+    @Test func aUsersStateOfBeforeItsLeaveDoesNotComeBackWithAMerge() throws {
+        var m = Machine(key: key, maxInstantEvents: 100)
+        m.startLineage(now: 1_000)
+        _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        _ = try m.setState(user: "u", session: s, items: [item("mood", "old")], now: 1_001)
+        let before = m.fullCopies()[0]  // the other side of a partition kept this version
+        _ = m.leave(user: "u", session: s, version: v(1, 2), now: 1_002)
+        _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 3), now: 1_003)
+        _ = m.merge(before, now: 1_004)
+        #expect(m.state(of: "u") == [])
+        // a state set later on the other side still wins
+        var other = Machine(key: key, maxInstantEvents: 100)
+        other.install(before)
+        other.advanceSequence(to: m.sequence)
+        _ = try other.setState(user: "u", session: s, items: [item("mood", "new")], now: 1_005)
+        _ = m.merge(other.fullCopies()[0], now: 1_006)
+        #expect(m.state(of: "u") == [item("mood", "new")])
+    }
 }
