@@ -282,7 +282,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// said so (else this owner timed out a session whose gateway is gone).
     public mutating func leave(user: String, session: SessionID, version: UInt64 = 0, timedOut: Bool = false,
                                byGateway: Bool = true, now: Int64) -> [Delivery] {
-        guard var m = members[user], m.sessions.contains(session) else { return [] }
+        guard var m = members[user], m.sessions.contains(session) else {
+            // (a gateway's leave of a session this version does not hold — it joined in another
+            // version of the channel, not merged here yet — is remembered all the same: that
+            // version, merged later, must not bring the session back)
+            if byGateway, places[session] == nil, (departed[session]?.version ?? 0) < version {
+                forgetOldDepartures(now: now)
+                departed[session] = Departure(user: user, version: version, byGateway: true, at: now)
+            }
+            return []
+        }
         forgetOldDepartures(now: now)
         departed[session] = Departure(user: user, version: max(places[session]?.version ?? 0, version), byGateway: byGateway, at: now)
         unplace(session)

@@ -105,4 +105,17 @@ import Testing
         _ = m.merge(other.fullCopies()[0], now: 1_006)
         #expect(m.state(of: "u") == [item("mood", "new")])
     }
+
+    /// (6)
+    @Test func aLeaveOfASessionThisVersionDoesNotHoldIsRemembered() {
+        var mine = Machine(key: key, maxInstantEvents: 100)
+        var theirs = Machine(key: key, maxInstantEvents: 100)
+        _ = theirs.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1)  // joined over there
+        _ = mine.leave(user: "u", session: s, version: v(1, 2), now: 2)  // its gateway's leave reached this version
+        _ = mine.merge(theirs.fullCopies()[0], now: 3)
+        #expect(!mine.contains(user: "u"))
+        // a later join of the session is not refused
+        _ = mine.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 3), now: 4)
+        #expect(mine.contains(user: "u", session: s))
+    }
 }
