@@ -144,6 +144,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         sequence = max(sequence, term)
     }
 
+    /// Where a lineage started at wall time `now` (ms) begins at least (see `startLineage`).
+    static func lineageFloor(_ now: Int64) -> UInt64 { UInt64(clamping: max(0, min(now, 1 << 41))) << 22 }
+
     /// Keeps the event sequence at or above `s` (a copy, a merge, or a gateway's floor).
     public mutating func advanceSequence(to s: UInt64) { sequence = max(sequence, s) }
 
@@ -223,13 +226,20 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             return outcome
         }
         if leftAfter(session, version) { return outcome }  // news from before its leave
+        // A session that comes from another gateway, or was resumed (a later epoch), may have
+        // followed another owner's lineage of this channel meanwhile (the other side of a
+        // partition, started later and so numbered higher): it gets a SNAPSHOT numbered above any
+        // lineage started before now.
         if !contains(user: user, session: session) {
+            if withPresence { advanceSequence(to: Self.lineageFloor(now)) }
             outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version,
                                       pendingState: [], datingState: false, now: now)
         } else {
             let before = places[session]
             place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
-            if withPresence && (before?.withPresence != true || before?.sink != sink) {
+            let resumed = SessionVersion.epoch(before?.version ?? 0) < SessionVersion.epoch(version)
+            if withPresence && (before?.withPresence != true || before?.sink != sink || resumed) {
+                advanceSequence(to: Self.lineageFloor(now))
                 outcome.deliveries.append(snapshotDelivery(for: session, now: now))
             }
         }

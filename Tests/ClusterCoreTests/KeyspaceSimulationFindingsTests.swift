@@ -118,4 +118,21 @@ import Testing
         _ = mine.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 3), now: 4)
         #expect(mine.contains(user: "u", session: s))
     }
+
+    /// (7)
+    @Test func aResumedSessionsSnapshotIsAboveAnyLineageStartedBefore() {
+        var m = Machine(key: key, maxInstantEvents: 100)
+        m.startLineage(now: 1_000)
+        _ = m.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
+        // meanwhile another owner (the other side of a partition) started a lineage at 40 s
+        let otherSide = UInt64(40_000) << 22 + 5
+        let moved = m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(2, 0), now: 41_000)
+        let snapshot = moved.deliveries.first { $0.event.type == .snapshot }
+        #expect((snapshot?.event.sequence ?? 0) > otherSide)
+        // resumed on the same gateway (a later epoch): a fresh SNAPSHOT too, above what it saw
+        let resumed = m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(3, 0), now: 42_000)
+        #expect(resumed.deliveries.contains { $0.event.type == .snapshot && $0.event.sequence > UInt64(42_000) << 22 })
+        // the same epoch announced again (anti-entropy): nothing
+        #expect(m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(3, 0), now: 43_000).deliveries.isEmpty)
+    }
 }
