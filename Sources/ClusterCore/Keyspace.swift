@@ -22,6 +22,10 @@ public protocol ReplicatedValue: Sendable {
     static func term(of copy: Copy) -> UInt64
 
     var isEmpty: Bool { get }
+    /// Whether the value, empty, still remembers sessions that left: it is kept (for
+    /// `departureMemory` wall ms), so a stale copy or a late word does not bring them back.
+    var remembersDepartures: Bool { get }
+    static var departureMemory: Int64 { get }
     var term: UInt64 { get }
     /// The processes where this value's sessions (and watchers) live.
     var sinks: Set<NodeInstance> { get }
@@ -87,6 +91,10 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public private(set) var orphanKeys: Set<V.Key> = []
     /// Set once this node has handed everything off before leaving: it owns nothing any more.
     public private(set) var leaving = false
+    /// Owned keys and copies that hold nobody but remember departures, and since when (wall ms):
+    /// kept until `V.departureMemory` after that (see `keep`).
+    public private(set) var emptied: [V.Key: Int64] = [:]
+    public private(set) var emptiedCopies: [V.Key: Int64] = [:]
 
     /// Something for the shard to do.
     public enum Effect: Sendable {
@@ -128,6 +136,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// does not exist); drops the value once it is empty. Nil when the value does not exist.
     public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
                                       _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        forgetEmptied(wall: now)
         if owned[key] == nil {
             guard create else { return nil }
             var v = make(key)
@@ -138,11 +147,54 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         do {
             result = try body(&owned[key]!)
         } catch {
-            if owned[key]!.isEmpty { owned[key] = nil }
+            keep(key, wall: now)
             throw error
         }
-        if owned[key]!.isEmpty { owned[key] = nil }
+        keep(key, wall: now)
         return result
+    }
+
+    /// After a change to an owned key (or copy): an empty value is dropped, unless it remembers
+    /// sessions that left. Those are kept a while: when a key's last session left, a version of
+    /// it from before that (the other side of a partition, handed off or merged later) or a late
+    /// word from a superseded gateway must still meet the departure, not an empty slate that
+    /// takes the session back as new.
+    private mutating func keep(_ key: V.Key, wall: Int64) {
+        guard let v = owned[key], v.isEmpty else {
+            emptied[key] = nil
+            return
+        }
+        if v.remembersDepartures {
+            if emptied[key] == nil { emptied[key] = wall }
+        } else {
+            owned[key] = nil
+            emptied[key] = nil
+        }
+    }
+
+    private mutating func keepReplica(_ key: V.Key, wall: Int64) {
+        guard let v = copies[key], v.isEmpty else {
+            emptiedCopies[key] = nil
+            return
+        }
+        if v.remembersDepartures {
+            if emptiedCopies[key] == nil { emptiedCopies[key] = wall }
+        } else {
+            copies[key] = nil
+            emptiedCopies[key] = nil
+        }
+    }
+
+    /// Drops the kept empty values whose departures are old enough to be forgotten.
+    private mutating func forgetEmptied(wall: Int64) {
+        for (key, since) in emptied where wall - since >= V.departureMemory {
+            if owned[key]?.isEmpty == true { owned[key] = nil }
+            emptied[key] = nil
+        }
+        for (key, since) in emptiedCopies where wall - since >= V.departureMemory {
+            if copies[key]?.isEmpty == true { copies[key] = nil }
+            emptiedCopies[key] = nil
+        }
     }
 
     /// Notes that an owned key now has a session at `sink` (it may be a gone process).
@@ -180,6 +232,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public mutating func ringChanged(to new: HashRing, now: UInt64, wall: Int64) -> [Effect] {
         let old = ring
         ring = new
+        forgetEmptied(wall: wall)
         for id in old.members where !new.isLive(id, boot: old.boot(of: id)) {
             let gone = NodeInstance(id, boot: old.boot(of: id))
             if goneSince[gone] == nil { goneSince[gone] = now }
@@ -200,8 +253,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             case .handOff(let newOwner, let keepCopy):
                 out += sendAll(v, to: newOwner, handoff: true, now: now)
                 owned[key] = nil
+                emptied[key] = nil
                 orphanKeys.remove(key)
-                if keepCopy { copies[key] = v }
+                if keepCopy {
+                    copies[key] = v
+                    keepReplica(key, wall: wall)
+                }
             case .keep(let newReplicas):
                 for r in newReplicas { out += sendAll(v, to: r, handoff: false, now: now) }
             }
@@ -210,16 +267,19 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .takeOver(_, let newReplicas):
                 copies[key] = nil
+                emptiedCopies[key] = nil
                 var value = v
                 value.startLineage(now: wall)
                 let events = value.tookOver(now: wall)
-                if !value.isEmpty { owned[key] = value }
+                owned[key] = value
+                keep(key, wall: wall)
                 if !events.isEmpty { out.append(.deliver(events)) }
                 for r in newReplicas { out += sendAll(value, to: r, handoff: false, now: now) }
             case .keep:
                 break
             case .drop:
                 copies[key] = nil
+                emptiedCopies[key] = nil
             }
         }
         findOrphans(now: now)
@@ -248,6 +308,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         leaving = true
         copies.merge(owned) { _, mine in mine }
         owned = [:]
+        emptied = [:]
         orphanKeys = []
         return out
     }
@@ -259,6 +320,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// owner superseded by a later lineage — change nothing.
     public mutating func received(_ copy: V.Copy, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64) -> [Effect] {
         let key = V.key(of: copy)
+        forgetEmptied(wall: wall)
         // the sender's word on how long a process has been gone counts (capped at a presence
         // timeout), unless that process is live here
         for (sink, age) in gone where !isLive(sink) {
@@ -268,7 +330,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         if owned[key] != nil {
             let events = owned[key]!.merge(copy, isLive: isLive, now: wall)
             let v = owned[key]!
-            if v.isEmpty { owned[key] = nil }
+            keep(key, wall: wall)
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
             if !events.isEmpty || V.isHandoff(copy) {
@@ -281,10 +343,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             // node that still thinks it owns it) starts it; only a whole copy can
             guard V.isFull(copy) else { return [] }
             var v = copies.removeValue(forKey: key) ?? make(key)
+            emptiedCopies[key] = nil
             v.install(copy)
             v.startLineage(now: wall)
             let events = v.tookOver(now: wall)
-            if !v.isEmpty { owned[key] = v }
+            owned[key] = v
+            keep(key, wall: wall)
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
@@ -296,7 +360,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         // a new key is all of it; anything a copy still lacks, the key's gateways restore)
         var v = V.isFull(copy) ? make(key) : (copies[key] ?? make(key))
         v.install(copy)
-        copies[key] = v.isEmpty ? nil : v
+        copies[key] = v
+        keepReplica(key, wall: wall)
         return []
     }
 
@@ -351,7 +416,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             // follows presence, or the user has another session: it is kept all the same, else
             // the sessions stay, and the key is no orphan any more to be swept again)
             guard timedOut else { continue }
-            owned[key] = v.isEmpty ? nil : v
+            owned[key] = v
+            keep(key, wall: wall)
             if !events.isEmpty { out.append(.deliver(events)) }
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
         }
@@ -422,7 +488,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             let events = owned[key]!.removeGone(session, at: sink, version: version, now: wall)
             if !events.isEmpty { effects.append(.deliver(events)) }
             touched.insert(key)
-            if owned[key]!.isEmpty { owned[key] = nil }
+            keep(key, wall: wall)
         }
         for key in touched.sorted() {
             guard let v = owned[key] else { continue }

@@ -49,6 +49,7 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
     public static func term(of copy: Copy) -> UInt64 { copy.term }
 
     public var sinks: Set<NodeInstance> { allSinks }
+    public var remembersDepartures: Bool { !departed.isEmpty }
 
     public func fullCopies(handoff: Bool) -> [Copy] { fullCopies(handoff: handoff, chunk: 500) }
 
@@ -161,6 +162,9 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
     public static func term(of copy: HomeCopy) -> UInt64 { copy.record.term }
 
     public var sinks: Set<NodeInstance> { allSinks }
+    /// (a record once opened is kept for good: its `isEmpty` already says so)
+    public var remembersDepartures: Bool { false }
+    public static var departureMemory: Int64 { 0 }
 
     public func fullCopies(handoff: Bool) -> [HomeCopy] { [HomeCopy(record: self, handoff: handoff)] }
     public mutating func install(_ copy: HomeCopy) { install(copy.record) }

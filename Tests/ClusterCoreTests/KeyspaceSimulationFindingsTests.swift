@@ -135,4 +135,21 @@ import Testing
         // the same epoch announced again (anti-entropy): nothing
         #expect(m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(3, 0), now: 43_000).deliveries.isEmpty)
     }
+
+    /// (8)
+    @Test func anEmptiedChannelRemembersWhoLeftForAWhile() {
+        let ring = HashRing(members: ["a"], boots: ["a": 1])
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        }
+        let stale = ks[owned: key]!.fullCopies(handoff: true)[0]  // a version from before the leave
+        _ = try? ks.withOwned(key, create: false, now: 2_000) { m in _ = m.leave(user: "u", session: s, version: v(1, 2), now: 2_000) }
+        #expect(ks[owned: key]?.isEmpty == true)
+        _ = ks.received(stale, now: 3, wall: 3_000)  // handed back later
+        #expect(ks[owned: key]?.contains(user: "u") != true)
+        // forgotten once its departures are
+        _ = try? ks.withOwned(ChannelKey(name: "other", type: .message), create: false, now: 3_000 + Machine.departureMemory) { _ in }
+        #expect(ks.owned[key] == nil)
+    }
 }
