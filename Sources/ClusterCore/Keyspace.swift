@@ -19,6 +19,8 @@ public protocol ReplicatedValue: Sendable {
     static func key(of copy: Copy) -> Key
     static func isFull(_ copy: Copy) -> Bool
     static func isHandoff(_ copy: Copy) -> Bool
+    /// The same copy, no longer marked as a handoff (passed on by a node it was not meant for).
+    static func passedOn(_ copy: Copy) -> Copy
     static func term(of copy: Copy) -> UInt64
 
     var isEmpty: Bool { get }
@@ -333,7 +335,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             keep(key, wall: wall)
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
-            if !events.isEmpty || V.isHandoff(copy) {
+            // (after merging a whole other version, the replicas get the whole merged value: one
+            // of them may hold that other version, whose lineage can be numbered above this one's)
+            if !events.isEmpty || V.isHandoff(copy) || V.isFull(copy) {
                 for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
             }
             return out
@@ -362,7 +366,13 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         v.install(copy)
         copies[key] = v
         keepReplica(key, wall: wall)
-        return []
+        // A handoff meant for the key's owner reached a node that does not own it on its ring:
+        // the sender's ring differs (still being rebuilt after a heal, or ahead of this one). The
+        // owner this node knows gets it too, to merge (unmarked, so it goes no further): else the
+        // version it carries — the other side of a partition — never reaches the owner, and its
+        // lineage, numbered above the owner's, makes this replica drop the owner's copies.
+        guard V.isHandoff(copy), let owner = ring.owner(ofHash: V.ringHash(of: key)), owner != me else { return [] }
+        return [.send(V.passedOn(copy), to: owner, replica: false, gone: gone)]
     }
 
     private mutating func noteOrphans(_ key: V.Key, now: UInt64) {

@@ -46,6 +46,11 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
     public static func key(of copy: Copy) -> ChannelKey { copy.key }
     public static func isFull(_ copy: Copy) -> Bool { copy.full }
     public static func isHandoff(_ copy: Copy) -> Bool { copy.handoff }
+    public static func passedOn(_ copy: Copy) -> Copy {
+        var c = copy
+        c.handoff = false
+        return c
+    }
     public static func term(of copy: Copy) -> UInt64 { copy.term }
 
     public var sinks: Set<NodeInstance> { allSinks }
@@ -159,6 +164,7 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
     public static func key(of copy: HomeCopy) -> String { copy.record.userID }
     public static func isFull(_ copy: HomeCopy) -> Bool { true }
     public static func isHandoff(_ copy: HomeCopy) -> Bool { copy.handoff }
+    public static func passedOn(_ copy: HomeCopy) -> HomeCopy { HomeCopy(record: copy.record, handoff: false) }
     public static func term(of copy: HomeCopy) -> UInt64 { copy.record.term }
 
     public var sinks: Set<NodeInstance> { allSinks }

@@ -152,4 +152,37 @@ import Testing
         _ = try? ks.withOwned(ChannelKey(name: "other", type: .message), create: false, now: 3_000 + Machine.departureMemory) { _ in }
         #expect(ks.owned[key] == nil)
     }
+
+    /// (9)
+    @Test func aHandoffThatReachesANonOwnerGoesOnToTheOwner() throws {
+        let ring = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var owner = space("a", ring, copies: 2), replica = space("b", ring, copies: 2)
+        _ = try owner.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        }
+        _ = replica.received(owner[owned: key]!.fullCopies(handoff: false)[0], now: 1, wall: 1_000)
+        // the version the other side of a partition kept, in a later lineage, handed to b (which
+        // that side's partial ring made its owner)
+        var otherSide = Machine(key: key, maxInstantEvents: 100)
+        otherSide.startLineage(now: 9_000)
+        _ = otherSide.join(user: "u2", session: SessionID(raw: 8), withPresence: false, sink: g, version: v(1, 1), now: 9_000)
+        let passedOn = replica.received(otherSide.fullCopies(handoff: true)[0], now: 2, wall: 9_100)
+        guard case .send(let copy, let to, _, _)? = passedOn.first else {
+            Issue.record("the handoff went no further")
+            return
+        }
+        #expect(to == "a" && !copy.handoff)
+        // the owner merges it and brings its replicas up to date with the whole
+        let out = owner.received(copy, now: 3, wall: 9_200)
+        #expect(owner[owned: key]!.contains(user: "u1") && owner[owned: key]!.contains(user: "u2"))
+        for case .send(let c, "b", _, _) in out { _ = replica.received(c, now: 4, wall: 9_300) }
+        #expect(replica.copies[key]?.contains(user: "u1") == true && replica.copies[key]?.contains(user: "u2") == true)
+        // and takes the owner's later changes again
+        _ = try owner.withOwned(key, create: false, now: 9_400) { m in
+            _ = m.join(user: "u3", session: SessionID(raw: 9), withPresence: false, sink: a, version: v(1, 1), now: 9_400)
+        }
+        for case .send(let c, "b", _, _) in owner.replicate(owner[owned: key]!.delta(users: ["u3"])) { _ = replica.received(c, now: 5, wall: 9_500) }
+        #expect(replica.copies[key]?.contains(user: "u3") == true)
+    }
 }
