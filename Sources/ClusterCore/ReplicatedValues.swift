@@ -112,7 +112,11 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
 
     public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output] {
         guard let p = places[session], p.sink == sink, SessionVersion.epoch(version) > SessionVersion.epoch(p.version) else { return [] }
-        let o = announce(user: p.user, session: session, withPresence: p.withPresence, sink: to, version: version, now: now)
+        // (placed where it went under the version it had here: the move says where the session
+        // lives, not that it is still in this channel there — its new gateway says that, at its
+        // own version; placed under the later epoch, a membership that ended meanwhile elsewhere
+        // would outrank its departure when the versions of the channel are merged)
+        let o = announce(user: p.user, session: session, withPresence: p.withPresence, sink: to, version: p.version, now: now)
         return route(o.deliveries)
     }
 }

@@ -185,4 +185,19 @@ import Testing
         for case .send(let c, "b", _, _) in owner.replicate(owner[owned: key]!.delta(users: ["u3"])) { _ = replica.received(c, now: 5, wall: 9_500) }
         #expect(replica.copies[key]?.contains(user: "u3") == true)
     }
+
+    /// (10)
+    @Test func aSessionPlacedWhereItMovedDoesNotOutrankItsDepartureElsewhere() {
+        var stale = Machine(key: key, maxInstantEvents: 100), current = Machine(key: key, maxInstantEvents: 100)
+        for m in [0, 1] {
+            _ = m == 0 ? stale.join(user: "u", session: s, withPresence: false, sink: a, version: v(2, 1), now: 1)
+                       : current.join(user: "u", session: s, withPresence: false, sink: a, version: v(2, 1), now: 1)
+        }
+        _ = current.leave(user: "u", session: s, version: v(2, 6), now: 2)  // it left, in one version
+        // in the other (the other side of a partition), its old gateway says it moved on to b
+        _ = stale.moved(s, from: a, to: b, version: v(3, 0), now: 3)
+        #expect(stale.places[s]?.sink == b)
+        _ = current.merge(stale.fullCopies()[0], now: 4)
+        #expect(!current.contains(user: "u"))
+    }
 }
