@@ -19,9 +19,15 @@ public protocol ReplicatedValue: Sendable {
     static func key(of copy: Copy) -> Key
     static func isFull(_ copy: Copy) -> Bool
     static func isHandoff(_ copy: Copy) -> Bool
+    /// The same copy, no longer marked as a handoff (passed on by a node it was not meant for).
+    static func passedOn(_ copy: Copy) -> Copy
     static func term(of copy: Copy) -> UInt64
 
     var isEmpty: Bool { get }
+    /// Whether the value, empty, still remembers sessions that left: it is kept (for
+    /// `departureMemory` wall ms), so a stale copy or a late word does not bring them back.
+    var remembersDepartures: Bool { get }
+    static var departureMemory: Int64 { get }
     var term: UInt64 { get }
     /// The processes where this value's sessions (and watchers) live.
     var sinks: Set<NodeInstance> { get }
@@ -88,6 +94,10 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public private(set) var orphanKeys: Set<V.Key> = []
     /// Set once this node has handed everything off before leaving: it owns nothing any more.
     public private(set) var leaving = false
+    /// Owned keys and copies that hold nobody but remember departures, and since when (wall ms):
+    /// kept until `V.departureMemory` after that (see `keep`).
+    public private(set) var emptied: [V.Key: Int64] = [:]
+    public private(set) var emptiedCopies: [V.Key: Int64] = [:]
 
     /// Something for the shard to do.
     public enum Effect: Sendable {
@@ -131,6 +141,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// does not exist); drops the value once it is empty. Nil when the value does not exist.
     public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
                                       _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        forgetEmptied(wall: now)
         if owned[key] == nil {
             guard create else { return nil }
             var v = make(key)
@@ -141,11 +152,54 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         do {
             result = try body(&owned[key]!)
         } catch {
-            if owned[key]!.isEmpty { owned[key] = nil }
+            keep(key, wall: now)
             throw error
         }
-        if owned[key]!.isEmpty { owned[key] = nil }
+        keep(key, wall: now)
         return result
+    }
+
+    /// After a change to an owned key (or copy): an empty value is dropped, unless it remembers
+    /// sessions that left. Those are kept a while: when a key's last session left, a version of
+    /// it from before that (the other side of a partition, handed off or merged later) or a late
+    /// word from a superseded gateway must still meet the departure, not an empty slate that
+    /// takes the session back as new.
+    private mutating func keep(_ key: V.Key, wall: Int64) {
+        guard let v = owned[key], v.isEmpty else {
+            emptied[key] = nil
+            return
+        }
+        if v.remembersDepartures {
+            if emptied[key] == nil { emptied[key] = wall }
+        } else {
+            owned[key] = nil
+            emptied[key] = nil
+        }
+    }
+
+    private mutating func keepReplica(_ key: V.Key, wall: Int64) {
+        guard let v = copies[key], v.isEmpty else {
+            emptiedCopies[key] = nil
+            return
+        }
+        if v.remembersDepartures {
+            if emptiedCopies[key] == nil { emptiedCopies[key] = wall }
+        } else {
+            copies[key] = nil
+            emptiedCopies[key] = nil
+        }
+    }
+
+    /// Drops the kept empty values whose departures are old enough to be forgotten.
+    private mutating func forgetEmptied(wall: Int64) {
+        for (key, since) in emptied where wall - since >= V.departureMemory {
+            if owned[key]?.isEmpty == true { owned[key] = nil }
+            emptied[key] = nil
+        }
+        for (key, since) in emptiedCopies where wall - since >= V.departureMemory {
+            if copies[key]?.isEmpty == true { copies[key] = nil }
+            emptiedCopies[key] = nil
+        }
     }
 
     /// Notes that an owned key now has a session at `sink` (it may be a gone process).
@@ -183,20 +237,33 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public mutating func ringChanged(to new: HashRing, now: UInt64, wall: Int64) -> [Effect] {
         let old = ring
         ring = new
+        forgetEmptied(wall: wall)
         for id in old.members where !new.isLive(id, boot: old.boot(of: id)) {
             let gone = NodeInstance(id, boot: old.boot(of: id))
             if goneSince[gone] == nil { goneSince[gone] = now }
         }
+        // processes thought gone that are live again (a pause, a healed partition): nothing was
+        // sent to them meanwhile, so whoever follows an owned key there gets a fresh start
+        let back = Set(goneSince.keys.filter { new.isLive($0.id, boot: $0.boot) }.map(\.id))
         goneSince = goneSince.filter { !new.isLive($0.key.id, boot: $0.key.boot) }
         guard !leaving else { return [] }
         var out: [Effect] = []
+        var restarted: [V.Output] = []
+        for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { back.contains($0.id) && new.isLive($0.id, boot: $0.boot) }) {
+            for node in back.sorted() { restarted += owned[key]!.restart(followersAt: node, now: wall) }
+        }
+        if !restarted.isEmpty { out.append(.deliver(restarted)) }
         for (key, v) in owned.sorted(by: { $0.key < $1.key }) {
             switch RingMove.owned(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .handOff(let newOwner, let keepCopy):
                 out += sendAll(v, to: newOwner, handoff: true, now: now)
                 owned[key] = nil
+                emptied[key] = nil
                 orphanKeys.remove(key)
-                if keepCopy { copies[key] = v }
+                if keepCopy {
+                    copies[key] = v
+                    keepReplica(key, wall: wall)
+                }
             case .keep(let newReplicas):
                 for r in newReplicas { out += sendAll(v, to: r, handoff: false, now: now) }
             }
@@ -205,16 +272,19 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .takeOver(_, let newReplicas):
                 copies[key] = nil
+                emptiedCopies[key] = nil
                 var value = v
                 value.startLineage(now: wall)
                 let events = value.tookOver(now: wall)
-                if !value.isEmpty { owned[key] = value }
+                owned[key] = value
+                keep(key, wall: wall)
                 if !events.isEmpty { out.append(.deliver(events)) }
                 for r in newReplicas { out += sendAll(value, to: r, handoff: false, now: now) }
             case .keep:
                 break
             case .drop:
                 copies[key] = nil
+                emptiedCopies[key] = nil
             }
         }
         findOrphans(now: now)
@@ -243,6 +313,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         leaving = true
         copies.merge(owned) { _, mine in mine }
         owned = [:]
+        emptied = [:]
         orphanKeys = []
         return out
     }
@@ -254,6 +325,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// owner superseded by a later lineage — change nothing.
     public mutating func received(_ copy: V.Copy, from sender: String? = nil, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64) -> [Effect] {
         let key = V.key(of: copy)
+        forgetEmptied(wall: wall)
         // the sender's word on how long a process has been gone counts (capped at a presence
         // timeout), unless that process is live here
         for (sink, age) in gone where !isLive(sink) {
@@ -263,10 +335,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         if owned[key] != nil {
             let events = owned[key]!.merge(copy, isLive: isLive, now: wall)
             let v = owned[key]!
-            if v.isEmpty { owned[key] = nil }
+            keep(key, wall: wall)
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
-            if !events.isEmpty || V.isHandoff(copy) {
+            // (after merging a whole other version, the replicas get the whole merged value: one
+            // of them may hold that other version, whose lineage can be numbered above this one's)
+            if !events.isEmpty || V.isHandoff(copy) || V.isFull(copy) {
                 for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
             }
             return out
@@ -276,10 +350,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             // node that still thinks it owns it) starts it; only a whole copy can
             guard V.isFull(copy) else { return [] }
             var v = copies.removeValue(forKey: key) ?? make(key)
+            emptiedCopies[key] = nil
             v.install(copy)
             v.startLineage(now: wall)
             let events = v.tookOver(now: wall)
-            if !v.isEmpty { owned[key] = v }
+            owned[key] = v
+            keep(key, wall: wall)
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
@@ -293,9 +369,17 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         let partial = !V.isFull(copy) && copies[key] == nil
         var v = V.isFull(copy) ? make(key) : (copies[key] ?? make(key))
         v.install(copy)
-        copies[key] = v.isEmpty ? nil : v
-        if partial, copies[key] != nil, let sender { return [.askForCopy(key, from: sender)] }
-        return []
+        copies[key] = v
+        keepReplica(key, wall: wall)
+        var out: [Effect] = []
+        if partial, copies[key] != nil, let sender { out.append(.askForCopy(key, from: sender)) }
+        // A handoff meant for the key's owner reached a node that does not own it on its ring:
+        // the sender's ring differs (still being rebuilt after a heal, or ahead of this one). The
+        // owner this node knows gets it too, to merge (unmarked, so it goes no further): else the
+        // version it carries — the other side of a partition — never reaches the owner, and its
+        // lineage, numbered above the owner's, makes this replica drop the owner's copies.
+        guard V.isHandoff(copy), let owner = ring.owner(ofHash: V.ringHash(of: key)), owner != me else { return out }
+        return out + [.send(V.passedOn(copy), to: owner, replica: false, gone: gone)]
     }
 
     /// A replica asks for a whole copy of `key`: sent if this node owns it and `node` replicates it.
@@ -339,19 +423,25 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             }
             var events: [V.Output] = []
             var waiting = false
+            var timedOut = false
             for sink in v.sinks.sorted() where !isLive(sink) {
                 let since = goneSince[sink] ?? now
                 if goneSince[sink] == nil { goneSince[sink] = now }
                 if now >= since &+ presenceTimeout {
                     events += v.timeOut(at: sink, now: wall)
+                    timedOut = true
                 } else {
                     waiting = true
                 }
             }
             if !waiting { orphanKeys.remove(key) }
-            guard !events.isEmpty else { continue }
-            owned[key] = v.isEmpty ? nil : v
-            out.append(.deliver(events))
+            // (a timeout changes the value even when it makes no event for anyone — nobody there
+            // follows presence, or the user has another session: it is kept all the same, else
+            // the sessions stay, and the key is no orphan any more to be swept again)
+            guard timedOut else { continue }
+            owned[key] = v
+            keep(key, wall: wall)
+            if !events.isEmpty { out.append(.deliver(events)) }
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
         }
         return out
@@ -434,7 +524,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             let events = owned[key]!.removeGone(session, at: sink, version: version, now: wall)
             if !events.isEmpty { effects.append(.deliver(events)) }
             touched.insert(key)
-            if owned[key]!.isEmpty { owned[key] = nil }
+            keep(key, wall: wall)
         }
         for key in touched.sorted() {
             guard let v = owned[key] else { continue }

@@ -46,9 +46,15 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
     public static func key(of copy: Copy) -> ChannelKey { copy.key }
     public static func isFull(_ copy: Copy) -> Bool { copy.full }
     public static func isHandoff(_ copy: Copy) -> Bool { copy.handoff }
+    public static func passedOn(_ copy: Copy) -> Copy {
+        var c = copy
+        c.handoff = false
+        return c
+    }
     public static func term(of copy: Copy) -> UInt64 { copy.term }
 
     public var sinks: Set<NodeInstance> { allSinks }
+    public var remembersDepartures: Bool { !departed.isEmpty }
 
     public func fullCopies(handoff: Bool) -> [Copy] { fullCopies(handoff: handoff, chunk: 500) }
 
@@ -97,12 +103,20 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
 
     public mutating func removeGone(_ session: SessionID, at sink: NodeInstance, version: UInt64, now: Int64) -> [Output] {
         guard let p = places[session], p.sink == sink, p.version <= version else { return [] }
-        return route(leave(user: p.user, session: session, version: version, now: now))
+        // "not held there at all" (the maximum) speaks for the epoch this owner placed the session
+        // in, no later: recorded as the maximum, the departure would refuse the session's next
+        // epochs (it resumed on another gateway) for good
+        let v = version == .max ? SessionVersion.make(epoch: SessionVersion.epoch(p.version), counter: 0xffff_ffff) : version
+        return route(leave(user: p.user, session: session, version: v, now: now))
     }
 
     public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output] {
         guard let p = places[session], p.sink == sink, SessionVersion.epoch(version) > SessionVersion.epoch(p.version) else { return [] }
-        let o = announce(user: p.user, session: session, withPresence: p.withPresence, sink: to, version: version, now: now)
+        // (placed where it went under the version it had here: the move says where the session
+        // lives, not that it is still in this channel there — its new gateway says that, at its
+        // own version; placed under the later epoch, a membership that ended meanwhile elsewhere
+        // would outrank its departure when the versions of the channel are merged)
+        let o = announce(user: p.user, session: session, withPresence: p.withPresence, sink: to, version: p.version, now: now)
         return route(o.deliveries)
     }
 }
@@ -154,9 +168,13 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
     public static func key(of copy: HomeCopy) -> String { copy.record.userID }
     public static func isFull(_ copy: HomeCopy) -> Bool { true }
     public static func isHandoff(_ copy: HomeCopy) -> Bool { copy.handoff }
+    public static func passedOn(_ copy: HomeCopy) -> HomeCopy { HomeCopy(record: copy.record, handoff: false) }
     public static func term(of copy: HomeCopy) -> UInt64 { copy.record.term }
 
     public var sinks: Set<NodeInstance> { allSinks }
+    /// (a record once opened is kept for good: its `isEmpty` already says so)
+    public var remembersDepartures: Bool { false }
+    public static var departureMemory: Int64 { 0 }
 
     public func fullCopies(handoff: Bool) -> [HomeCopy] { [HomeCopy(record: self, handoff: handoff)] }
     public mutating func install(_ copy: HomeCopy) { install(copy.record) }

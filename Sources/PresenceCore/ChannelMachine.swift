@@ -144,6 +144,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         sequence = max(sequence, term)
     }
 
+    /// Where a lineage started at wall time `now` (ms) begins at least (see `startLineage`).
+    static func lineageFloor(_ now: Int64) -> UInt64 { UInt64(clamping: max(0, min(now, 1 << 41))) << 22 }
+
     /// Keeps the event sequence at or above `s` (a copy, a merge, or a gateway's floor).
     public mutating func advanceSequence(to s: UInt64) { sequence = max(sequence, s) }
 
@@ -159,6 +162,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// SNAPSHOT as its first event of this channel.
     public mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
                               pendingState: [StateItem] = [], now: Int64) -> [Delivery] {
+        join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, pendingState: pendingState,
+             datingState: true, now: now)
+    }
+
+    /// `datingState`: a user's first session starts its state afresh (a client's join), dated now,
+    /// so an older state of the user — from before it left, in another version of the channel
+    /// merged later — does not come back. Announces and merges add members whose state comes
+    /// with them (from the gateway, or from the other version): not dated.
+    private mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64,
+                               pendingState: [StateItem], datingState: Bool, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
         departed[session] = nil
         if var m = members[user] {
@@ -175,7 +188,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            members[user] = Member(sessions: SessionList(session), state: state, stateVersion: state.isEmpty ? 0 : nextSequence())
+            members[user] = Member(sessions: SessionList(session), state: state,
+                                   stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence())
             order.insert(user, at: insertionIndex(for: user))
             updateMode(now: now, into: &out)
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
@@ -212,12 +226,20 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             return outcome
         }
         if leftAfter(session, version) { return outcome }  // news from before its leave
+        // A session that comes from another gateway, or was resumed (a later epoch), may have
+        // followed another owner's lineage of this channel meanwhile (the other side of a
+        // partition, started later and so numbered higher): it gets a SNAPSHOT numbered above any
+        // lineage started before now.
         if !contains(user: user, session: session) {
-            outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, now: now)
+            if withPresence { advanceSequence(to: Self.lineageFloor(now)) }
+            outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version,
+                                      pendingState: [], datingState: false, now: now)
         } else {
             let before = places[session]
             place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
-            if withPresence && (before?.withPresence != true || before?.sink != sink) {
+            let resumed = SessionVersion.epoch(before?.version ?? 0) < SessionVersion.epoch(version)
+            if withPresence && (before?.withPresence != true || before?.sink != sink || resumed) {
+                advanceSequence(to: Self.lineageFloor(now))
                 outcome.deliveries.append(snapshotDelivery(for: session, now: now))
             }
         }
@@ -270,7 +292,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// said so (else this owner timed out a session whose gateway is gone).
     public mutating func leave(user: String, session: SessionID, version: UInt64 = 0, timedOut: Bool = false,
                                byGateway: Bool = true, now: Int64) -> [Delivery] {
-        guard var m = members[user], m.sessions.contains(session) else { return [] }
+        guard var m = members[user], m.sessions.contains(session) else {
+            // (a gateway's leave of a session this version does not hold — it joined in another
+            // version of the channel, not merged here yet — is remembered all the same: that
+            // version, merged later, must not bring the session back)
+            if byGateway, places[session] == nil, (departed[session]?.version ?? 0) < version {
+                forgetOldDepartures(now: now)
+                departed[session] = Departure(user: user, version: version, byGateway: true, at: now)
+            }
+            return []
+        }
         forgetOldDepartures(now: now)
         departed[session] = Departure(user: user, version: max(places[session]?.version ?? 0, version), byGateway: byGateway, at: now)
         unplace(session)
@@ -477,7 +508,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                     continue
                 }
                 if let d = departed[s.id], d.version >= s.version { continue }  // it left here after that
-                out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version, now: now)
+                out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version,
+                            pendingState: [], datingState: false, now: now)
             }
             guard var m = members[c.userID], c.stateVersion > m.stateVersion else { continue }
             let next = StateItems(c.state)

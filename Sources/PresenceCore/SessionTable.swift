@@ -78,6 +78,16 @@ public struct SessionTable {
         if var s = sessions[id], s.userID == user {
             s.liveness = .connected
             s.generation += 1
+            if SessionVersion.epoch(s.version) + 1 < SessionVersion.epoch(version) {
+                // (this gateway's copy is from before the session was held elsewhere — it came
+                // back here after another gateway: what it joined and left meanwhile is in its
+                // home's record, not here)
+                var joined: [ChannelKey: Membership] = [:]
+                for (key, withPresence) in channels { joined[key] = Membership(withPresence: withPresence, joinVersion: version) }
+                s.channels = joined
+                s.pendingState = [:]
+                s.watching = watching
+            }
             s.version = max(s.version, version)
             for (key, m) in s.channels { s.channels[key]?.joinVersion = max(m.joinVersion, s.version) }
             sessions[id] = s

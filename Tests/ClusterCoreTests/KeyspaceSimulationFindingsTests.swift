@@ -1,0 +1,203 @@
+// Regression tests for what the keyspace simulation (KeyspaceSimulation.swift, which follows
+// these fixes) found in the cores: one plain-value test per fix, each failing before it.
+
+import ClusterCore
+import PresenceCore
+import PresenceWire
+import Testing
+
+@Suite struct KeyspaceSimulationFindingsTests {
+    typealias Machine = ChannelMachine<NodeInstance>
+    let key = ChannelKey(name: "room", type: .message)
+    let s = SessionID(raw: 7)
+    let a = NodeInstance("a", boot: 1), b = NodeInstance("b", boot: 1), g = NodeInstance("g", boot: 1)
+    let second: UInt64 = 1_000_000_000
+
+    func v(_ epoch: UInt64, _ counter: UInt64) -> UInt64 { SessionVersion.make(epoch: epoch, counter: counter) }
+    func item(_ k: String, _ value: String) -> StateItem { StateItem(key: k, value: value) }
+
+    func space(_ me: String, _ ring: HashRing, copies: Int = 1) -> Keyspace<Machine> {
+        Keyspace(me: me, replicationFactor: copies, presenceTimeout: 5 * second, ring: ring) { Machine(key: $0, maxInstantEvents: 100) }
+    }
+
+    /// A key `owner` owns on `ring`.
+    func key(ownedBy owner: String, on ring: HashRing) -> ChannelKey {
+        (0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first { ring.owner(ofHash: StableHash.of($0)) == owner }!
+    }
+
+    /// (1)
+    @Test func aSessionGoneFromOneGatewayIsNotRefusedAtTheNext() {
+        var m = Machine(key: key, maxInstantEvents: 100)
+        _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1)
+        _ = m.removeGone(s, at: a, version: .max, now: 2)  // a: "not here at all" (it moved on)
+        #expect(m.leftAfter(s, v(1, 5)))  // a's delayed word of that epoch stays out
+        #expect(m.supersedingVersion(of: s, v(2, 0)) == nil)
+        let o = m.announce(user: "u", session: s, withPresence: false, sink: b, version: v(2, 0), now: 3)
+        #expect(o.superseded == nil && m.contains(user: "u", session: s))
+        #expect(m.supersedingVersion(of: s, v(1, 5)) != nil)
+    }
+
+    /// (2)
+    @Test func aTimeoutThatMakesNoEventStillRemovesTheSession() {
+        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: false, sink: g, version: v(1, 1), now: 1_000)
+        }
+        _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 0, wall: 1_000)
+        #expect(ks.orphanKeys == [key])
+        _ = ks.sweep(now: 5 * second + 1, wall: 7_000)
+        #expect(ks[owned: key]?.contains(user: "u") != true)
+        #expect(ks.orphanKeys.isEmpty)
+    }
+
+    /// (3)
+    @Test func followersAtAProcessThatComesBackGetAFreshSnapshot() {
+        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        }
+        _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 1, wall: 2_000)  // g thought gone
+        let back = ks.ringChanged(to: ring, now: 2 * second, wall: 4_000)  // the same process is back
+        let snapshots = back.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
+            return []
+        }
+        #expect(snapshots.map(\.sink) == [g] && snapshots.first?.sessions == [s])
+    }
+
+    /// (4)
+    @Test func aSessionBackAtAGatewayItLeftTakesItsChannelsFromItsHome() throws {
+        let k1 = ChannelKey(name: "one", type: .message), k2 = ChannelKey(name: "two", type: .message)
+        let k3 = ChannelKey(name: "three", type: .message)
+        var t = SessionTable(resumeWindow: 5 * second)
+        _ = t.open(user: "u", resume: nil, newID: s, now: 0)
+        _ = try t.joined(s, channel: k1, withPresence: true)
+        // its client resumed it elsewhere (epoch 2: left k1, joined k2 there), then came back (epoch 3)
+        _ = t.adopt(s, user: "u", version: v(3, 0), channels: [k2: false], watching: [])
+        #expect(t[s]?.channels.keys.sorted() == [k2])
+        #expect(t[s]?.channels[k2] == SessionTable.Membership(withPresence: false, joinVersion: v(3, 0)))
+        // resumed where it is held (epoch 3, then 4): what it holds here stays
+        _ = try t.joined(s, channel: k3, withPresence: true)
+        _ = t.adopt(s, user: "u", version: v(4, 0), channels: [k2: false], watching: [])
+        #expect(t[s]?.channels.keys.sorted() == [k3, k2].sorted())
+    }
+
+    /// (5)
+    @Test func aUsersStateOfBeforeItsLeaveDoesNotComeBackWithAMerge() throws {
+        var m = Machine(key: key, maxInstantEvents: 100)
+        m.startLineage(now: 1_000)
+        _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        _ = try m.setState(user: "u", session: s, items: [item("mood", "old")], now: 1_001)
+        let before = m.fullCopies()[0]  // the other side of a partition kept this version
+        _ = m.leave(user: "u", session: s, version: v(1, 2), now: 1_002)
+        _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 3), now: 1_003)
+        _ = m.merge(before, now: 1_004)
+        #expect(m.state(of: "u") == [])
+        // a state set later on the other side still wins
+        var other = Machine(key: key, maxInstantEvents: 100)
+        other.install(before)
+        other.advanceSequence(to: m.sequence)
+        _ = try other.setState(user: "u", session: s, items: [item("mood", "new")], now: 1_005)
+        _ = m.merge(other.fullCopies()[0], now: 1_006)
+        #expect(m.state(of: "u") == [item("mood", "new")])
+    }
+
+    /// (6)
+    @Test func aLeaveOfASessionThisVersionDoesNotHoldIsRemembered() {
+        var mine = Machine(key: key, maxInstantEvents: 100)
+        var theirs = Machine(key: key, maxInstantEvents: 100)
+        _ = theirs.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1)  // joined over there
+        _ = mine.leave(user: "u", session: s, version: v(1, 2), now: 2)  // its gateway's leave reached this version
+        _ = mine.merge(theirs.fullCopies()[0], now: 3)
+        #expect(!mine.contains(user: "u"))
+        // a later join of the session is not refused
+        _ = mine.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 3), now: 4)
+        #expect(mine.contains(user: "u", session: s))
+    }
+
+    /// (7)
+    @Test func aResumedSessionsSnapshotIsAboveAnyLineageStartedBefore() {
+        var m = Machine(key: key, maxInstantEvents: 100)
+        m.startLineage(now: 1_000)
+        _ = m.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
+        // meanwhile another owner (the other side of a partition) started a lineage at 40 s
+        let otherSide = UInt64(40_000) << 22 + 5
+        let moved = m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(2, 0), now: 41_000)
+        let snapshot = moved.deliveries.first { $0.event.type == .snapshot }
+        #expect((snapshot?.event.sequence ?? 0) > otherSide)
+        // resumed on the same gateway (a later epoch): a fresh SNAPSHOT too, above what it saw
+        let resumed = m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(3, 0), now: 42_000)
+        #expect(resumed.deliveries.contains { $0.event.type == .snapshot && $0.event.sequence > UInt64(42_000) << 22 })
+        // the same epoch announced again (anti-entropy): nothing
+        #expect(m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(3, 0), now: 43_000).deliveries.isEmpty)
+    }
+
+    /// (8)
+    @Test func anEmptiedChannelRemembersWhoLeftForAWhile() {
+        let ring = HashRing(members: ["a"], boots: ["a": 1])
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        }
+        let stale = ks[owned: key]!.fullCopies(handoff: true)[0]  // a version from before the leave
+        _ = try? ks.withOwned(key, create: false, now: 2_000) { m in _ = m.leave(user: "u", session: s, version: v(1, 2), now: 2_000) }
+        #expect(ks[owned: key]?.isEmpty == true)
+        _ = ks.received(stale, now: 3, wall: 3_000)  // handed back later
+        #expect(ks[owned: key]?.contains(user: "u") != true)
+        // forgotten once its departures are
+        _ = try? ks.withOwned(ChannelKey(name: "other", type: .message), create: false, now: 3_000 + Machine.departureMemory) { _ in }
+        #expect(ks.owned[key] == nil)
+    }
+
+    /// (9)
+    @Test func aHandoffThatReachesANonOwnerGoesOnToTheOwner() throws {
+        let ring = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var owner = space("a", ring, copies: 2), replica = space("b", ring, copies: 2)
+        _ = try owner.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        }
+        _ = replica.received(owner[owned: key]!.fullCopies(handoff: false)[0], now: 1, wall: 1_000)
+        // the version the other side of a partition kept, in a later lineage, handed to b (which
+        // that side's partial ring made its owner)
+        var otherSide = Machine(key: key, maxInstantEvents: 100)
+        otherSide.startLineage(now: 9_000)
+        _ = otherSide.join(user: "u2", session: SessionID(raw: 8), withPresence: false, sink: g, version: v(1, 1), now: 9_000)
+        let passedOn = replica.received(otherSide.fullCopies(handoff: true)[0], now: 2, wall: 9_100)
+        guard case .send(let copy, let to, _, _)? = passedOn.first else {
+            Issue.record("the handoff went no further")
+            return
+        }
+        #expect(to == "a" && !copy.handoff)
+        // the owner merges it and brings its replicas up to date with the whole
+        let out = owner.received(copy, now: 3, wall: 9_200)
+        #expect(owner[owned: key]!.contains(user: "u1") && owner[owned: key]!.contains(user: "u2"))
+        for case .send(let c, "b", _, _) in out { _ = replica.received(c, now: 4, wall: 9_300) }
+        #expect(replica.copies[key]?.contains(user: "u1") == true && replica.copies[key]?.contains(user: "u2") == true)
+        // and takes the owner's later changes again
+        _ = try owner.withOwned(key, create: false, now: 9_400) { m in
+            _ = m.join(user: "u3", session: SessionID(raw: 9), withPresence: false, sink: a, version: v(1, 1), now: 9_400)
+        }
+        for case .send(let c, "b", _, _) in owner.replicate(owner[owned: key]!.delta(users: ["u3"])) { _ = replica.received(c, now: 5, wall: 9_500) }
+        #expect(replica.copies[key]?.contains(user: "u3") == true)
+    }
+
+    /// (10)
+    @Test func aSessionPlacedWhereItMovedDoesNotOutrankItsDepartureElsewhere() {
+        var stale = Machine(key: key, maxInstantEvents: 100), current = Machine(key: key, maxInstantEvents: 100)
+        for m in [0, 1] {
+            _ = m == 0 ? stale.join(user: "u", session: s, withPresence: false, sink: a, version: v(2, 1), now: 1)
+                       : current.join(user: "u", session: s, withPresence: false, sink: a, version: v(2, 1), now: 1)
+        }
+        _ = current.leave(user: "u", session: s, version: v(2, 6), now: 2)  // it left, in one version
+        // in the other (the other side of a partition), its old gateway says it moved on to b
+        _ = stale.moved(s, from: a, to: b, version: v(3, 0), now: 3)
+        #expect(stale.places[s]?.sink == b)
+        _ = current.merge(stale.fullCopies()[0], now: 4)
+        #expect(!current.contains(user: "u"))
+    }
+}
