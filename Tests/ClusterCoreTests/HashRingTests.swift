@@ -69,3 +69,14 @@ import Testing
         #expect(!less.members.contains("node-3"))
     }
 }
+
+@Suite struct RingQuorumTests {
+    @Test func aNodeCutOffWithAMinorityKeepsItsRing() {
+        #expect(!RingQuorum.mayShrink(alive: 1, recentlyLost: 4))   // 1 of 5 cut off
+        #expect(!RingQuorum.mayShrink(alive: 2, recentlyLost: 3))   // 2 of 5
+        #expect(RingQuorum.mayShrink(alive: 3, recentlyLost: 2))    // the majority side goes on
+        #expect(RingQuorum.mayShrink(alive: 4, recentlyLost: 1))    // one node died
+        #expect(RingQuorum.mayShrink(alive: 1, recentlyLost: 1))    // two nodes, one died: the other goes on
+        #expect(RingQuorum.mayShrink(alive: 2, recentlyLost: 2))    // an even split: both sides go on (merged on healing)
+    }
+}

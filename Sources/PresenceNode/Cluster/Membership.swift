@@ -34,6 +34,11 @@ public final class Membership: Sendable {
     private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let deathObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let lastTickAt = Atomic<UInt64>(0)
+    /// When each member was last declared dead (for `RingQuorum`), and whether this node is in a minority.
+    private let deadSince = Mutex<[String: UInt64]>([:])
+    private let minority = Atomic<Bool>(false)
+    /// How long a dead member still counts as part of the cluster (for `RingQuorum`).
+    static let lostMemberMemory: UInt64 = 30_000_000_000
     private let lastDeath = Atomic<UInt64>(0)
 
     /// Tells the engine (at most once a second) that others may have taken this node's keys over.
@@ -121,6 +126,16 @@ public final class Membership: Sendable {
             for u in s.fullState where u.status == .alive || u.status == .suspect { boots[u.id] = u.boot }
             let new = HashRing(members: boots.keys, boots: boots)
             let current = topology.ring
+            // in a minority (cut off with fewer than half of the cluster), the ring does not shrink
+            let now = MonotonicClock.now()
+            let lost = deadSince.withLock { d in d.filter { now - $0.value < Self.lostMemberMemory && boots[$0.key] == nil }.count }
+            if !Set(current.members).isSubset(of: boots.keys), !RingQuorum.mayShrink(alive: boots.count, recentlyLost: lost) {
+                if !minority.exchange(true, ordering: .relaxed) {
+                    logger.warning("this node sees only a minority of the cluster: it keeps its ring until it sees more", ["alive": String(boots.count), "lost": String(lost)])
+                }
+                return
+            }
+            minority.store(false, ordering: .relaxed)
             let restarted = current.members.filter { boots[$0] != nil && boots[$0] != current.boot(of: $0) && $0 != nodeID }
             var steps: [HashRing] = []
             if !restarted.isEmpty {
@@ -296,6 +311,9 @@ public final class Membership: Sendable {
                     return b[u.id].map { $0 != u.boot } ?? false
                 }
                 if u.id == nodeID { topology.adoptBoot(u.boot) }
+                deadSince.withLock { d in
+                    if u.status == .dead { d[u.id] = d[u.id] ?? MonotonicClock.now() } else { d[u.id] = nil }
+                }
                 if u.status == .dead || u.status == .left || (restarted && u.id != nodeID) {
                     // its connection may be stuck in TCP retransmission (a partition), or lead to a
                     // process that is gone: if it comes back, talk to it over a fresh one
