@@ -1658,8 +1658,10 @@ struct KeyspaceSim {
             case .leave(let key):
                 c.maybeState[key, default: []].append(StateItems())
                 c.solidSince[key] = nil
-            case .join:
+            case .join(let key, _):
                 c.staleUntil = max(c.staleUntil, now + cfg.presenceTimeout + 3 * simSecond)
+                // (the join failed as far as the client knows: joining again is a new subscription)
+                feedLogs[SimFeedKey(session: c.session, key: key)] = nil
             default:
                 break
             }
