@@ -89,7 +89,7 @@ enum SimReply {
 
 /// What an owner answers an anti-entropy exchange.
 struct SimExchangeResult {
-    var suspects: [(ChannelKey, SessionID)] = []
+    var suspects: [(ChannelKey, SessionID, UInt64)] = []
     var superseded: [(SessionID, UInt64)] = []
     var corrections: [(ChannelKey, StateCorrection)] = []
 }
@@ -110,6 +110,8 @@ enum SimMessage {
     case deliveries([SimRouted])
     case handoffDone(fingerprint: UInt64)
     case moved(SessionID, to: NodeInstance, version: UInt64)
+    /// A replica asks the owner for a whole copy of a key it holds only part of.
+    case copyRequest(ChannelKey)
 }
 
 /// A message on the simulated network.
@@ -822,9 +824,11 @@ struct KeyspaceSim {
             if record {
                 note("\(n) receives \(copy.key.name) \(copy.full ? "full" : "delta")\(copy.handoff ? " handoff" : "") term \(copy.term % 100_000_000) from \(env.from): \(copy.members.map { "\($0.userID)\($0.sessions.isEmpty ? "-" : "")" }) departed \(copy.departed.values.map(\.user)) (owned \(procs[n]!.space.owned[copy.key].map { "yes, departed \($0.departed.values.map(\.user))" } ?? "no"), copy term \(procs[n]!.space.copies[copy.key].map { $0.term % 100_000_000 } ?? 0))")
             }
-            let effects = procs[n]!.space.received(copy, gone: gone, now: mono(n), wall: wall(n))
+            let effects = procs[n]!.space.received(copy, from: env.from.id, gone: gone, now: mono(n), wall: wall(n))
             _ = carryOut(n, effects)
             scheduleSweep(n)
+        case .copyRequest(let key):
+            _ = carryOut(n, procs[n]!.space.wholeCopy(of: key, for: env.from.id, now: mono(n)))
         case .deliveries(let ds):
             for d in ds where d.sink == env.to { gatewayReceive(n, d, from: env.from) }
         case .handoffDone(let fp):
@@ -861,7 +865,7 @@ struct KeyspaceSim {
             var out = SimExchangeResult()
             for key in results.keys.sorted() {
                 let r = results[key]!
-                out.suspects += r.suspects.map { (key, $0) }
+                out.suspects += r.suspects.sorted { $0.key < $1.key }.map { (key, $0.key, $0.value) }
                 out.superseded += r.superseded.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
                 out.corrections += r.corrections.map { (key, $0) }
             }
@@ -877,9 +881,9 @@ struct KeyspaceSim {
             }
             var gone: [(ChannelKey, SessionID, UInt64)] = []
             var moved: [(ChannelKey, SessionID, NodeInstance, UInt64)] = []
-            for (key, id) in result.suspects {
+            for (key, id, placed) in result.suspects {
                 let p = procs[n]!
-                let verdict = GatewayFacts.verdict(channel: key, user: nil, held: p.table[id], movedTo: p.moved[id])
+                let verdict = GatewayFacts.verdict(channel: key, user: nil, placedAt: placed, held: p.table[id], movedTo: p.moved[id])
                 if record { note("\(n) verdict on \(userOf[id] ?? "?") in \(key) for \(env.from): \(verdict)") }
                 switch verdict {
                 case .held: continue
@@ -920,6 +924,9 @@ struct KeyspaceSim {
                 push(from: me, to: NodeInstance(node, boot: procs[n]!.space.ring.boot(of: node)), .copy(copy, gone: gone, ticket: ticket))
             case .deliver(let events):
                 deliver(n, events)
+            case .askForCopy(let key, let node):
+                guard node != n else { continue }
+                push(from: me, to: NodeInstance(node, boot: procs[n]!.space.ring.boot(of: node)), .copyRequest(key))
             }
         }
         return tickets
