@@ -267,7 +267,7 @@ struct SimProcess {
     var early: [(ChannelCopy<NodeInstance>, [NodeInstance: UInt64])] = []
     var table: SessionTable
     var generations: [SessionID: UInt64] = [:]
-    var moved: [SessionID: (to: NodeInstance, version: UInt64)] = [:]
+    var moved: [SessionID: (to: NodeInstance?, version: UInt64)] = [:]
     var feeds: [ChannelKey: [SessionID: FeedPosition<NodeInstance>]] = [:]
     var lossy: Set<String> = []
     var restartScheduled = false
@@ -1367,7 +1367,7 @@ struct KeyspaceSim {
     private mutating func movedAway(_ n: String, _ id: SessionID, to: NodeInstance?, version: UInt64) {
         guard let s = procs[n]!.table[id], SessionVersion.epoch(s.version) < SessionVersion.epoch(version) else { return }
         _ = procs[n]!.table.close(id)
-        if let to { procs[n]!.moved[id] = (to, version) }
+        procs[n]!.moved[id] = (to, version)  // (GatewayShard.movedAway: where, if known)
         for key in s.channels.keys { unsubscribe(n, key, id) }
         if let user = userOf[id], let c = clients[user], c.gateway == procs[n]!.instance, c.endedAt == nil {
             violation("inv4: \(user)'s current gateway \(c.gateway) dropped its session as superseded (version \(version))")

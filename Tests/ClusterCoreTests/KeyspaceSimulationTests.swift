@@ -549,64 +549,60 @@ enum SimRuns {
     }
 }
 
-// MARK: - Known issues outside the cores (PresenceNode), reproduced
+// MARK: - Two PresenceNode rules the simulation found missing, and now checks
 
-@Suite struct KeyspaceSimulationKnownIssueTests {
+@Suite struct KeyspaceSimulationGatewayRuleTests {
     typealias R = SimRuns
 
-    /// PresenceNode's PeerInbound.exchange does not consult the handoff gate (calls do): a node
-    /// restarted faster than detection builds a channel from one gateway's facts before its
-    /// handoff arrives, and its whole copy of that partial value replaces the complete copy of
-    /// the replica that has not seen the restart yet — which then hands that back. What only the
-    /// crashed gateway held (the state of a session that resumes elsewhere) is lost. The
-    /// simulation gates exchanges like calls unless `gateExchanges` is off, as here.
-    @Test func anUngatedExchangeAtARestartedNodeLosesAcknowledgedState() {
-        withKnownIssue("PeerInbound.exchange ignores the handoff gate (PresenceNode)") {
-            var sim = R.scripted(nodes: 3, seed: 51) { $0.gateExchanges = false }
-            let key = R.channel(sim, owners: ["n3", "n2"])
-            let u = sim.spawnClient(at: "n3"), g = sim.spawnClient(at: "n1")
-            sim.run(for: 100 * simMs)
-            sim.request(u, .join(key, withPresence: false))
-            sim.request(g, .join(key, withPresence: false))
-            sim.run(for: 300 * simMs)
-            sim.request(u, .setState(key, [R.item("k", "acknowledged")]))
-            sim.run(for: 300 * simMs)
-            sim.antiEntropy = false
-            sim.crash("n3", resume: 0)
-            sim.run(for: 200 * simMs)
-            // n1 learns of the new process at once and runs anti-entropy; n2 only 300 ms later
-            sim.restart("n3", gossip: ["n1": 5 * simMs, "n2": 300 * simMs])
-            sim.run(for: 20 * simMs)
-            sim.antiEntropyNow("n1")
-            sim.run(for: 50 * simMs)
-            sim.move(u, to: "n1")
-            sim.antiEntropy = true
-            sim.quiesce(for: 4 * simSecond)
-            #expect(sim.convergenceProblems().isEmpty, "\(sim.convergenceProblems())")
-        }
+    /// A restarted node's anti-entropy exchanges must wait for its handoffs, like calls do
+    /// (PeerInbound.exchange filters keys through the handoff gate): otherwise it builds a channel
+    /// from one gateway's facts before its handoff arrives, its whole copy of that partial value
+    /// replaces the complete copy of a replica that has not seen the restart yet, and what only
+    /// the crashed gateway held (the state of a session that resumes elsewhere) is lost.
+    @Test func aRestartedNodesExchangesWaitForItsHandoffs() {
+        var sim = R.scripted(nodes: 3, seed: 51) { $0.gateExchanges = true }
+        let key = R.channel(sim, owners: ["n3", "n2"])
+        let u = sim.spawnClient(at: "n3"), g = sim.spawnClient(at: "n1")
+        sim.run(for: 100 * simMs)
+        sim.request(u, .join(key, withPresence: false))
+        sim.request(g, .join(key, withPresence: false))
+        sim.run(for: 300 * simMs)
+        sim.request(u, .setState(key, [R.item("k", "acknowledged")]))
+        sim.run(for: 300 * simMs)
+        sim.antiEntropy = false
+        sim.crash("n3", resume: 0)
+        sim.run(for: 200 * simMs)
+        // n1 learns of the new process at once and runs anti-entropy; n2 only 300 ms later
+        sim.restart("n3", gossip: ["n1": 5 * simMs, "n2": 300 * simMs])
+        sim.run(for: 20 * simMs)
+        sim.antiEntropyNow("n1")
+        sim.run(for: 50 * simMs)
+        sim.move(u, to: "n1")
+        sim.antiEntropy = true
+        // (past the presence timeout: the crashed process's other sessions have timed out)
+        sim.quiesce(for: 7 * simSecond)
+        let problems = sim.convergenceProblems()
+        #expect(problems.isEmpty, "\(problems)")
     }
 
-    /// PresenceNode's AntiEntropy.apply drops a session an owner says was superseded without
-    /// remembering where it went, so the gateway then answers "not here at all" (gone, the
-    /// maximum) for it; an owner the new gateway could not announce it to yet (a cut link)
-    /// drops the membership: REMOTE_LEAVE for a user who never left (and its state with it),
-    /// until the new gateway's anti-entropy puts it back.
-    @Test func aSessionSupersededByAnotherOwnerIsDroppedByOneItsNewGatewayCannotReach() {
-        withKnownIssue("AntiEntropy.apply forgets where a superseded session went (PresenceNode)") {
-            var sim = R.scripted(seed: 52)
-            let k1 = R.channel(sim, owners: ["n1", "n2"]), k2 = R.channel(sim, owners: ["n2", "n4"])
-            let u = sim.spawnClient(at: "n1"), w = sim.spawnClient(at: "n4")
-            sim.run(for: 100 * simMs)
-            sim.request(u, .join(k1, withPresence: true))
-            sim.run(for: 100 * simMs)
-            sim.request(u, .join(k2, withPresence: true))
-            sim.request(w, .join(k1, withPresence: true))
-            sim.run(for: 500 * simMs)
-            sim.cutLink("n1", "n3", for: 4 * simSecond)
-            sim.move(u, to: "n3")
-            sim.run(for: 3 * simSecond)
-            #expect(sim.violations.isEmpty, "\(sim.violations)")
-            #expect(sim.knownGaps.isEmpty, "\(sim.knownGaps)")
-        }
+    /// A gateway told its session was claimed elsewhere without being told where (an owner's
+    /// SESSION_MOVED or anti-entropy verdict) leaves owners' placements of it alone: answering
+    /// "not here" would make an owner the new gateway cannot reach yet (a cut link) drop the
+    /// membership — REMOTE_LEAVE for a user who never left — until the new gateway put it back.
+    @Test func aSessionSupersededElsewhereIsNotDroppedByAnOwnerItsNewGatewayCannotReach() {
+        var sim = R.scripted(seed: 52)
+        let k1 = R.channel(sim, owners: ["n1", "n2"]), k2 = R.channel(sim, owners: ["n2", "n4"])
+        let u = sim.spawnClient(at: "n1"), w = sim.spawnClient(at: "n4")
+        sim.run(for: 100 * simMs)
+        sim.request(u, .join(k1, withPresence: true))
+        sim.run(for: 100 * simMs)
+        sim.request(u, .join(k2, withPresence: true))
+        sim.request(w, .join(k1, withPresence: true))
+        sim.run(for: 500 * simMs)
+        sim.cutLink("n1", "n3", for: 4 * simSecond)
+        sim.move(u, to: "n3")
+        sim.run(for: 3 * simSecond)
+        #expect(sim.violations.isEmpty, "\(sim.violations)")
+        #expect(sim.knownGaps.isEmpty, "\(sim.knownGaps)")
     }
 }
