@@ -2045,7 +2045,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor 
   (ProtobufCMessageInit) presence__cluster__v1__session_ref__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__call_error__field_descriptors[3] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__call_error__field_descriptors[4] =
 {
   {
     "kind",
@@ -2083,16 +2083,29 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__call_error__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "superseded_by",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__CallError, superseded_by),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__call_error__field_indices_by_name[] = {
   1,   /* field[1] = code */
   2,   /* field[2] = detail */
   0,   /* field[0] = kind */
+  3,   /* field[3] = superseded_by */
 };
 static const ProtobufCIntRange presence__cluster__v1__call_error__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__call_error__descriptor =
 {
@@ -2102,7 +2115,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__call_error__descriptor =
   "Presence__Cluster__V1__CallError",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__CallError),
-  3,
+  4,
   presence__cluster__v1__call_error__field_descriptors,
   presence__cluster__v1__call_error__field_indices_by_name,
   1,  presence__cluster__v1__call_error__number_ranges,

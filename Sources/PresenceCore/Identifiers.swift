@@ -81,11 +81,14 @@ public struct PresenceError: Error, Equatable, Sendable, CustomStringConvertible
     public let kind: Kind
     public let name: String
     public let detail: String
+    /// SESSION_MOVED (between nodes): the session version that superseded the caller's.
+    public var supersededBy: UInt64 = 0
 
-    public init(_ kind: Kind, _ name: String, _ detail: String) {
+    public init(_ kind: Kind, _ name: String, _ detail: String, supersededBy: UInt64 = 0) {
         self.kind = kind
         self.name = name
         self.detail = detail
+        self.supersededBy = supersededBy
     }
 
     /// `NAME: detail`, as `grpc-message` carries it.

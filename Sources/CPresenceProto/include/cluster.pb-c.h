@@ -244,10 +244,14 @@ struct  Presence__Cluster__V1__CallError
   uint32_t kind;
   char *code;
   char *detail;
+  /*
+   * SESSION_MOVED: the session version that superseded the caller's.
+   */
+  uint64_t superseded_by;
 };
 #define PRESENCE__CLUSTER__V1__CALL_ERROR__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__call_error__descriptor) \
-    , 0, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+    , 0, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0 }
 
 
 /*

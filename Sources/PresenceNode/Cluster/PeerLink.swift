@@ -349,7 +349,7 @@ extension PresenceError {
         case 7: kind = .failedPrecondition
         default: kind = .unavailable
         }
-        self.init(kind, e.code.isEmpty ? "PEER_ERROR" : e.code, e.detail)
+        self.init(kind, e.code.isEmpty ? "PEER_ERROR" : e.code, e.detail, supersededBy: e.supersededBy)
     }
 
     var wire: ClusterCallError {
@@ -363,6 +363,6 @@ extension PresenceError {
         case .unavailable: k = 6
         case .failedPrecondition: k = 7
         }
-        return ClusterCallError(kind: k, code: name, detail: detail)
+        return ClusterCallError(kind: k, code: name, detail: detail, supersededBy: supersededBy)
     }
 }

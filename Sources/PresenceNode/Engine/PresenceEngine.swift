@@ -175,7 +175,7 @@ public final class PresenceEngine: Sendable {
                 return try await body()
             }
         } catch where error.name == "SESSION_MOVED" {
-            sessions.superseded(id)
+            sessions.superseded(id, by: error.supersededBy)
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "session \(id) was resumed on another node")
         } catch where error.name == "NOT_A_MEMBER" {
             throw PresenceError(.unavailable, "NOT_SERVING", "the channel's owner is catching up with this session; retry")

@@ -76,7 +76,7 @@ struct SessionLifecycle: Sendable {
                 try await announce(s, key)
             } catch {
                 if error.name == "SESSION_MOVED" {
-                    superseded(s.id)
+                    superseded(s.id, by: error.supersededBy)
                     return
                 }
                 // (anti-entropy tells the owner later)
@@ -174,7 +174,9 @@ struct SessionLifecycle: Sendable {
 
     /// The session's client resumed it on another gateway (an owner or its home says so): this
     /// gateway drops it without a word to anyone.
-    func superseded(_ id: SessionID) {
-        core.gateway.movedAway(id, to: nil, version: .max, why: "an owner knows a later epoch")
+    /// (Only if this gateway's epoch is older than `version`: an answer to an older claim's call,
+    /// still being retried, must not drop the session a newer claim brought here.)
+    func superseded(_ id: SessionID, by version: UInt64) {
+        core.gateway.movedAway(id, to: nil, version: version == 0 ? .max : version, why: "an owner knows a later epoch")
     }
 }

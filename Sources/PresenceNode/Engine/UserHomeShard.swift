@@ -148,8 +148,8 @@ actor UserHomeShard {
                 return (r.sessionEnded(session: id, version: version, now: wall), ())
             }
         case .setStatus:
-            if let (id, _, version) = try? caller(call), space[owned: user]?.supersedingVersion(of: id, version) != nil {
-                throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere")
+            if let (id, _, version) = try? caller(call), let newer = space[owned: user]?.supersedingVersion(of: id, version) {
+                throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere", supersededBy: newer)
             }
             try update(user, create: true) { r in (r.setStatus(call.status), ()) }
         case .sessionJoined, .sessionLeft:

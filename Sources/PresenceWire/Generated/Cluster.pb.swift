@@ -506,13 +506,15 @@ public struct ClusterCallError: ProtoMessage, Sendable, Hashable {
     public var kind: UInt32 = 0
     public var code: String = ""
     public var detail: String = ""
+    public var supersededBy: UInt64 = 0
 
     public init() {}
 
-    public init(kind: UInt32 = 0, code: String = "", detail: String = "") {
+    public init(kind: UInt32 = 0, code: String = "", detail: String = "", supersededBy: UInt64 = 0) {
         self.kind = kind
         self.code = code
         self.detail = detail
+        self.supersededBy = supersededBy
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -538,6 +540,7 @@ extension ClusterCallError: CMessageBridge {
         self.kind = c.pointee.kind
         self.code = try WireCodec.readString(c.pointee.code)
         self.detail = try WireCodec.readString(c.pointee.detail)
+        self.supersededBy = c.pointee.superseded_by
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -545,6 +548,7 @@ extension ClusterCallError: CMessageBridge {
         c.pointee.kind = self.kind
         if !self.code.isEmpty { c.pointee.code = arena.cString(self.code) }
         if !self.detail.isEmpty { c.pointee.detail = arena.cString(self.detail) }
+        c.pointee.superseded_by = self.supersededBy
     }
 }
 
