@@ -29,7 +29,7 @@ public final class Node: Sendable {
                                       maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval,
                                       probeInterval: configuration.probeInterval)
         let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
-                                handoffLimit: settings.timings.handoffLimit,
+                                handoffLimit: settings.timings.handoffLimit, lease: settings.timings.lease,
                                 ready: !configuration.seeds.contains { $0 != (configuration.peerAdvertise ?? configuration.peerListen) })
         let membership = Membership(nodeID: configuration.nodeID, peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
                                     clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,

@@ -30,6 +30,10 @@ public struct ClusterTimings: Sendable, Equatable {
     public var antiEntropyInterval: UInt64
     /// The first anti-entropy round after a ring change waits this long for handoffs to land (0.3 s).
     public var antiEntropyAfterRingChange: UInt64
+    /// How long after it last heard from another member a node may still serve its keys (0.6 s:
+    /// less than others take to declare it dead), so a process frozen longer answers nothing from
+    /// its stale view until it has heard again.
+    public var lease: UInt64
     /// How long a new owner waits for a live previous owner's handoff before serving anyway (3 s).
     public var handoffLimit: UInt64
     /// A node whose seeds all stay silent this long serves as a cluster of one (3 s).
@@ -55,6 +59,7 @@ public struct ClusterTimings: Sendable, Equatable {
         antiEntropyInterval = max(100_000_000, min(1_000_000_000, presenceTimeout / 5))
         antiEntropyAfterRingChange = max(300_000_000, probeInterval * 3 / 2)
         handoffLimit = max(3_000_000_000, probeInterval * 15)
+        lease = probeInterval * 3
         aloneAfter = max(3_000_000_000, probeInterval * 15)
         movedMemory = presenceTimeout * 10
         endRetryPause = 1_000_000_000

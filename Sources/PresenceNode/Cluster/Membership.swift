@@ -271,6 +271,7 @@ public final class Membership: Sendable {
                 Task { [self] in
                     guard let resp = try? await c.unary(MembershipMethods.ping, req, timeout: timeout) else { return }
                     let now = MonotonicClock.now()
+                    topology.heardFromCluster(at: now)
                     carryOut(swim.withLock { $0.receivedAck(from: to, sequence: resp.sequence, gossip: resp.gossip.compactMap(self.update), now: now) })
                 }
             case .sendAck(let to, _, let seq, let gossip):
@@ -285,6 +286,7 @@ public final class Membership: Sendable {
                 Task { [self] in
                     guard let resp = try? await c.unary(MembershipMethods.indirectPing, req, timeout: timeout) else { return }
                     let now = MonotonicClock.now()
+                    topology.heardFromCluster(at: now)
                     carryOut(swim.withLock { $0.receivedAck(from: target, sequence: seq, gossip: resp.gossip.compactMap(self.update), now: now) })
                 }
             case .scheduleProbeTimeout(let seq, let at):

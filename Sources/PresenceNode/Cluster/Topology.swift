@@ -28,15 +28,19 @@ public final class Topology: Sendable {
         var leaving = false
         /// The ring calls are routed by (without this node once it leaves).
         var routing: HashRing
+        /// Whether this node heard from the cluster lately enough to answer from its view.
+        var lease: ServingLease
     }
     private let state: Mutex<State>
     private let readyObservers = Mutex<[@Sendable () -> Void]>([])
 
-    public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000, ready: Bool = true) {
+    public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000,
+                lease: UInt64 = 0, ready: Bool = true) {
         self.me = me
         self.replicationFactor = max(1, replicationFactor)
         let ring = HashRing(members: [me], boots: [me: boot])
-        state = Mutex(State(boot: boot, ring: ring, gate: HandoffGate(me: me, limit: handoffLimit), ready: ready, routing: ring))
+        state = Mutex(State(boot: boot, ring: ring, gate: HandoffGate(me: me, limit: handoffLimit), ready: ready, routing: ring,
+                                 lease: ServingLease(duration: lease)))
     }
 
     /// A fresh process instance: the wall clock in ns (a restart on the same host is always
@@ -81,6 +85,9 @@ public final class Topology: Sendable {
         state.withLock { s in
             if s.leaving { return "LEAVING: this node is leaving the cluster and has handed its keys off; retry" }
             if s.ready && s.settled && s.ring.members.count == 1 { return nil }
+            if !s.lease.holds(now: MonotonicClock.now()) {
+                return "NO_LEASE: this node has not heard from the cluster lately (it may have been frozen); retry"
+            }
             if !s.ready { return "NOT_READY: this node has not joined the cluster yet" }
             if !s.settled { return "RING_CHANGING: ownership is moving; retry" }
             if !s.gate.mayServe(keyHash: keyHash(), now: MonotonicClock.now()) {
@@ -140,6 +147,13 @@ public final class Topology: Sendable {
     public func onReady(_ observer: @escaping @Sendable () -> Void) {
         readyObservers.withLock { $0.append(observer) }
         if isReady { observer() }
+    }
+
+    /// A member answered this node's probe (`ServingLease`): a node that has not heard from the
+    /// cluster for longer than others take to declare it dead (a frozen process, just resumed)
+    /// answers nothing from its possibly stale view until it has heard again.
+    public func heardFromCluster(at now: UInt64) {
+        state.withLock { $0.lease.heard(at: now) }
     }
 
     /// This node was declared dead and is back: it serves none of its keys until the others handed

@@ -1,0 +1,33 @@
+import ClusterCore
+import Testing
+
+@Suite struct ServingLeaseTests {
+    @Test func aNodeThatHasNeverHeardFromTheClusterIsNotHeldBack() {
+        let lease = ServingLease(duration: 600)
+        #expect(lease.holds(now: 10_000))
+    }
+
+    @Test func theLeaseRunsOutDurationAfterTheLastAnswerAndComesBackWithTheNext() {
+        var lease = ServingLease(duration: 600)
+        lease.heard(at: 1_000)
+        #expect(lease.holds(now: 1_600))
+        #expect(!lease.holds(now: 1_601))
+        lease.heard(at: 5_000)
+        #expect(lease.holds(now: 5_000))
+        #expect(!lease.holds(now: 5_601))
+    }
+
+    @Test func anAnswerReadOnAnotherThreadWithAnEarlierClockDoesNotShortenTheLease() {
+        var lease = ServingLease(duration: 600)
+        lease.heard(at: 2_000)
+        lease.heard(at: 1_900)
+        #expect(lease.holds(now: 2_600))
+        #expect(lease.holds(now: 1_950))
+    }
+
+    @Test func aZeroDurationNeverHoldsTheNodeBack() {
+        var lease = ServingLease(duration: 0)
+        lease.heard(at: 1)
+        #expect(lease.holds(now: 1_000_000_000_000))
+    }
+}
