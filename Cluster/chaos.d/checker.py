@@ -367,14 +367,15 @@ class Checker:
                                [f"first seen by {self._names(subs)} at {t:.2f}s (server time {ts:.2f}s); "
                                 f"{len(allsubs)} subscriber(s) in all", self._since(u, ch, since)],
                                user=u, channel=ch, t=ts, subscriber=sorted(subs)[0]))
-        bursts = []
+        bursts, open_bursts = [], {}
         for (u, ch, typ, seq), (subs, t, ts) in sorted(stale.items(), key=lambda kv: kv[1][1]):
             what = EV.get(typ, typ) if isinstance(typ, int) else typ
-            last = bursts[-1] if bursts else None
-            if last and last[0] == (u, ch, what) and ts - last[1][-1][1] < 10.0:
+            last = open_bursts.get((u, ch, what))
+            if last and ts - last[1][-1][1] < 10.0:
                 last[1].append((t, ts, seq, subs))
             else:
-                bursts.append(((u, ch, what), [(t, ts, seq, subs)]))
+                open_bursts[(u, ch, what)] = burst = ((u, ch, what), [(t, ts, seq, subs)])
+                bursts.append(burst)
         for (u, ch, what), items in sorted(bursts, key=lambda b: b[1][0][0]):
             t, ts, seq, subs = items[0]
             seqs = sorted({x[2] for x in items})
