@@ -23,6 +23,7 @@ from checker import INVARIANTS, Checker, EventIndex, GhostSampler, Violation
 from clients import UserClient
 from faults import ALL_KINDS, DEFAULT_KINDS, NETNS_ONLY, Admin, Faults, format_views
 from model import Model
+from machine import MachineLoad
 from nodes import Cluster, can_use_netns
 import report
 
@@ -85,6 +86,7 @@ class Env:
         self.final_convergence = None
         self.repair = None
         self.ghost_samples = 0
+        self.machine = {}
         self._sampler_chans = {}
         self.verbose = opts.verbose
         self.lock = threading.Lock()
@@ -201,7 +203,9 @@ def run_once(opts, ns, mode, seed, seconds, kinds):
     checker = Checker(env)
     out = print
     out(f"chaos: {mode}, seed {seed}, {opts.nodes} nodes, faults for {seconds:.0f}s: {','.join(kinds)}; logs in {workdir}", flush=True)
-    threads = []
+    load = MachineLoad(lambda: [n.proc.pid for n in cluster.nodes if n.running()] +
+                       ([cluster.proxy.proc.pid] if cluster.proxy else []))
+    load.begin()
     try:
         cluster.setup()
         admin = Admin(env)
@@ -306,6 +310,8 @@ def run_once(opts, ns, mode, seed, seconds, kinds):
         env.aborted.set()
         env.harness_error(traceback.format_exc())
     finally:
+        load.finish()
+        env.machine = load.summary()
         env.stopped.set()
         env.finished.set()
         env.aborted.set()
