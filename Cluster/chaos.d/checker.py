@@ -334,7 +334,6 @@ class Checker:
         return out
 
     def check_events(self, devices, channels, final_t):
-        m = self.model
         flaps = {}      # (user, ch, type, seq) -> [subscriber names], t
         stale = {}
         for dev in devices:

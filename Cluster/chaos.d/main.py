@@ -5,7 +5,6 @@ import atexit
 import collections
 import json
 import os
-import random
 import shutil
 import signal
 import sys
