@@ -77,10 +77,11 @@ def fmt_state(st):
 
 
 class EventIndex:
-    """Every presence event every session received, by (user, channel) it concerns, for histories."""
+    """Every presence event every session received, by the (user, channel) it concerns, for the
+    histories: one line per event (type and sequence), however many subscribers received it."""
 
     def __init__(self, devices):
-        self.by_key = {}
+        groups = {}   # (user, ch, type, seq, ts) -> [first receipt, [(device, node)], text]
         for dev in devices:
             for t, sid, node, kind, ev in dev.events:
                 if kind != "presence":
@@ -89,16 +90,25 @@ class EventIndex:
                 ts = from_wall_ms(ev.timestamp_ms)
                 if ev.type in (3, 4, 5, 6):
                     extra = f" {fmt_state(states_of(ev.states))}" if ev.type == 6 else ""
-                    self._add(ev.publisher, ch, t, f"{dev.name} s={short(sid)} got {EV[ev.type]} seq={ev.sequence} "
-                                                     f"(server {ts:.2f}s, via node-{node}){extra}")
+                    items = [(ev.publisher, f"{EV[ev.type]} seq={ev.sequence}{extra}")]
                 elif ev.type == 2:
                     iv = ev.interval
-                    for what, ids in (("joined", iv.join_user_ids), ("left", iv.leave_user_ids), ("timed out", iv.timeout_user_ids)):
-                        for u in ids:
-                            self._add(u, ch, t, f"{dev.name} s={short(sid)} got INTERVAL seq={ev.sequence}: {what} (via node-{node})")
-
-    def _add(self, user, ch, t, text):
-        self.by_key.setdefault((user, ch), []).append((t, text))
+                    items = [(u, f"INTERVAL seq={ev.sequence}: {what}")
+                             for what, ids in (("joined", iv.join_user_ids), ("left", iv.leave_user_ids), ("timed out", iv.timeout_user_ids))
+                             for u in ids]
+                else:
+                    continue
+                for user, text in items:
+                    g = groups.setdefault((user, ch, text, round(ts, 3)), [t, [], ts])
+                    g[0] = min(g[0], t)
+                    g[1].append((dev.name, node))
+        self.by_key = {}
+        for (user, ch, text, _), (t, seen, ts) in groups.items():
+            names = sorted({d for d, _ in seen})
+            nodes = sorted({n for _, n in seen})
+            who = ", ".join(names[:4]) + (f" +{len(names) - 4}" if len(names) > 4 else "")
+            self.by_key.setdefault((user, ch), []).append(
+                (t, f"{text} (server {ts:.2f}s) seen by {who} via {','.join(f'node-{n}' for n in nodes)}"))
 
     def get(self, user, ch):
         return self.by_key.get((user, ch), [])
@@ -324,7 +334,6 @@ class Checker:
         return out
 
     def check_events(self, devices, channels, final_t):
-        m = self.model
         flaps = {}      # (user, ch, type, seq) -> [subscriber names], t
         stale = {}
         for dev in devices:
@@ -367,14 +376,15 @@ class Checker:
                                [f"first seen by {self._names(subs)} at {t:.2f}s (server time {ts:.2f}s); "
                                 f"{len(allsubs)} subscriber(s) in all", self._since(u, ch, since)],
                                user=u, channel=ch, t=ts, subscriber=sorted(subs)[0]))
-        bursts = []
+        bursts, open_bursts = [], {}
         for (u, ch, typ, seq), (subs, t, ts) in sorted(stale.items(), key=lambda kv: kv[1][1]):
             what = EV.get(typ, typ) if isinstance(typ, int) else typ
-            last = bursts[-1] if bursts else None
-            if last and last[0] == (u, ch, what) and ts - last[1][-1][1] < 10.0:
+            last = open_bursts.get((u, ch, what))
+            if last and ts - last[1][-1][1] < 10.0:
                 last[1].append((t, ts, seq, subs))
             else:
-                bursts.append(((u, ch, what), [(t, ts, seq, subs)]))
+                open_bursts[(u, ch, what)] = burst = ((u, ch, what), [(t, ts, seq, subs)])
+                bursts.append(burst)
         for (u, ch, what), items in sorted(bursts, key=lambda b: b[1][0][0]):
             t, ts, seq, subs = items[0]
             seqs = sorted({x[2] for x in items})
@@ -647,8 +657,11 @@ class Checker:
                     seen.add((et, text))
                     uniq.append((et, text))
             if len(uniq) > cap:
-                # keep the entries nearest the violation
-                uniq.sort(key=lambda x: abs(x[0] - t))
+                # keep the model's operations and the faults first, then what is nearest the violation
+                def rank(x):
+                    core = x[1].startswith("[fault]") or (v.user and x[1].startswith(f"[{v.user}]"))
+                    return (0 if core else 1, abs(x[0] - t))
+                uniq.sort(key=rank)
                 uniq = sorted(uniq[:cap], key=lambda x: x[0])
             v.history = [f"{et:8.2f}s  {text}" for et, text in uniq]
 

@@ -19,7 +19,7 @@ import time
 import grpc
 
 from clock import now
-from model import STATUS_NAMES, chan_label, short
+from model import STATUS_NAMES, chan_label
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 ATTEMPT_DEADLINE = 2.5     # seconds per attempt
@@ -217,9 +217,7 @@ class Device:
     def _resume(self):
         """Resumes the session on some node (bounded); a refusal means the session was lost."""
         with self.cond:
-            sid, failed, gen = self.sid, self.node, self.gen
-            moved_from = self.move_from
-            broken_at = self.broken_at
+            sid, failed, broken_at = self.sid, self.node, self.broken_at
         env = self.env
         origin = env.faults.break_origin(failed, broken_at) if env.faults else broken_at
         others = [n.index for n in env.cluster.nodes if n.index != failed]

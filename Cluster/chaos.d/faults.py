@@ -87,7 +87,7 @@ class Admin:
             stub = self.stub(node)
             members = stub.Members(self.env.a.MembersRequest(), timeout=0.8)
             ring = stub.Ring(self.env.a.RingRequest(channel_name="ch-0", channel_type=1, user_id="u00"), timeout=0.8)
-        except grpc.RpcError as e:
+        except grpc.RpcError:
             return None
         alive = frozenset(m.node_id for m in members.members if m.status == 1)
         return alive, frozenset(ring.ring_members)

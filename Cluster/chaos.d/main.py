@@ -5,7 +5,6 @@ import atexit
 import collections
 import json
 import os
-import random
 import shutil
 import signal
 import sys
@@ -19,10 +18,11 @@ import grpc
 import clock
 from clock import now
 import protos
-from checker import INVARIANTS, Checker, EventIndex, GhostSampler
+from checker import INVARIANTS, Checker, EventIndex, GhostSampler, Violation
 from clients import UserClient
 from faults import ALL_KINDS, DEFAULT_KINDS, NETNS_ONLY, Admin, Faults, format_views
 from model import Model
+from machine import MachineLoad
 from nodes import Cluster, can_use_netns
 import report
 
@@ -85,6 +85,7 @@ class Env:
         self.final_convergence = None
         self.repair = None
         self.ghost_samples = 0
+        self.machine = {}
         self._sampler_chans = {}
         self.verbose = opts.verbose
         self.lock = threading.Lock()
@@ -163,6 +164,25 @@ def install_cleanup():
 # ------------------------------------------------------------------------------------------------
 
 
+class ClusterDidNotForm(Exception):
+    pass
+
+
+def form_cluster(env, cluster, admin):
+    """Starts the nodes one at a time (as a StatefulSet does), each once the previous ones see each
+    other: a node that starts when no seed runs yet serves alone until one answers."""
+    for k, node in enumerate(cluster.nodes, start=1):
+        cluster.start(node)
+        if not node.wait_listening(15.0):
+            raise RuntimeError(f"{node.node_id} did not start:\n{node.log_tail()}")
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            v = admin.view(node)
+            if v is not None and len(v[0]) >= k:
+                break
+            time.sleep(0.05)
+
+
 def wait_all_connected(env, bound):
     deadline = time.monotonic() + bound
     for dev in env.devices:
@@ -182,15 +202,21 @@ def run_once(opts, ns, mode, seed, seconds, kinds):
     checker = Checker(env)
     out = print
     out(f"chaos: {mode}, seed {seed}, {opts.nodes} nodes, faults for {seconds:.0f}s: {','.join(kinds)}; logs in {workdir}", flush=True)
-    threads = []
+    load = MachineLoad(lambda: [n.proc.pid for n in cluster.nodes if n.running()] +
+                       ([cluster.proxy.proc.pid] if cluster.proxy else []))
+    load.begin()
     try:
         cluster.setup()
-        cluster.start_all()
         admin = Admin(env)
+        form_cluster(env, cluster, admin)
         conv, views = admin.measure(cluster.nodes, now(), wait=30.0, abort=env.aborted)
         if conv is None:
-            env.harness_error(f"the cluster did not form within 30 s: {format_views(views)}")
-        env.log(f"cluster formed ({conv if conv is None else round(conv, 2)}s)", always=True)
+            # not a fault of ours: the nodes, started one by one, did not become one cluster
+            checker.add(Violation(6, "the cluster did not form: started one by one, the nodes did not become one "
+                                     "membership within 30 s (run aborted)", [f"views: {format_views(views)}"], t=now()))
+            env.log(f"the cluster did not form within 30 s: {format_views(views)}", always=True)
+            raise ClusterDidNotForm()
+        env.log(f"cluster formed ({round(conv, 2)}s)", always=True)
 
         # the clients: users u00.., every third with two devices, devices spread over the nodes
         for i, uid in enumerate(env.user_ids):
@@ -277,10 +303,14 @@ def run_once(opts, ns, mode, seed, seconds, kinds):
     except KeyboardInterrupt:
         env.aborted.set()
         raise
+    except ClusterDidNotForm:
+        env.aborted.set()
     except Exception:
         env.aborted.set()
         env.harness_error(traceback.format_exc())
     finally:
+        load.finish()
+        env.machine = load.summary()
         env.stopped.set()
         env.finished.set()
         env.aborted.set()
@@ -313,9 +343,14 @@ def run_once(opts, ns, mode, seed, seconds, kinds):
              "seconds": seconds, "faults_selected": kinds, "users": len(env.clients), "devices": len(env.devices),
              "binary": opts.bin, "proxy": use_proxy, "invariants_checked": opts.invariants}
     checker.violations = [v for v in checker.violations if v.inv in opts.invariants]
-    summary = report.summarize(env, checker, env.faults, extra) if env.faults else {"run": extra, "harness_errors": env.errors}
     if env.faults:
-        report.print_violations(checker, lambda s: print(s))
+        summary = report.summarize(env, checker, env.faults, extra)
+    else:   # the run stopped before any fault (the cluster did not form, or a harness error)
+        summary = {"run": extra, "harness_errors": env.errors,
+                   "violations": {"total": len(checker.violations),
+                                  "by_invariant": {str(k): sum(1 for v in checker.violations if v.inv == k) for k in INVARIANTS}}}
+    report.print_violations(checker, lambda s: print(s))
+    if env.faults:
         report.print_summary(summary, lambda s: print(s))
     sys.stdout.flush()
     return summary, checker.violations, env.errors

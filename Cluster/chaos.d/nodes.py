@@ -252,13 +252,6 @@ class Cluster:
     def start(self, node):
         node.start(self.binary, self.seeds_for(node), self.flags)
 
-    def start_all(self, timeout=20.0):
-        for node in self.nodes:
-            self.start(node)
-        for node in self.nodes:
-            if not node.wait_listening(timeout):
-                raise RuntimeError(f"{node.node_id} did not start:\n{node.log_tail()}")
-
     def live(self):
         """Nodes whose process runs and is not stopped."""
         return [nd for nd in self.nodes if nd.running() and not nd.paused]

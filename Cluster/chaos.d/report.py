@@ -69,6 +69,7 @@ def summarize(env, checker, faults, extra):
                         "over_3s": sum(1 for c in conv if c > 3.0), "final": env.final_convergence},
         "repair": env.repair,
         "ghost_samples": env.ghost_samples,
+        "machine": env.machine,
         "checks": checker.counts,
         "indeterminate": {"keys_tainted": env.model.taint_total, "comparisons_skipped": checker.skipped},
         "violations": {"total": len(checker.violations),
@@ -137,6 +138,10 @@ def print_summary(s, out):
         out(f"repair after the quiet period began: {rp}")
     out(f"ghost samples during the run: {s['ghost_samples']}; indeterminate keys: {s['indeterminate']['keys_tainted']} "
         f"(comparisons skipped: {s['indeterminate']['comparisons_skipped']})")
+    m = s.get("machine") or {}
+    if m:
+        out(f"machine: load average mean {m['load_avg_mean']} max {m['load_avg_max']}; CPU busy {m['cpu_busy_pct']}% "
+            f"(this run {m['cpu_this_run_pct']}%, other processes {m['cpu_others_pct']}%)")
     out("checked: " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in s["checks"].items()))
     v = s["violations"]
     out(f"VIOLATIONS: {v['total']}  " + "  ".join(f"[{k}] {INVARIANTS[int(k)]}: {n}" for k, n in v["by_invariant"].items()))
