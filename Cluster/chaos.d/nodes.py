@@ -3,6 +3,7 @@ namespaces on a bridge), and the peer-link proxies. Every wait here is bounded, 
 removes whatever was created (processes, namespaces, links, the bridge, the proxy process)."""
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -202,7 +203,9 @@ class Cluster:
         self.binary = binary
         self.workdir = workdir
         self.use_proxy = use_proxy
-        self.flags = ["--presence-timeout", str(presence_timeout), "--replication-factor", str(rf), *extra_flags]
+        # CHAOS_NODE_FLAGS adds flags to every node (e.g. "--log-level debug" to follow one key)
+        self.flags = ["--presence-timeout", str(presence_timeout), "--replication-factor", str(rf), *extra_flags,
+                      *shlex.split(os.environ.get("CHAOS_NODE_FLAGS", ""))]
         self.seed = seed
         self.proxy = None
         self.created_netns = False

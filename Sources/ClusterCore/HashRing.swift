@@ -129,12 +129,13 @@ public struct HashRing: Sendable, Equatable {
 }
 
 /// Whether a node may take the ring without the members it lost (RELIABILITY.md, partitions): only
-/// while it still sees at least half of the cluster it knew. A node cut off on its own (or with a
+/// while the members it sees healthy are at least half of the cluster it knew (those healthy, those
+/// under suspicion, and those declared dead recently). A node cut off on its own (or with a
 /// minority) keeps the ring it had: it takes nothing over, times no one out, and has nothing stale
 /// to push on anyone when the partition heals. (Members gone long enough are no longer counted:
 /// the cluster has shrunk.)
 public enum RingQuorum {
-    public static func mayShrink(alive: Int, recentlyLost: Int) -> Bool {
-        alive * 2 >= alive + recentlyLost
+    public static func mayShrink(healthy: Int, suspected: Int = 0, recentlyLost: Int) -> Bool {
+        healthy * 2 >= healthy + suspected + recentlyLost
     }
 }

@@ -89,14 +89,18 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
     public mutating func reconcile(_ facts: [ChannelFact], from sink: NodeInstance, now: Int64) -> Reconciliation<Output, StateCorrection> {
         var r = Reconciliation<Output, StateCorrection>()
         var mentioned = Set<SessionID>()
-        for f in facts {
-            mentioned.insert(f.session)
-            let o = announce(user: f.user, session: f.session, withPresence: f.withPresence, sink: sink, version: f.joinVersion,
-                             state: f.state, stateVersion: f.stateVersion, now: now)
-            r.outputs += route(o.deliveries)
-            if let v = o.superseded { r.superseded[f.session] = v }
-            if let c = o.correction { r.corrections.append(StateCorrection(session: f.session, state: c.state, stateVersion: c.version)) }
+        // (one batch: a subscriber restored by one fact is listed the channel with all the others)
+        let (_, snapshots) = batched(now: now) { m in
+            for f in facts {
+                mentioned.insert(f.session)
+                let o = m.announce(user: f.user, session: f.session, withPresence: f.withPresence, sink: sink, version: f.joinVersion,
+                                   state: f.state, stateVersion: f.stateVersion, now: now)
+                r.outputs += m.route(o.deliveries)
+                if let v = o.superseded { r.superseded[f.session] = v }
+                if let c = o.correction { r.corrections.append(StateCorrection(session: f.session, state: c.state, stateVersion: c.version)) }
+            }
         }
+        r.outputs = route(snapshots) + r.outputs
         for (_, s) in sessions(at: sink) where !mentioned.contains(s) { r.suspects[s] = places[s]?.version ?? 0 }
         return r
     }

@@ -92,6 +92,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public private(set) var term: UInt64 = 0
     private(set) var mode = Mode.realtime
     private var batch = IntervalBatch()
+    /// Inside `batched`: the sessions owed a SNAPSHOT, taken once the whole batch is done.
+    private var deferredSnapshots: [SessionID]?
 
     public init(key: ChannelKey, maxInstantEvents: Int) {
         self.key = key
@@ -198,7 +200,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         let before = places[session]
         place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
         if withPresence && (before?.withPresence != true || before?.sink != sink) {
-            out.append(snapshotDelivery(for: session, now: now))
+            snapshot(for: session, now: now, into: &out)
         }
         return out
     }
@@ -240,7 +242,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             let resumed = SessionVersion.epoch(before?.version ?? 0) < SessionVersion.epoch(version)
             if withPresence && (before?.withPresence != true || before?.sink != sink || resumed) {
                 advanceSequence(to: Self.lineageFloor(now))
-                outcome.deliveries.append(snapshotDelivery(for: session, now: now))
+                snapshot(for: session, now: now, into: &outcome.deliveries)
             }
         }
         guard let state, var m = members[user] else { return outcome }
@@ -486,6 +488,26 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// A timeout the other side decided is not applied to a session whose gateway `isLive` here:
     /// that gateway, not a copy, says whether its session lives.
     public mutating func merge(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool = { _ in false }, now: Int64) -> [Delivery] {
+        let (out, snapshots) = batched(now: now) { $0.mergeEach(other, isLive: isLive, now: now) }
+        return snapshots + out
+    }
+
+    /// Carries out several changes as one (a merge, the facts of one anti-entropy exchange): a
+    /// session owed a SNAPSHOT by one of them gets it once all are done, so it does not list the
+    /// channel half-rebuilt and then see the rest join (a flap). The SNAPSHOTs come back apart, to
+    /// be sent before the batch's events: numbered above them, they make the session's gateway
+    /// drop those it already covers.
+    public mutating func batched<R>(now: Int64, _ body: (inout Self) -> R) -> (result: R, snapshots: [Delivery]) {
+        guard deferredSnapshots == nil else { return (body(&self), []) }  // already inside one
+        deferredSnapshots = []
+        let result = body(&self)
+        let owed = deferredSnapshots ?? []
+        deferredSnapshots = nil
+        let snapshots = owed.filter { places[$0]?.withPresence == true }.map { snapshotDelivery(for: $0, now: now) }
+        return (result, snapshots)
+    }
+
+    private mutating func mergeEach(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
         sequence = max(sequence, other.sequence)
         term = max(term, other.term)
@@ -503,7 +525,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                     // the same session on both sides: the later placement wins, silently
                     if s.version > p.version {
                         place(s.id, user: c.userID, at: s.sink, withPresence: s.withPresence, version: s.version)
-                        if s.withPresence && (p.sink != s.sink || !p.withPresence) { out.append(snapshotDelivery(for: s.id, now: now)) }
+                        if s.withPresence && (p.sink != s.sink || !p.withPresence) { snapshot(for: s.id, now: now, into: &out) }
                     }
                     continue
                 }
@@ -589,6 +611,15 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// A SNAPSHOT for one session; it takes a sequence number of its own, so it is above every
     /// event the session received before it, wherever it received them.
+    /// A SNAPSHOT for `session` now, or at the end of the batch this change is part of.
+    private mutating func snapshot(for session: SessionID, now: Int64, into out: inout [Delivery]) {
+        if deferredSnapshots != nil {
+            if !deferredSnapshots!.contains(session) { deferredSnapshots!.append(session) }
+            return
+        }
+        out.append(snapshotDelivery(for: session, now: now))
+    }
+
     private mutating func snapshotDelivery(for session: SessionID, now: Int64) -> Delivery {
         let users = order.map { UserState(userID: $0, states: members[$0]?.state.items ?? []) }
         let e = PresenceEvent(type: .snapshot, channelType: key.type, channelName: key.name, snapshot: users,

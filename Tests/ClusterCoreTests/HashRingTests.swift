@@ -72,11 +72,15 @@ import Testing
 
 @Suite struct RingQuorumTests {
     @Test func aNodeCutOffWithAMinorityKeepsItsRing() {
-        #expect(!RingQuorum.mayShrink(alive: 1, recentlyLost: 4))   // 1 of 5 cut off
-        #expect(!RingQuorum.mayShrink(alive: 2, recentlyLost: 3))   // 2 of 5
-        #expect(RingQuorum.mayShrink(alive: 3, recentlyLost: 2))    // the majority side goes on
-        #expect(RingQuorum.mayShrink(alive: 4, recentlyLost: 1))    // one node died
-        #expect(RingQuorum.mayShrink(alive: 1, recentlyLost: 1))    // two nodes, one died: the other goes on
-        #expect(RingQuorum.mayShrink(alive: 2, recentlyLost: 2))    // an even split: both sides go on (merged on healing)
+        #expect(!RingQuorum.mayShrink(healthy: 1, recentlyLost: 4))   // 1 of 5 cut off
+        #expect(!RingQuorum.mayShrink(healthy: 2, recentlyLost: 3))   // 2 of 5
+        #expect(RingQuorum.mayShrink(healthy: 3, recentlyLost: 2))    // the majority side goes on
+        #expect(RingQuorum.mayShrink(healthy: 4, recentlyLost: 1))    // one node died
+        #expect(RingQuorum.mayShrink(healthy: 1, recentlyLost: 1))    // two nodes, one died: the other goes on
+        #expect(RingQuorum.mayShrink(healthy: 2, recentlyLost: 2))    // an even split: both sides go on (merged on healing)
+        // cut off alone, with the first of the far side declared dead and the rest still suspected
+        #expect(!RingQuorum.mayShrink(healthy: 1, suspected: 3, recentlyLost: 1))
+        // one node died while another is briefly suspected: the rest still go on
+        #expect(RingQuorum.mayShrink(healthy: 3, suspected: 1, recentlyLost: 1))
     }
 }

@@ -56,6 +56,10 @@ struct Simulation {
     /// (time, node) each time a node learnt it had been declared dead
     var declaredDead: [(at: UInt64, node: String)] = []
     var delivered = 0
+    /// Each node's ring, derived as the node does (`MembershipRing`), and every ring it installed.
+    var ringRules: [String: MembershipRing] = [:]
+    var rings: [String: HashRing] = [:]
+    var ringHistory: [String: [HashRing]] = [:]
 
     init(ids: [String], settings: SWIM.Settings = SWIM.Settings()) {
         for (i, id) in ids.enumerated() {
@@ -65,6 +69,8 @@ struct Simulation {
                 _ = inst.receivedJoin(U(id: other, address: other, status: .alive, incarnation: 0), now: 0)
             }
             nodes[id] = inst
+            ringRules[id] = MembershipRing(me: id)
+            rings[id] = HashRing(members: ids, boots: Dictionary(uniqueKeysWithValues: ids.map { ($0, UInt64(0)) }))
             // stagger the protocol periods
             schedule(at: UInt64(i) * settings.probeInterval / UInt64(ids.count), .tick(id))
         }
@@ -88,7 +94,15 @@ struct Simulation {
             case .sendPingRequest(let to, _, let target, _, let seq, let g): send(to, .pingRequest(from: node, target: target, seq: seq, gossip: g))
             case .scheduleProbeTimeout(let seq, let at): schedule(at: at, .probeTimeout(node, seq))
             case .scheduleSuspicionCheck(let at): schedule(at: at, .suspicionCheck(node))
-            case .memberChanged(let u): changes.append((now, node, u))
+            case .memberChanged(let u):
+                changes.append((now, node, u))
+                ringRules[node]!.noted(u, now: now)
+                if case .install(let steps) = ringRules[node]!.next(after: rings[node]!, view: nodes[node]!.fullState, now: now) {
+                    for step in steps where step != rings[node]! {
+                        rings[node] = step
+                        ringHistory[node, default: []].append(step)
+                    }
+                }
             case .declaredDead: declaredDead.append((now, node))
             }
         }
@@ -200,6 +214,46 @@ struct Simulation {
         // each side learnt it had been declared dead (and stops serving its keys until handed back)
         #expect(Set(sim.declaredDead.filter { $0.at >= healed }.map(\.node)).isSuperset(of: ["d", "e"]))
         if let last = back.values.max() { #expect(last - healed <= 6_000 * ms, "took \(Double(last - healed) / 1e6) ms") }
+    }
+
+    /// SWIM declares the far side of a partition dead one member at a time: the node cut off must
+    /// not shrink its ring step by step meanwhile (it would take keys over and push stale state
+    /// when the partition heals), while the majority drops it at once.
+    @Test func aNodeCutOffAloneOrInAMinorityKeepsItsRingWhileTheMajorityShrinks() {
+        for minority in [["e"], ["d", "e"]] {
+            let ids = ["a", "b", "c", "d", "e"]
+            var sim = Simulation(ids: ids)
+            sim.jitter = 5 * ms
+            sim.run(for: 1_000 * ms)
+            for m in minority { sim.side[m] = 1 }
+            sim.run(for: 6_000 * ms)
+            for n in minority {
+                #expect(sim.ringHistory[n, default: []].map(\.members) == [], "\(n) shrank its ring")
+                #expect(sim.ringRules[n]!.inMinority)
+            }
+            for n in ids where !minority.contains(n) {
+                #expect(sim.rings[n]!.members == ids.filter { !minority.contains($0) }, "\(n): \(sim.rings[n]!.members)")
+            }
+            // healed: everyone is back on the whole ring
+            sim.side = [:]
+            sim.run(for: 10_000 * ms)
+            for n in ids { #expect(sim.rings[n]!.members == ids, "\(n): \(sim.rings[n]!.members)") }
+        }
+    }
+
+    @Test func aCrashedNodeLeavesEveryRingAndARestartedOneComesBackInTwoSteps() {
+        let ids = ["a", "b", "c"]
+        var sim = Simulation(ids: ids)
+        sim.run(for: 500 * ms)
+        sim.down.insert("c")
+        sim.run(for: 3_000 * ms)
+        #expect(sim.rings["a"]!.members == ["a", "b"] && sim.rings["b"]!.members == ["a", "b"])
+        // a view where c is alive again under a new process: out with the old one, in with the new
+        var rule = MembershipRing(me: "a")
+        let old = HashRing(members: ids, boots: ["a": 1, "b": 1, "c": 1])
+        let view = [U(id: "a", address: "a", status: .alive, incarnation: 0, boot: 1), U(id: "b", address: "b", status: .alive, incarnation: 0, boot: 1),
+                    U(id: "c", address: "c", status: .alive, incarnation: 0, boot: 2)]
+        #expect(rule.next(after: old, view: view, now: 0) == .install([old.removing("c"), HashRing(members: ids, boots: ["a": 1, "b": 1, "c": 2])]))
     }
 
     /// The node cut off refutes while its own messages are still being lost (a connection that

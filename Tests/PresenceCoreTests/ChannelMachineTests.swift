@@ -211,6 +211,41 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(e.map(\.event.type) == [.remoteJoin] && right.contains(user: "b"))
     }
 
+    @Test func aSubscriberLearntFromAMergeIsListedTheWholeMergedChannelBeforeAnyOfItsEvents() {
+        // the channel's version from the node that held it meanwhile: a subscriber ("a" sorts
+        // before the others) and two users this (returning) owner never saw
+        var other = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = other.join(user: "a", session: s1, withPresence: true, sink: "gw", version: 1, now: 1)
+        _ = other.join(user: "b", session: s2, withPresence: false, sink: "gw", version: 1, now: 1)
+        _ = other.join(user: "c", session: s3, withPresence: false, sink: "gw", version: 1, now: 1)
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "z", session: s4, withPresence: false, sink: "gw2", version: 1, now: 1)
+        let d = m.merge(other.fullCopies()[0], now: 5)
+        let snapshots = d.filter { $0.event.type == .snapshot }
+        #expect(snapshots.count == 1 && d.first == snapshots.first && d.first?.to == .session(s1))
+        #expect(snapshots.first?.event.snapshot.map(\.userID) == ["a", "b", "c", "z"])
+        // numbered above the merge's events, so the gateway drops those the SNAPSHOT covers
+        let events = d.dropFirst().map(\.event.sequence)
+        #expect(!events.isEmpty && events.allSatisfy { $0 < snapshots[0].event.sequence })
+    }
+
+    @Test func aBatchOwesEachSessionOneSnapshotTakenAtItsEnd() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        let (out, snapshots) = m.batched(now: 3) { m in
+            m.announce(user: "a", session: s1, withPresence: true, sink: "gw", version: 1, now: 3).deliveries
+                + m.announce(user: "a", session: s1, withPresence: true, sink: "gw2", version: 1, now: 3).deliveries
+                + m.announce(user: "b", session: s2, withPresence: false, sink: "gw", version: 1, now: 3).deliveries
+                + m.announce(user: "c", session: s3, withPresence: true, sink: "gw", version: 1, now: 3).deliveries
+                + m.leave(user: "c", session: s3, version: 2, now: 3)
+        }
+        #expect(!out.contains { $0.event.type == .snapshot })
+        // s3 left within the batch: nothing owed to it any more
+        #expect(snapshots.map(\.to) == [.session(s1)])
+        #expect(snapshots.first?.event.snapshot.map(\.userID) == ["a", "b"])
+        // outside a batch, SNAPSHOTs come at once again
+        #expect(m.announce(user: "d", session: s4, withPresence: true, sink: "gw", version: 1, now: 4).deliveries.last?.event.type == .snapshot)
+    }
+
     @Test func aGatewaysLaterStateRestoresWhatTheOwnerLost() {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         _ = m.join(user: "w", session: s1, withPresence: true, sink: "gw", now: 1)

@@ -34,11 +34,8 @@ public final class Membership: Sendable {
     private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let deathObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let lastTickAt = Atomic<UInt64>(0)
-    /// When each member was last declared dead (for `RingQuorum`), and whether this node is in a minority.
-    private let deadSince = Mutex<[String: UInt64]>([:])
-    private let minority = Atomic<Bool>(false)
-    /// How long a dead member still counts as part of the cluster (for `RingQuorum`).
-    static let lostMemberMemory: UInt64 = 30_000_000_000
+    /// Derives the ring from SWIM's view (remembers recent deaths for `RingQuorum`).
+    private let ringRule: Mutex<MembershipRing>
     private let lastDeath = Atomic<UInt64>(0)
 
     /// Tells the engine (at most once a second) that others may have taken this node's keys over.
@@ -58,6 +55,7 @@ public final class Membership: Sendable {
     public init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], group: EventLoopGroup,
                 clusterSecret: [UInt8]?, settings: SWIM.Settings = SWIM.Settings(), topology: Topology? = nil, logger: Logger) {
         self.nodeID = nodeID
+        ringRule = Mutex(MembershipRing(me: nodeID))
         self.addresses = Mutex((peerAddress, clientAddress))
         self.seeds = seeds
         self.group = group
@@ -115,39 +113,30 @@ public final class Membership: Sendable {
     }
     public var myIncarnation: UInt64 { swim.withLock { $0.myself.incarnation } }
 
-    /// Recomputes the ring from the alive (and suspect) members and their processes. A member
-    /// that restarted (a new boot) is two changes: its old process leaves the ring (its keys are
-    /// taken over, its sessions orphaned, however fast it came back), then its new one joins.
-    /// Holding the SWIM lock while the topology changes keeps ring changes in the order membership
-    /// changed.
+    /// Recomputes the ring from SWIM's view (`MembershipRing`: a restart is two changes, and a
+    /// node in a minority keeps its ring). Holding the SWIM lock while the topology changes keeps
+    /// ring changes in the order membership changed.
     private func updateRing() {
         swim.withLock { s in
-            var boots: [String: UInt64] = [:]
-            for u in s.fullState where u.status == .alive || u.status == .suspect { boots[u.id] = u.boot }
-            let new = HashRing(members: boots.keys, boots: boots)
-            let current = topology.ring
-            // in a minority (cut off with fewer than half of the cluster), the ring does not shrink
             let now = MonotonicClock.now()
-            let lost = deadSince.withLock { d in d.filter { now - $0.value < Self.lostMemberMemory && boots[$0.key] == nil }.count }
-            if !Set(current.members).isSubset(of: boots.keys), !RingQuorum.mayShrink(alive: boots.count, recentlyLost: lost) {
-                if !minority.exchange(true, ordering: .relaxed) {
-                    logger.warning("this node sees only a minority of the cluster: it keeps its ring until it sees more", ["alive": String(boots.count), "lost": String(lost)])
+            let current = topology.ring
+            let (outcome, wasInMinority) = ringRule.withLock { r in
+                let was = r.inMinority
+                return (r.next(after: current, view: s.fullState, now: now), was)
+            }
+            switch outcome {
+            case .keep(let healthy, let suspected, let lost):
+                if !wasInMinority {
+                    logger.warning("this node sees only a minority of the cluster: it keeps its ring until it sees more",
+                                   ["healthy": String(healthy), "suspected": String(suspected), "lost": String(lost)])
                 }
-                return
-            }
-            minority.store(false, ordering: .relaxed)
-            let restarted = current.members.filter { boots[$0] != nil && boots[$0] != current.boot(of: $0) && $0 != nodeID }
-            var steps: [HashRing] = []
-            if !restarted.isEmpty {
-                var without = new
-                for id in restarted { without = without.removing(id) }
-                steps.append(without)
-            }
-            steps.append(new)
-            for step in steps {
-                guard let old = topology.update(ring: step) else { continue }
-                // the observer only queues the change; calling it under the lock keeps changes in order
-                if let observer = ringObserver.withLock({ $0 }) { observer(old, step) }
+            case .install(let steps):
+                if wasInMinority { logger.info("this node sees a majority of the cluster again") }
+                for step in steps {
+                    guard let old = topology.update(ring: step) else { continue }
+                    // the observer only queues the change; calling it under the lock keeps changes in order
+                    if let observer = ringObserver.withLock({ $0 }) { observer(old, step) }
+                }
             }
         }
     }
@@ -313,9 +302,7 @@ public final class Membership: Sendable {
                     return b[u.id].map { $0 != u.boot } ?? false
                 }
                 if u.id == nodeID { topology.adoptBoot(u.boot) }
-                deadSince.withLock { d in
-                    if u.status == .dead { d[u.id] = d[u.id] ?? MonotonicClock.now() } else { d[u.id] = nil }
-                }
+                ringRule.withLock { $0.noted(u, now: MonotonicClock.now()) }
                 if u.status == .dead || u.status == .left || (restarted && u.id != nodeID) {
                     // its connection may be stuck in TCP retransmission (a partition), or lead to a
                     // process that is gone: if it comes back, talk to it over a fresh one
