@@ -51,6 +51,7 @@ public final class Node: Sendable {
         // a node that refuted its own death: owners may have lost its pushes or timed sessions out
         membership.onRefute { engine.antiEntropy.runSoon() }
         membership.onDeclaredDead { engine.ring.returnedFromDeath() }
+        membership.onMemberAlive { engine.ring.memberAlive($0) }
         ringChanges = queue
         let log = self.logger
         ringTask = Task {

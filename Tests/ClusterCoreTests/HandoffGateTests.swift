@@ -65,3 +65,23 @@ import Testing
         #expect(!h.mayServe(keyHash: mine, now: 2_999) && h.mayServe(keyHash: mine, now: 3_000))
     }
 }
+
+@Suite struct LossyFollowersTests {
+    @Test func followersAreRestartedOnlyOnceTheirNodeCanBeReachedAndOnlyOnce() {
+        let ring = HashRing(members: ["a", "b", "c"])
+        var lossy = LossyFollowers()
+        lossy.lost("b")
+        // b is on the ring (kept in a minority) but believed dead: its SNAPSHOTs would be lost too
+        #expect(lossy.due(ring: ring, reachable: { _ in false }) == [])
+        #expect(lossy.contains("b"))
+        #expect(lossy.due(ring: ring, reachable: { $0 == "b" }) == ["b"])
+        #expect(lossy.due(ring: ring, reachable: { _ in true }) == [])
+    }
+
+    @Test func aNodeOffTheRingIsForgotten() {
+        var lossy = LossyFollowers()
+        lossy.lost("c")
+        #expect(lossy.due(ring: HashRing(members: ["a", "b"]), reachable: { _ in true }) == [])
+        #expect(!lossy.contains("c"))
+    }
+}

@@ -33,6 +33,7 @@ public final class Membership: Sendable {
     /// sessions out meanwhile: its gateway re-announces them).
     private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let deathObserver = Mutex<(@Sendable () -> Void)?>(nil)
+    private let aliveObserver = Mutex<(@Sendable (String) -> Void)?>(nil)
     private let lastTickAt = Atomic<UInt64>(0)
     /// Derives the ring from SWIM's view (remembers recent deaths for `RingQuorum`).
     private let ringRule: Mutex<MembershipRing>
@@ -101,6 +102,11 @@ public final class Membership: Sendable {
     /// keys over meanwhile.
     public func onDeclaredDead(_ observer: @escaping @Sendable () -> Void) {
         deathObserver.withLock { $0 = observer }
+    }
+
+    /// Sets what runs when another member is (again) believed alive.
+    public func onMemberAlive(_ observer: @escaping @Sendable (String) -> Void) {
+        aliveObserver.withLock { $0 = observer }
     }
 
     /// The pooled peer client of a live member; nil for anyone else.
@@ -309,6 +315,7 @@ public final class Membership: Sendable {
                     clients.withLock { $0.removeValue(forKey: u.address) }?.close()
                 }
                 updateRing()
+                if u.status == .alive && u.id != nodeID { aliveObserver.withLock { $0 }?(u.id) }
             }
         }
     }

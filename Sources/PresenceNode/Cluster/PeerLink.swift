@@ -39,6 +39,9 @@ public final class PeerLink: Sendable {
         self.clientFor = clientFor
     }
 
+    /// Whether pushes to `node` can go out now (it is a live member); else they are dropped.
+    public func canReach(_ node: String) -> Bool { clientFor(node) != nil }
+
     public func onLoss(_ observer: @escaping @Sendable (String, Bool) -> Void) {
         lossObserver.withLock { $0 = observer }
     }

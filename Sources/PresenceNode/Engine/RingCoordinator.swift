@@ -12,7 +12,7 @@ final class RingCoordinator: Sendable {
     let core: EngineCore
     let antiEntropy: AntiEntropy
     /// Nodes pushes to which were lost; their followers get fresh SNAPSHOTs once they are live.
-    private let lossy = Mutex<Set<String>>([])
+    private let lossy = Mutex(LossyFollowers())
 
     init(core: EngineCore, antiEntropy: AntiEntropy) {
         self.core = core
@@ -76,7 +76,7 @@ final class RingCoordinator: Sendable {
 
     /// Pushes to `node` were lost (shed, given up, or dropped with a gone process's queue).
     func lostPushes(to node: String, copies: Bool) {
-        lossy.withLock { _ = $0.insert(node) }
+        lossy.withLock { $0.lost(node) }
         core.background.run { [self] in
             await restartLossyFollowers()
             // a replica that missed changes would take over from a stale copy: it gets whole ones
@@ -87,15 +87,20 @@ final class RingCoordinator: Sendable {
         }
     }
 
+    /// Another member is believed alive again: followers there whose pushes were lost while it
+    /// was not (it stayed on the ring: this node kept its ring in a minority) get fresh SNAPSHOTs.
+    func memberAlive(_ node: String) {
+        guard lossy.withLock({ $0.contains(node) }) else { return }
+        core.background.run { [self] in await restartLossyFollowers() }
+    }
+
     /// Fresh SNAPSHOTs for everyone following an owned channel at a node whose pushes were lost,
-    /// once that node is live (if it came back as a new process, it has no followers left).
+    /// once that node is live (if it came back as a new process, it has no followers left). Not
+    /// before: pushes to a node believed dead are dropped at once, and would be lost again.
     private func restartLossyFollowers() async {
         let ring = core.topology.ring
-        let due = lossy.withLock { l -> [String] in
-            let live = l.filter { ring.members.contains($0) }
-            l.subtract(live)
-            return live.sorted()
-        }
+        let link = core.link
+        let due = lossy.withLock { $0.due(ring: ring, reachable: { link?.canReach($0) != false }) }
         for node in due {
             for s in core.channelShards { await s.restart(followersAt: node) }
             for s in core.userHomes { await s.restart(followersAt: node) }
