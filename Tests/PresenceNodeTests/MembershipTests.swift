@@ -45,6 +45,25 @@ import Testing
         await a.stop()
     }
 
+    /// Nodes started at the same moment can form two clusters ({a, b} and {c, d} here, each joined
+    /// through its own seed). A node whose seed list names both joins through the first that
+    /// answers, then through the seeds it does not see as members: the two become one.
+    @Test func twoClustersThatFormedApartMergeThroughANodeThatListsSeedsOfBoth() async throws {
+        let a = try TestNode(nodeID: "a")
+        let b = try TestNode(nodeID: "b", seeds: [HostPort(host: "127.0.0.1", port: a.node.peerPort)])
+        let c = try TestNode(nodeID: "c")
+        let d = try TestNode(nodeID: "d", seeds: [HostPort(host: "127.0.0.1", port: c.node.peerPort)])
+        try await waitUntil("two clusters", within: 6) {
+            a.node.membership.ring.members == ["a", "b"] && c.node.membership.ring.members == ["c", "d"]
+        }
+        let e = try TestNode(nodeID: "e", seeds: [HostPort(host: "127.0.0.1", port: a.node.peerPort), HostPort(host: "127.0.0.1", port: c.node.peerPort)])
+        let all = [a, b, c, d, e]
+        try await waitUntil("one cluster of five", within: 10) {
+            all.allSatisfy { $0.node.membership.ring.members == ["a", "b", "c", "d", "e"] }
+        }
+        for n in all { await n.stop() }
+    }
+
     @Test func aSeedListNamingTheNodeItselfDoesNotMakeAClusterOfOne() async throws {
         let a = try TestNode(nodeID: "a")
         // b's seeds name b itself (as a DNS seed list would) before a

@@ -34,6 +34,10 @@ public final class Membership: Sendable {
     private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let deathObserver = Mutex<(@Sendable () -> Void)?>(nil)
     private let aliveObserver = Mutex<(@Sendable (String) -> Void)?>(nil)
+    /// Seeds that turned out to be this node under another name (a DNS seed list).
+    private let selfSeeds = Mutex<Set<String>>([])
+    /// How often seeds that are not live members are joined through again (`keepFindingSeeds`).
+    let seedRecheck: UInt64 = 2_000_000_000
     private let lastTickAt = Atomic<UInt64>(0)
     /// Derives the ring from SWIM's view (remembers recent deaths for `RingQuorum`).
     private let ringRule: Mutex<MembershipRing>
@@ -166,8 +170,9 @@ public final class Membership: Sendable {
             var attempt = 0
             let started = MonotonicClock.now()
             while running.load(ordering: .relaxed) {
-                if await joinThroughSeeds() {
+                if await joinThroughSeeds(firstOnly: true) {
                     topology.markReady()
+                    await keepFindingSeeds()
                     return
                 }
                 if !topology.isReady && MonotonicClock.now() - started > aloneAfter {
@@ -181,11 +186,24 @@ public final class Membership: Sendable {
         }
     }
 
-    private func joinThroughSeeds() async -> Bool {
+    /// Joins through the seeds, in order: up to the first that answers (`firstOnly`), or every
+    /// seed that is not a member this node sees alive. Whether any answered.
+    private func joinThroughSeeds(firstOnly: Bool) async -> Bool {
         let me = swim.withLock { $0.myself }
-        for seed in seeds where seed.description != peerAddress {
+        let seen = Set(swim.withLock { $0.fullState }.filter { $0.status == .alive || $0.status == .suspect }.map(\.address))
+        var answered = false
+        for seed in seeds where seed.description != peerAddress && !selfSeeds.withLock({ $0.contains(seed.description) }) {
+            if !firstOnly && seen.contains(seed.description) { continue }
             let req = ClusterJoinRequest(member: wire(me))
-            guard let resp = try? await client(seed.description).unary(MembershipMethods.join, req, timeout: .seconds(1)) else { continue }
+            let resp: ClusterJoinResponse
+            do {
+                resp = try await client(seed.description).unary(MembershipMethods.join, req, timeout: .seconds(1))
+            } catch let e as GRPCStatus where e.message.hasPrefix("JOIN_SELF") {
+                selfSeeds.withLock { _ = $0.insert(seed.description) }  // this node, by another name
+                continue
+            } catch {
+                continue
+            }
             let now = MonotonicClock.now()
             let ds = swim.withLock { s -> [SWIM.Directive] in
                 var out: [SWIM.Directive] = []
@@ -193,10 +211,22 @@ public final class Membership: Sendable {
                 return out
             }
             carryOut(ds)
-            logger.info("joined the cluster", ["seed": seed.description, "members": String(resp.members.count)])
-            return true
+            if firstOnly { logger.info("joined the cluster", ["seed": seed.description, "members": String(resp.members.count)]) }
+            answered = true
+            if firstOnly { return true }
         }
-        return false
+        return answered
+    }
+
+    /// Nodes that start at the same moment can join through different seeds and form separate
+    /// clusters that never hear of each other (SWIM only gossips among members it knows): seeds
+    /// this node does not see as live members are joined through again, soon after the first join
+    /// and then every `seedRecheck`, for as long as the node runs.
+    private func keepFindingSeeds() async {
+        while running.load(ordering: .relaxed) {
+            _ = await joinThroughSeeds(firstOnly: false)
+            try? await Task.sleep(nanoseconds: seedRecheck)
+        }
     }
 
     /// Graceful leave: tell a few members, stop probing.
