@@ -410,13 +410,15 @@ public enum SWIM {
             enqueue(myself)
         }
 
-        /// Graceful leave: say so (the shell sends it to a few members right away).
-        public mutating func leave() -> Update {
+        /// Graceful leave: say so to every live member at once. Not to a few, leaving the rest to
+        /// gossip: a member that still has this node on its ring hands keys off to it, and in a
+        /// rolling restart the next node leaves a moment later, handing off by that stale ring.
+        public mutating func leave() -> [Directive] {
             myself.status = .left
             myself.incarnation &+= 1
             members[myself.id] = myself
             enqueue(myself)
-            return myself
+            return liveMembers.map { .sendPing(to: $0.id, address: $0.address, sequence: 0, gossip: [myself]) }
         }
     }
 }

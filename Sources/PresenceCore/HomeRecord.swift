@@ -220,23 +220,37 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     }
 
     /// The session joined a channel (its gateway stamped the join `version`).
-    public mutating func sessionJoined(session: SessionID, channel: ChannelKey, withPresence: Bool, version: UInt64 = 0) {
-        guard var s = sessions[session], supersedingVersion(of: session, version) == nil else { return }
+    /// The session's gateway says it joined `channel`. Returns the later version this home knows
+    /// when that gateway was superseded (its client resumed the session elsewhere): nothing changes,
+    /// and the gateway must not acknowledge the join — the new gateway started from this record.
+    @discardableResult
+    public mutating func sessionJoined(session: SessionID, channel: ChannelKey, withPresence: Bool, version: UInt64 = 0) -> UInt64? {
+        if let newer = supersedingVersion(of: session, version) { return newer }
+        guard var s = sessions[session] else { return nil }
         s.channels[channel] = withPresence
         s.version = max(s.version, version)
         sessions[session] = s
+        return nil
     }
 
-    public mutating func sessionLeft(session: SessionID, channel: ChannelKey, version: UInt64 = 0) {
-        guard var s = sessions[session], supersedingVersion(of: session, version) == nil else { return }
+    /// The session's gateway says it left `channel`; a superseded gateway's word changes nothing
+    /// (the later version is returned, as for `sessionJoined`).
+    @discardableResult
+    public mutating func sessionLeft(session: SessionID, channel: ChannelKey, version: UInt64 = 0) -> UInt64? {
+        if let newer = supersedingVersion(of: session, version) { return newer }
+        guard var s = sessions[session] else { return nil }
         s.channels[channel] = nil
         s.version = max(s.version, version)
         sessions[session] = s
+        return nil
     }
 
-    public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0) {
-        guard supersedingVersion(of: session, version) == nil else { return }
+    /// The users the session watches, as its gateway says; the same rule for a superseded gateway.
+    @discardableResult
+    public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0) -> UInt64? {
+        if let newer = supersedingVersion(of: session, version) { return newer }
         sessions[session]?.watching = watching
+        return nil
     }
 
     /// Channels the user is in (through any of its sessions), sorted.

@@ -111,12 +111,19 @@ public final class Node: Sendable {
         logger.info("shutting down", ["node_id": configuration.nodeID])
         // hand everything off first and own nothing from then on; then say goodbye; then end the
         // streams, so clients resume their sessions on other nodes
+        let start = MonotonicClock.now()
+        let step = { [logger] (what: String) in logger.debug("shutdown: \(what)", ["after_ms": String((MonotonicClock.now() - start) / 1_000_000)]) }
         await engine.ring.handOffBeforeLeaving(timeout: 2_000_000_000)
+        step("handed off")
         await membership.leave()
+        step("left the cluster")
         ringChanges.finish()
         await engine.endAllStreams()
+        step("client streams ended")
         await engine.stop()
+        step("engine stopped")
         await peerServer.shutdown(gracePeriod: 200_000_000)
+        step("peer server stopped")
         await server.shutdown(gracePeriod: gracePeriod)
         group.shutdown()
         logger.info("stopped", ["node_id": configuration.nodeID])

@@ -319,14 +319,28 @@ struct Simulation {
         let ids = ["a", "b", "c", "d"]
         var sim = Simulation(ids: ids)
         sim.run(for: 500 * ms)
-        let bye = sim.nodes["d"]!.leave()
-        for o in ["a", "b", "c"] { sim.carryOut(o, sim.nodes[o]!.merge([bye], from: "d", now: sim.now)) }
+        sim.carryOut("d", sim.nodes["d"]!.leave())
+        sim.run(for: 10 * ms)   // the goodbyes are delivered; then the process is gone
         sim.down.insert("d")
         sim.run(for: 2_000 * ms)
         for o in ["a", "b", "c"] {
             #expect(sim.status(of: "d", seenBy: o) == .left)
             #expect(!sim.changes.contains { $0.observer == o && $0.update.id == "d" && $0.update.status == .dead })
         }
+    }
+
+    /// Found by Cluster/chaos (rolling restart of 5 nodes): a leave told to 3 members left the
+    /// others handing keys to the gone process by their stale rings. Every live member hears it
+    /// from the leaver itself, before any gossip round.
+    @Test func aLeaveReachesEveryLiveMemberAtOnce() {
+        let ids = ["a", "b", "c", "d", "e", "f", "g"]
+        var sim = Simulation(ids: ids)
+        sim.run(for: 500 * ms)
+        let ds = sim.nodes["g"]!.leave()
+        #expect(Set(ds.compactMap { d -> String? in if case .sendPing(let to, _, _, _) = d { return to } else { return nil } }) == Set(ids.dropLast()))
+        sim.carryOut("g", ds)
+        sim.run(for: 10 * ms)   // one delivery, well within a probe period
+        for o in ids.dropLast() { #expect(sim.status(of: "g", seenBy: o) == .left) }
     }
 
     @Test func confirmationsShortenTheSuspicionTimeout() {

@@ -140,6 +140,17 @@ let sec: UInt64 = 1_000_000_000
         #expect(r.supersedingVersion(of: s1, v1 + 5) != nil)
         #expect(r.announce(session: s1, record: .init(sink: "gw1", version: v1 + 5)).superseded != nil)
         #expect(r.sessions[s1]?.sink == "gw2")
+        // a join, leave or watch gw1 was still carrying out is refused (gw2 started without it):
+        // gw1 must not acknowledge it, and the record keeps what gw2 started from
+        let hall = ChannelKey(name: "hall", type: .message)
+        #expect(r.sessionJoined(session: s1, channel: hall, withPresence: true, version: v1 + 6) != nil)
+        #expect(r.sessionLeft(session: s1, channel: lobby, version: v1 + 6) != nil)
+        #expect(r.sessionWatching(session: s1, watching: [], version: v1 + 6) != nil)
+        #expect(r.sessions[s1]?.channels == [lobby: true] && r.sessions[s1]?.watching == ["tony"])
+        // gw2's own word is taken
+        let v2 = r.sessions[s1]!.version
+        #expect(r.sessionJoined(session: s1, channel: hall, withPresence: false, version: v2 + 1) == nil)
+        #expect(r.sessions[s1]?.channels == [lobby: true, hall: false])
         // the unknown is not claimed
         #expect(r.claim(session: s2, sink: "gw2") == nil)
     }

@@ -5,6 +5,7 @@ import GRPCTransport
 import PresenceCore
 @testable import PresenceNode
 import PresenceWire
+import Synchronization
 import Testing
 
 @Suite(.serialized) struct PresenceAPITests {
@@ -118,6 +119,30 @@ import Testing
         }
         raw.close()
         await ann.close()
+        await n.stop()
+    }
+
+    /// Found by Cluster/chaos (rolling restart): a resume that was still in flight when the
+    /// shutdown ended every stream attached its stream afterwards, and it stayed open for the whole
+    /// grace period while the others already timed the session out. It must end at once.
+    @Test func aStreamOpenedAfterTheShutdownEndedStreamsEndsAtOnce() async throws {
+        let n = try TestNode(presenceTimeout: 2)
+        await n.node.engine.endAllStreams()
+        let raw = n.raw()
+        let ended = Mutex<GRPCStatus?>(nil)
+        let reader = Task {
+            let stream = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "late"))
+            do {
+                for try await _ in stream {}
+            } catch let s as GRPCStatus {
+                ended.withLock { $0 = s }
+            } catch {}
+        }
+        try await waitUntil("the stream ended", within: 2) { ended.withLock { $0 != nil } }
+        let status = ended.withLock { $0 }
+        #expect(status?.code == .unavailable && status?.message.hasPrefix("SHUTTING_DOWN") == true, "\(String(describing: status))")
+        reader.cancel()
+        raw.close()
         await n.stop()
     }
 

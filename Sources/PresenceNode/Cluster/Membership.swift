@@ -229,13 +229,16 @@ public final class Membership: Sendable {
         }
     }
 
-    /// Graceful leave: tell a few members, stop probing.
+    /// Graceful leave: every live member is told at once (`SWIM.Instance.leave`); then stop probing.
     public func leave() async {
         guard running.exchange(false, ordering: .relaxed) else { return }
-        let (bye, targets) = swim.withLock { s in (s.leave(), s.liveMembers.prefix(3).map { $0 }) }
-        for t in targets {
-            _ = try? await client(t.address).unary(MembershipMethods.ping,
-                ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: 0, gossip: [wire(bye)], fromBoot: bye.boot), timeout: .milliseconds(300))
+        let (directives, boot) = swim.withLock { s in (s.leave(), s.myself.boot) }
+        await withTaskGroup(of: Void.self) { group in
+            for case .sendPing(_, let address, let sequence, let gossip) in directives {
+                let c = client(address)
+                let request = ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: sequence, gossip: gossip.map(wire), fromBoot: boot)
+                group.addTask { _ = try? await c.unary(MembershipMethods.ping, request, timeout: .milliseconds(300)) }
+            }
         }
         clients.withLock { cs in cs.values.forEach { $0.close() } }
     }

@@ -85,6 +85,10 @@ public final class PresenceEngine: Sendable {
     let inbound: PeerInbound
     let antiEntropy: AntiEntropy
     var topology: Topology { core.topology }
+    /// Set once `endAllStreams` ran: a stream attached after that (a resume that was in flight)
+    /// ends at once too, so its client resumes elsewhere instead of waiting out the grace period.
+    private let streamsEnded = Atomic<Bool>(false)
+    public var isShuttingDown: Bool { streamsEnded.load(ordering: .acquiring) }
 
     /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count). Without a
     /// `link` the engine is a cluster of one.
@@ -154,6 +158,7 @@ public final class PresenceEngine: Sendable {
 
     /// Ends every session's stream (node shutdown); the sessions stay, to resume elsewhere.
     public func endAllStreams() async {
+        streamsEnded.store(true, ordering: .releasing)
         for g in core.gateway.shards {
             for o in g.allOutboxes() { o.end(.shutdown) }
         }
@@ -202,9 +207,13 @@ public final class PresenceEngine: Sendable {
         g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
         // the session's record at its home is what a resume on another node starts from: the join
         // is acknowledged only once it is there (a retry of the call repeats both, harmlessly)
-        _ = try await router.homeCall(j.user, .sessionJoined) { c in
-            c.session = core.ref(s, version: j.version)
-            c.channel = ClusterSessionChannel(key, withPresence: withPresence)
+        // (a home that knows a later epoch refuses it: the client resumed the session elsewhere,
+        // from a record without this join, and must make it there)
+        _ = try await sessionCall(id) { () async throws(PresenceError) in
+            try await router.homeCall(j.user, .sessionJoined) { c in
+                c.session = core.ref(s, version: j.version)
+                c.channel = ClusterSessionChannel(key, withPresence: withPresence)
+            }
         }
     }
 
@@ -227,9 +236,11 @@ public final class PresenceEngine: Sendable {
             throw error
         }
         // acknowledged only once its home's record says so too (a resume elsewhere starts from it)
-        _ = try await router.homeCall(user, .sessionLeft) { c in
-            c.session = core.ref(s, version: version)
-            c.channel = ClusterSessionChannel(key, withPresence: false)
+        _ = try await sessionCall(id) { () async throws(PresenceError) in
+            try await router.homeCall(user, .sessionLeft) { c in
+                c.session = core.ref(s, version: version)
+                c.channel = ClusterSessionChannel(key, withPresence: false)
+            }
         }
     }
 
@@ -338,9 +349,11 @@ public final class PresenceEngine: Sendable {
             let r = try await router.homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: core.ref(s)))
             for e in r.statuses { statuses[e.userID] = e.status }
         }
-        _ = try await router.homeCall(user, .sessionWatching) { c in
-            c.session = core.ref(s)
-            c.watching = s.watching.sorted()
+        _ = try await sessionCall(id) { () async throws(PresenceError) in
+            try await router.homeCall(user, .sessionWatching) { c in
+                c.session = core.ref(s)
+                c.watching = s.watching.sorted()
+            }
         }
         return added.map { UserStatusEntry(userID: $0, status: statuses[$0] ?? .unknown) }
     }

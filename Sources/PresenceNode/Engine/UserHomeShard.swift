@@ -37,6 +37,9 @@ actor UserHomeShard {
         for e in effects {
             switch e {
             case .send(let copy, let node, let replica, let gone):
+                if copy.handoff, let trace = fabric.trace {
+                    trace("home handoff", ["user": copy.record.userID, "to": node, "sessions": String(copy.record.sessions.count)])
+                }
                 if let t = fabric.send(copy, to: node, gone: gone), replica { replicaTickets.append(t) }
             case .askForCopy(let user, let node):
                 fabric.link?.push(to: fabric.instance(of: node)) { $0.homeCopyRequests.append(user) }
@@ -157,19 +160,21 @@ actor UserHomeShard {
             guard let c = call.channel, let key = c.key else {
                 throw PresenceError(.invalidArgument, "INVALID_CHANNEL", "the call carries no valid channel")
             }
-            try update(user, create: false) { r in
-                if call.op == .sessionJoined {
-                    r.sessionJoined(session: id, channel: key, withPresence: c.withPresence, version: version)
-                } else {
-                    r.sessionLeft(session: id, channel: key, version: version)
-                }
+            // (a gateway its client left behind must not acknowledge this: the new one started from this record)
+            try update(user, create: false) { r throws(PresenceError) in
+                let newer = call.op == .sessionJoined
+                    ? r.sessionJoined(session: id, channel: key, withPresence: c.withPresence, version: version)
+                    : r.sessionLeft(session: id, channel: key, version: version)
+                if let newer { throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere", supersededBy: newer) }
                 return (nil, ())
             }
         case .sessionWatching:
             let (id, _, version) = try caller(call)
             let list = try watching(call)
-            try update(user, create: false) { r in
-                r.sessionWatching(session: id, watching: list, version: version)
+            try update(user, create: false) { r throws(PresenceError) in
+                if let newer = r.sessionWatching(session: id, watching: list, version: version) {
+                    throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere", supersededBy: newer)
+                }
                 return (nil, ())
             }
         case .channels:
@@ -227,7 +232,14 @@ actor UserHomeShard {
             early.append((copy, sender, gone))
             return
         }
-        carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+        if copy.handoff, let trace = fabric.trace {
+            let before = space[owned: copy.record.userID] != nil
+            carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+            trace("home handoff received", ["user": copy.record.userID, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
+                                            "owned": before ? "merged" : (space[owned: copy.record.userID] != nil ? "took over" : "not owner")])
+        } else {
+            carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+        }
         scheduleSweep()
     }
 

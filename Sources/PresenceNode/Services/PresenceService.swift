@@ -68,6 +68,8 @@ public struct PresenceService: Sendable {
             if opened.outbox.attach(writer.raw, generation: opened.generation) {
                 await engine.resnapshot(opened.id)
             }
+            // (attaching cleared an end the shutdown gave this outbox before the stream was here)
+            if engine.isShuttingDown { opened.outbox.end(.shutdown) }
             switch await opened.outbox.waitForEnd() {
             case .closed:
                 return
