@@ -3,6 +3,7 @@ namespaces on a bridge), and the peer-link proxies. Every wait here is bounded, 
 removes whatever was created (processes, namespaces, links, the bridge, the proxy process)."""
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -22,7 +23,34 @@ BRIDGE = os.environ.get("CHAOS_BRIDGE", "pc-br0")
 SUBNET = os.environ.get("CHAOS_SUBNET", "10.78.0")   # a /24: node i is .i, its proxy .100+i, the bridge .254
 
 
+_LOCAL_RANGE = None
+_GIVEN = set()     # ports already handed out in this run
+
+
 def free_port():
+    """A port nothing listens on, below the kernel's ephemeral range: a node keeps its ports
+    across restarts, and a port from that range could meanwhile become the source port of some
+    outgoing connection (then the restart fails with 'Address already in use')."""
+    global _LOCAL_RANGE
+    if _LOCAL_RANGE is None:
+        try:
+            with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+                _LOCAL_RANGE = tuple(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            _LOCAL_RANGE = (32768, 60999)
+    low, high = _LOCAL_RANGE
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, low) if low > 20100 else rng.randrange(high + 1, 65535)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                _GIVEN.add(port)
+                return port
+            except OSError:
+                continue
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

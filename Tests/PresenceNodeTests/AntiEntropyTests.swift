@@ -89,4 +89,55 @@ import Testing
         await ann.close()
         for n in nodes { await n.stop() }
     }
+
+    /// The repair bound, measured (not a timed test: it runs only with PRESENCED_MEASURE_REPAIR=N
+    /// set, and prints the distribution for BENCHMARKS.md). N times, alternately: the owner loses a
+    /// live session (until the subscriber sees it join again), and a ghost appears at the owner
+    /// (until the subscriber sees it leave), on one 3-node cluster with the default timings for a
+    /// 3 s presence timeout.
+    @Test(.enabled(if: ProcessInfo.processInfo.environment["PRESENCED_MEASURE_REPAIR"] != nil))
+    func repairBoundMeasured() async throws {
+        let rounds = Int(ProcessInfo.processInfo.environment["PRESENCED_MEASURE_REPAIR"] ?? "") ?? 20
+        let nodes = try await cluster()
+        let ann = nodes[0].client("ann"), bob = nodes[1].client("bob")
+        let inbox = Inbox(ann)
+        for c in [ann, bob] { try await c.connect() }
+        try await ann.join("lobby", withPresence: true)
+        try await bob.join("lobby", withPresence: false)
+        try await inbox.waitFor(.remoteJoin, publisher: "bob")
+        let bobSession = try #require(bob.sessionID.flatMap(SessionID.init(text:)))
+        var lostToBack: [Double] = [], ghostToGone: [Double] = []
+        let interval = nodes[0].node.engine.settings.timings.antiEntropyInterval
+        for i in 0..<rounds {
+            // (at a random point of the anti-entropy period, not right after the last repair)
+            try await Task.sleep(nanoseconds: UInt64.random(in: 0..<interval))
+            if i % 2 == 0 {
+                let owner = try #require(nodes.first { $0.node.configuration.nodeID == nodes[0].node.engine.topology.owner(of: channel) })
+                let joins = inbox.presence.filter { $0.type == .remoteJoin && $0.publisher == "bob" }.count
+                let t0 = MonotonicClock.now()
+                await owner.node.engine.core.channelShard(channel).loseForTesting(bobSession, in: channel)
+                try await inbox.waitFor(.remoteJoin, publisher: "bob", count: joins + 1, within: 10)
+                lostToBack.append(Double(MonotonicClock.now() - t0) / 1e9)
+            } else {
+                let name = "ghost\(i)"
+                let ghost = ClusterSessionRef(sessionID: SessionID.random().description, userID: name, gateway: "n2",
+                                              gatewayBoot: nodes[2].node.engine.topology.boot, version: 5)
+                let t0 = MonotonicClock.now()
+                _ = try await atOwner(nodes, channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .join, session: ghost))
+                try await inbox.waitFor(.remoteLeave, publisher: name, within: 10)
+                ghostToGone.append(Double(MonotonicClock.now() - t0) / 1e9)
+            }
+        }
+        func summary(_ xs: [Double]) -> String {
+            let s = xs.sorted()
+            guard !s.isEmpty else { return "n=0" }
+            let q = { (p: Double) in s[min(s.count - 1, Int((Double(s.count) * p).rounded(.up)) - 1)] }
+            return String(format: "n=%d p50=%.3fs p99=%.3fs max=%.3fs", s.count, q(0.5), q(0.99), s.last!)
+        }
+        print("repair bound (anti-entropy every \(interval / 1_000_000) ms): lost live session back \(summary(lostToBack)); ghost removed \(summary(ghostToGone))")
+        #expect(lostToBack.count + ghostToGone.count == rounds)
+        await ann.close()
+        await bob.close()
+        for n in nodes { await n.stop() }
+    }
 }
