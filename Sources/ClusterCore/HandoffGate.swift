@@ -8,35 +8,51 @@ public struct HandoffGate: Sendable {
     public let me: String
     /// How long to wait for a previous owner's handoff before serving anyway (it may be stuck).
     public let limit: UInt64
-    private var previous: HashRing?
+    /// The rings before each change not handed off yet, oldest first: a key waits while its owner
+    /// on any of them is a member that has not said it is done. A ring change that comes while an
+    /// earlier one is still being handed off adds to them (found by Cluster/chaos: a node back
+    /// from a partition, whose ring then lost another member, served its keys from its stale copy
+    /// because the second change had replaced the first one's wait).
+    private var bases: [HashRing] = []
     private var current: HashRing?
     private var waitingFor: Set<String> = []
     private var deadline: UInt64 = 0
     /// "Done" messages, by the ring fingerprint they were sent for (they can arrive before this
     /// node has computed that ring itself).
     private var done: [UInt64: Set<String>] = [:]
+    /// (a bound on the bases kept; a ring that changes this often is past any handoff limit anyway)
+    private static let maxBases = 16
 
     public init(me: String, limit: UInt64) {
         self.me = me
         self.limit = limit
     }
 
-    /// The ring changed from `old` to `new`; `alive` are members that can still hand off.
+    private func stillWaiting(now: UInt64) -> Bool { !waitingFor.isEmpty && now < deadline }
+
+    /// The ring changed from `old` to `new`; `alive` are members that can still hand off. Each
+    /// member hands off by every ring it carries out, in order, and says "done" for the newest:
+    /// so a "done" for `new` covers the earlier changes too.
     public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64) {
-        previous = old
-        current = new
         let said = done[new.fingerprint] ?? []
-        waitingFor = Set(old.members.filter { $0 != me && alive.contains($0) && new.members.contains($0) && !said.contains($0) })
+        let earlier = stillWaiting(now: now) ? waitingFor : []
+        if earlier.isEmpty { bases = [] }
+        bases.append(old)
+        if bases.count > Self.maxBases { bases.removeFirst(bases.count - Self.maxBases) }
+        current = new
+        let owners = earlier.union(old.members)
+        waitingFor = Set(owners.filter { $0 != me && alive.contains($0) && new.members.contains($0) && !said.contains($0) })
         deadline = now &+ limit
         // keep only what can still matter
         done = done.filter { $0.key == new.fingerprint }
+        if waitingFor.isEmpty { bases = [] }
     }
 
     /// This node was declared dead and is back (it refuted): whatever it owns on `ring` was taken
     /// over by others meanwhile. Until each live member says it handed back (or `limit` passes),
     /// this node serves none of its keys: it would answer from a stale copy.
     public mutating func returnedFromDeath(ring: HashRing, now: UInt64) {
-        previous = ring.removing(me)
+        bases = [ring.removing(me)]
         current = ring
         done = [:]
         waitingFor = Set(ring.members.filter { $0 != me })
@@ -46,13 +62,19 @@ public struct HandoffGate: Sendable {
     /// `node` has handed off everything it owned that this node owns under ring `fingerprint`.
     public mutating func handoffDone(from node: String, fingerprint: UInt64) {
         done[fingerprint, default: []].insert(node)
-        if fingerprint == current?.fingerprint { waitingFor.remove(node) }
+        if fingerprint == current?.fingerprint {
+            waitingFor.remove(node)
+            if waitingFor.isEmpty { bases = [] }
+        }
     }
 
     /// May this node answer for a key with this hash (which it owns under the current ring)?
     public func mayServe(keyHash: UInt64, now: UInt64) -> Bool {
-        guard !waitingFor.isEmpty, now < deadline, let previous, let before = previous.owner(ofHash: keyHash) else { return true }
-        return !waitingFor.contains(before)
+        guard stillWaiting(now: now) else { return true }
+        for base in bases {
+            if let before = base.owner(ofHash: keyHash), waitingFor.contains(before) { return false }
+        }
+        return true
     }
 
     /// Previous owners not done yet (for logs and tests).

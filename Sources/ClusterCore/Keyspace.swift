@@ -86,6 +86,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     public private(set) var ring: HashRing
     public private(set) var owned: [V.Key: V] = [:]
+    /// Owned keys whose followers are owed a fresh start this node held back: it waited for
+    /// their handoff, and what it held may have been stale (`releaseHeldBack`).
+    public private(set) var heldBack: Set<V.Key> = []
     public private(set) var copies: [V.Key: V] = [:]
     /// When each gone process was first seen gone (monotonic ns): its sessions time out a
     /// presence timeout later, unless it comes back.
@@ -234,7 +237,11 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// this node now owns (their followers get a fresh start), bring new replicas up to date, and
     /// note which processes are gone from when. A restarted member must be passed as two changes:
     /// without it, then with its new process.
-    public mutating func ringChanged(to new: HashRing, now: UInt64, wall: Int64) -> [Effect] {
+    ///
+    /// A key taken over from a copy while `mayServe` refuses it (this node waits for a handoff:
+    /// back from a partition, its copy is stale) gets no SNAPSHOT from that copy: it is held
+    /// back (`releaseHeldBack`).
+    public mutating func ringChanged(to new: HashRing, now: UInt64, wall: Int64, mayServe: (V.Key) -> Bool = { _ in true }) -> [Effect] {
         let old = ring
         ring = new
         forgetEmptied(wall: wall)
@@ -275,10 +282,14 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 emptiedCopies[key] = nil
                 var value = v
                 value.startLineage(now: wall)
-                let events = value.tookOver(now: wall)
+                if mayServe(key) {
+                    let events = value.tookOver(now: wall)
+                    if !events.isEmpty { out.append(.deliver(events)) }
+                } else {
+                    heldBack.insert(key)
+                }
                 owned[key] = value
                 keep(key, wall: wall)
-                if !events.isEmpty { out.append(.deliver(events)) }
                 for r in newReplicas { out += sendAll(value, to: r, handoff: false, now: now) }
             case .keep:
                 break
@@ -458,11 +469,29 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// Pushes to `node` may have been lost (its queue was dropped or shed): everyone following an
     /// owned key there gets a fresh start.
-    public mutating func restart(followersAt node: String, wall: Int64) -> [Effect] {
+    /// Keys `mayServe` refuses (this node waits for their handoff: what it holds may be stale)
+    /// get no SNAPSHOT from it now: they are held back, for `releaseHeldBack` once it may serve.
+    public mutating func restart(followersAt node: String, wall: Int64, mayServe: (V.Key) -> Bool = { _ in true }) -> [Effect] {
         var events: [V.Output] = []
         for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { $0.id == node }) {
+            guard mayServe(key) else {
+                heldBack.insert(key)
+                continue
+            }
             events += owned[key]!.restart(followersAt: node, now: wall)
         }
+        return events.isEmpty ? [] : [.deliver(events)]
+    }
+
+    /// Keys held back whose handoff has landed (or the wait is over) get their fresh start now:
+    /// every follower a SNAPSHOT of what this node holds after the merge.
+    public mutating func releaseHeldBack(wall: Int64, mayServe: (V.Key) -> Bool) -> [Effect] {
+        var events: [V.Output] = []
+        for key in heldBack.sorted() where mayServe(key) {
+            heldBack.remove(key)
+            if owned[key] != nil { events += owned[key]!.tookOver(now: wall) }
+        }
+        heldBack = heldBack.filter { owned[$0] != nil }
         return events.isEmpty ? [] : [.deliver(events)]
     }
 

@@ -66,6 +66,49 @@ import Testing
     }
 }
 
+@Suite struct HandoffGateLaterChangeTests {
+    /// Found by Cluster/chaos (netns, partition-long): c, cut off alone, kept its ring; back, it
+    /// waited for the others to hand back — until its ring dropped a, still dead to it, and that
+    /// second change replaced the wait: c served (and sent SNAPSHOTs of) its stale copy.
+    @Test func aRingChangeWhileWaitingKeepsTheEarlierWait() {
+        let five = HashRing(members: ["a", "b", "c", "d", "e"])
+        let four = five.removing("a")
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.returnedFromDeath(ring: five, now: 1_000)
+        // a key c owns on both rings that b held while c was away
+        let h = (0..<100_000).map { StableHash.of("k\($0)") }.first {
+            five.owner(ofHash: $0) == "c" && four.owner(ofHash: $0) == "c" && five.removing("c").owner(ofHash: $0) == "b"
+        }!
+        g.ringChanged(from: five, to: four, alive: Set(four.members), now: 1_100)
+        #expect(!g.mayServe(keyHash: h, now: 1_101))
+        #expect(g.pending == ["b", "d", "e"])
+        // a "done" for the ring before does not count; one for the newest covers both changes
+        g.handoffDone(from: "b", fingerprint: five.fingerprint)
+        #expect(!g.mayServe(keyHash: h, now: 1_102))
+        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint) }
+        #expect(g.mayServe(keyHash: h, now: 1_103) && g.pending.isEmpty)
+        // the limit still counts from the latest change
+        var late = HandoffGate(me: "c", limit: 3_000)
+        late.returnedFromDeath(ring: five, now: 0)
+        late.ringChanged(from: five, to: four, alive: Set(four.members), now: 2_000)
+        #expect(!late.mayServe(keyHash: h, now: 4_999) && late.mayServe(keyHash: h, now: 5_000))
+    }
+
+    @Test func aChangeAfterTheWaitEndedStartsAFreshOne() {
+        let three = HashRing(members: ["a", "b", "c"])
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.ringChanged(from: three.removing("c"), to: three, alive: Set(three.members), now: 0)
+        for n in ["a", "b"] { g.handoffDone(from: n, fingerprint: three.fingerprint) }
+        #expect(g.pending.isEmpty)
+        let two = three.removing("a")
+        g.ringChanged(from: three, to: two, alive: Set(two.members), now: 10)
+        #expect(g.pending == ["b"])
+        // keys that were c's on `three` are not held back by the finished join
+        let mine = (0..<100_000).map { StableHash.of("k\($0)") }.first { three.owner(ofHash: $0) == "c" }!
+        #expect(g.mayServe(keyHash: mine, now: 11))
+    }
+}
+
 @Suite struct LossyFollowersTests {
     @Test func followersAreRestartedOnlyOnceTheirNodeCanBeReachedAndOnlyOnce() {
         let ring = HashRing(members: ["a", "b", "c"])

@@ -23,6 +23,9 @@
 //      that replica drop the owner's copies for good.
 //  10. ChannelMachine.moved placed a session where it went under its later epoch: in a merge, a
 //      membership that had ended meanwhile elsewhere outranked its departure (a ghost).
+//  11. (found by Cluster/chaos, netns partition-long) Keyspace.restart(followersAt:) sent fresh
+//      SNAPSHOTs of every owned key, also of keys this node waited to be handed back (back from a
+//      partition, its copy is stale): users who had left were listed again until the handoff.
 //
 // Outside the cores (PresenceNode, left as it is; the simulation models them, reports what they
 // cause apart as `knownGaps`, and KeyspaceSimulationKnownIssueTests reproduces two):
@@ -112,6 +115,48 @@ import Testing
             return []
         }
         #expect(snapshots.map(\.sink) == [g] && snapshots.first?.sessions == [s])
+    }
+
+    /// (11)
+    @Test func followersOfAKeyWaitingForItsHandoffGetTheirSnapshotOnlyOnceItMayServe() {
+        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        }
+        func snapshots(_ effects: [Keyspace<Machine>.Effect]) -> [RoutedDelivery<NodeInstance>] {
+            effects.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+                if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
+                return []
+            }
+        }
+        #expect(ks.restart(followersAt: "g", wall: 2_000, mayServe: { _ in false }).isEmpty)
+        #expect(ks.heldBack == [key])
+        #expect(ks.releaseHeldBack(wall: 2_500, mayServe: { _ in false }).isEmpty && ks.heldBack == [key])
+        #expect(snapshots(ks.releaseHeldBack(wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
+        #expect(ks.heldBack.isEmpty)
+    }
+
+    /// (11) The same for a key taken over from a copy while its handoff is awaited.
+    @Test func aKeyTakenOverFromAStaleCopyWaitsForItsHandoffBeforeAnySnapshot() {
+        let two = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
+        let key = key(ownedBy: "b", on: two)
+        var ks = space("a", two, copies: 2)
+        // a holds b's key as a replica, with a follower at g
+        var replica = Machine(key: key, maxInstantEvents: 100)
+        _ = replica.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        _ = ks.received(replica.fullCopies(handoff: false)[0], from: "b", now: 1, wall: 1_000)
+        #expect(ks.copies[key] != nil)
+        let taken = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 2, wall: 2_000, mayServe: { _ in false })
+        #expect(snapshots(taken).isEmpty && ks.owned[key] != nil && ks.heldBack == [key])
+        #expect(snapshots(ks.releaseHeldBack(wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
+        func snapshots(_ effects: [Keyspace<Machine>.Effect]) -> [RoutedDelivery<NodeInstance>] {
+            effects.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+                if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
+                return []
+            }
+        }
     }
 
     /// (4)

@@ -36,6 +36,9 @@ public struct ClusterTimings: Sendable, Equatable {
     public var lease: UInt64
     /// How long a new owner waits for a live previous owner's handoff before serving anyway (3 s).
     public var handoffLimit: UInt64
+    /// Followers owed fresh SNAPSHOTs of keys still waiting for their handoff are tried again this
+    /// often (a probe interval) until the handoff lands or `handoffLimit` passes.
+    public var heldBackRetry: UInt64
     /// A node whose seeds all stay silent this long serves as a cluster of one (3 s).
     public var aloneAfter: UInt64
     /// How long a gateway remembers where a session it held went (its client resumed it on another
@@ -59,6 +62,7 @@ public struct ClusterTimings: Sendable, Equatable {
         antiEntropyInterval = max(100_000_000, min(1_000_000_000, presenceTimeout / 5))
         antiEntropyAfterRingChange = max(300_000_000, probeInterval * 3 / 2)
         handoffLimit = max(3_000_000_000, probeInterval * 15)
+        heldBackRetry = probeInterval
         lease = probeInterval * 3
         aloneAfter = max(3_000_000_000, probeInterval * 15)
         movedMemory = presenceTimeout * 10

@@ -279,7 +279,7 @@ actor ChannelShard {
         cause = "ring change"
         defer { cause = "call" }
         let before = terms
-        carryOut(space.ringChanged(to: ring, now: now, wall: wall))
+        carryOut(space.ringChanged(to: ring, now: now, wall: wall, mayServe: mayServe))
         traceOwnership("ring change", before: before)
         reschedule(space.owned.keys)
         receiveEarly()
@@ -313,7 +313,22 @@ actor ChannelShard {
     func restart(followersAt node: String) {
         cause = "restart followers"
         defer { cause = "call" }
-        carryOut(space.restart(followersAt: node, wall: wall))
+        carryOut(space.restart(followersAt: node, wall: wall, mayServe: mayServe))
+    }
+
+    /// Whether this node may answer for the channel now (the handoff gate).
+    private var mayServe: (ChannelKey) -> Bool {
+        let topology = fabric.topology
+        return { topology.notServing(keyHash: StableHash.of($0)) == nil }
+    }
+
+    /// Fresh starts held back while their handoff was awaited; returns whether some still wait.
+    func releaseHeldBack() -> Bool {
+        guard !space.heldBack.isEmpty else { return false }
+        cause = "handoff landed"
+        defer { cause = "call" }
+        carryOut(space.releaseHeldBack(wall: wall, mayServe: mayServe))
+        return !space.heldBack.isEmpty
     }
 
     /// Copies sent to `node` were lost: it gets whole copies of the keys it is a replica of.

@@ -13,6 +13,8 @@ final class RingCoordinator: Sendable {
     let antiEntropy: AntiEntropy
     /// Nodes pushes to which were lost; their followers get fresh SNAPSHOTs once they are live.
     private let lossy = Mutex(LossyFollowers())
+    /// Whether a loop releasing held-back fresh starts runs (`releaseHeldBackSoon`).
+    private let releasing = Atomic<Bool>(false)
 
     init(core: EngineCore, antiEntropy: AntiEntropy) {
         self.core = core
@@ -104,6 +106,25 @@ final class RingCoordinator: Sendable {
         for node in due {
             for s in core.channelShards { await s.restart(followersAt: node) }
             for s in core.userHomes { await s.restart(followersAt: node) }
+        }
+        releaseHeldBackSoon()
+    }
+
+    /// Keys whose fresh start (SNAPSHOTs, current statuses) waits for their handoff get it once
+    /// the handoff gate lets this node serve them: checked every `heldBackRetry` while any wait
+    /// (the gate opens at the latest after its limit). One such loop at a time.
+    func releaseHeldBackSoon() {
+        guard releasing.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        let retry = core.timings.heldBackRetry
+        core.background.run { [self] in
+            defer { releasing.store(false, ordering: .releasing) }
+            while !Task.isCancelled {
+                var waiting = false
+                for s in core.channelShards where await s.releaseHeldBack() { waiting = true }
+                for s in core.userHomes where await s.releaseHeldBack() { waiting = true }
+                guard waiting else { return }
+                try? await Task.sleep(nanoseconds: retry)
+            }
         }
     }
 

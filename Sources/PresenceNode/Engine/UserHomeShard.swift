@@ -212,7 +212,7 @@ actor UserHomeShard {
     // MARK: Ring changes, copies, gateways
 
     func ringChanged(to ring: HashRing) {
-        carryOut(space.ringChanged(to: ring, now: now, wall: wall))
+        carryOut(space.ringChanged(to: ring, now: now, wall: wall, mayServe: mayServe))
         scheduleSweep()
         receiveEarly()
     }
@@ -245,7 +245,20 @@ actor UserHomeShard {
 
     /// Pushes to `node` may have been lost: its watchers are told the current statuses.
     func restart(followersAt node: String) {
-        carryOut(space.restart(followersAt: node, wall: wall))
+        carryOut(space.restart(followersAt: node, wall: wall, mayServe: mayServe))
+    }
+
+    /// Whether this node may answer for the user now (the handoff gate).
+    private var mayServe: (String) -> Bool {
+        let topology = fabric.topology
+        return { topology.notServing(keyHash: HashRing.hash(ofUser: $0)) == nil }
+    }
+
+    /// Fresh starts held back while their handoff was awaited; returns whether some still wait.
+    func releaseHeldBack() -> Bool {
+        guard !space.heldBack.isEmpty else { return false }
+        carryOut(space.releaseHeldBack(wall: wall, mayServe: mayServe))
+        return !space.heldBack.isEmpty
     }
 
     /// Copies sent to `node` were lost: it gets whole copies of the keys it is a replica of.
