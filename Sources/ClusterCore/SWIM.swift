@@ -79,7 +79,8 @@ public enum SWIM {
         public var retransmitMultiplier = 3
         /// Every this many periods, one member believed dead is pinged with what we believe of it, so
         /// that the two sides of a healed partition (each sure the other is dead) find each other.
-        public var reconnectEvery = 10
+        /// Once one of them answers (the partition healed), every other is pinged at the next period.
+        public var reconnectEvery = 5
 
         public init() {}
 
@@ -119,6 +120,9 @@ public enum SWIM {
         private var probeOrder: [String] = []
         private var probeIndex = 0
         private var periods = 0
+        /// A member believed dead turned out alive, or this node learnt it had been declared dead:
+        /// a partition has probably healed, so every member still believed dead is pinged next period.
+        private var reconnectAll = false
         private var sequence: UInt64 = 0
         private var probes: [UInt64: Probe] = [:]
         private var relays: [UInt64: (requester: String, requesterSequence: UInt64)] = [:]
@@ -200,7 +204,10 @@ public enum SWIM {
                 if (u.status == .suspect || u.status == .dead) && myself.status == .alive {
                     // declared dead (even if a suspicion was refuted first): the others have
                     // taken this node's keys over meanwhile
-                    if u.status == .dead { out.append(.declaredDead(incarnation: u.incarnation)) }
+                    if u.status == .dead {
+                        out.append(.declaredDead(incarnation: u.incarnation))
+                        reconnectAll = true
+                    }
                     if u.incarnation >= myself.incarnation {
                         // (an incarnation at the top of the range cannot be refuted by counting
                         // up; a new boot can: this process takes one, as if it had restarted)
@@ -237,6 +244,7 @@ public enum SWIM {
             guard u.supersedes(old) else { return }
             members[u.id] = u
             enqueue(u)
+            if old.status == .dead && u.status == .alive { reconnectAll = true }
             switch u.status {
             case .alive:
                 suspicions[u.id] = nil
@@ -300,7 +308,12 @@ public enum SWIM {
         public mutating func periodTick(now: UInt64) -> [Directive] {
             var out: [Directive] = []
             periods += 1
-            if settings.reconnectEvery > 0, periods % settings.reconnectEvery == 0 { reconnect(into: &out) }
+            if reconnectAll {
+                reconnectAll = false
+                reconnect(into: &out, all: true)
+            } else if settings.reconnectEvery > 0, periods % settings.reconnectEvery == 0 {
+                reconnect(into: &out)
+            }
             probeOrder.removeAll { members[$0].map { $0.status == .dead || $0.status == .left } ?? true }
             guard !probeOrder.isEmpty else { return out }
             if probeIndex >= probeOrder.count {
@@ -320,13 +333,18 @@ public enum SWIM {
         /// Pings one member believed dead, telling it so (and who we are): if it is alive (a healed
         /// partition, or a node wrongly declared dead that no one probes any more) it refutes, and
         /// its ack tells us. Nothing is concluded from silence.
-        private mutating func reconnect(into out: inout [Directive]) {
+        private mutating func reconnect(into out: inout [Directive], all: Bool = false) {
             let dead = members.values.filter { $0.status == .dead && $0.id != myself.id }.sorted { $0.id < $1.id }
             guard !dead.isEmpty else { return }
-            let target = dead[Int(rng.next() % UInt64(dead.count))]
-            sequence += 1
-            out.append(.sendPing(to: target.id, address: target.address, sequence: sequence, gossip: [target, myself] + takeGossip()))
+            let targets = all ? Array(dead.prefix(Self.maxReconnectBurst)) : [dead[Int(rng.next() % UInt64(dead.count))]]
+            for target in targets {
+                sequence += 1
+                out.append(.sendPing(to: target.id, address: target.address, sequence: sequence, gossip: [target, myself] + takeGossip()))
+            }
         }
+
+        /// (a bound on one period's reconnect pings, whatever the size of the cluster)
+        static let maxReconnectBurst = 16
 
         /// A probe's timer fired: after the direct wait, ask others; after the indirect wait, suspect.
         public mutating func probeTimedOut(sequence seq: UInt64, now: UInt64) -> [Directive] {
