@@ -28,7 +28,14 @@ public struct HandoffGate: Sendable {
         self.limit = limit
     }
 
-    private func stillWaiting(now: UInt64) -> Bool { !waitingFor.isEmpty && now < deadline }
+    /// Members waited for that are on the current ring (one that is not cannot hand off now; if
+    /// it comes back, it is waited for again).
+    private var waitingOnRing: Set<String> {
+        guard let current else { return waitingFor }
+        return waitingFor.filter { current.members.contains($0) }
+    }
+
+    private func stillWaiting(now: UInt64) -> Bool { now < deadline && !waitingOnRing.isEmpty }
 
     /// The ring changed from `old` to `new`; `alive` are members that can still hand off. Each
     /// member hands off by every ring it carries out, in order, and says "done" for the newest:
@@ -40,12 +47,14 @@ public struct HandoffGate: Sendable {
         bases.append(old)
         if bases.count > Self.maxBases { bases.removeFirst(bases.count - Self.maxBases) }
         current = new
-        let owners = earlier.union(old.members)
-        waitingFor = Set(owners.filter { $0 != me && alive.contains($0) && new.members.contains($0) && !said.contains($0) })
+        // (an earlier owner off the new ring stays on the list: if it comes back during the wait,
+        // it holds what it took over meanwhile and must hand it back first)
+        let owners = earlier.union(old.members.filter { alive.contains($0) && new.members.contains($0) })
+        waitingFor = Set(owners.filter { $0 != me && !said.contains($0) })
         deadline = now &+ limit
         // keep only what can still matter
         done = done.filter { $0.key == new.fingerprint }
-        if waitingFor.isEmpty { bases = [] }
+        if waitingOnRing.isEmpty { bases = [] }
     }
 
     /// This node was declared dead and is back (it refuted): whatever it owns on `ring` was taken
@@ -64,19 +73,20 @@ public struct HandoffGate: Sendable {
         done[fingerprint, default: []].insert(node)
         if fingerprint == current?.fingerprint {
             waitingFor.remove(node)
-            if waitingFor.isEmpty { bases = [] }
+            if waitingOnRing.isEmpty { bases = [] }
         }
     }
 
     /// May this node answer for a key with this hash (which it owns under the current ring)?
     public func mayServe(keyHash: UInt64, now: UInt64) -> Bool {
         guard stillWaiting(now: now) else { return true }
+        let waiting = waitingOnRing
         for base in bases {
-            if let before = base.owner(ofHash: keyHash), waitingFor.contains(before) { return false }
+            if let before = base.owner(ofHash: keyHash), waiting.contains(before) { return false }
         }
         return true
     }
 
     /// Previous owners not done yet (for logs and tests).
-    public var pending: Set<String> { waitingFor }
+    public var pending: Set<String> { waitingOnRing }
 }

@@ -257,6 +257,11 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         var out: [Effect] = []
         var restarted: [V.Output] = []
         for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { back.contains($0.id) && new.isLive($0.id, boot: $0.boot) }) {
+            // (not from a copy this node may not serve yet: it may be stale)
+            guard mayServe(key) else {
+                heldBack.insert(key)
+                continue
+            }
             for node in back.sorted() { restarted += owned[key]!.restart(followersAt: node, now: wall) }
         }
         if !restarted.isEmpty { out.append(.deliver(restarted)) }

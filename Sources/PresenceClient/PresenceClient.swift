@@ -226,6 +226,9 @@ final class Driver: Sendable {
         var stopping = false
         var firstOpen: CheckedContinuation<Void, Error>? = nil
         var reconnects = 0
+        /// The server refused to resume the session (it expired, or the cluster lost it): the next
+        /// session opened is a fresh one, and gets the channels, state and watches back.
+        var restoreOnOpen = false
         /// Index of the server in use.
         var server = 0
     }
@@ -316,7 +319,10 @@ final class Driver: Sendable {
                     case .opened(let o)?:
                         opened = true
                         backoff = 100_000_000
-                        let lostSession = !o.resumed && !resume.isEmpty
+                        let lostSession = s.withLock { x -> Bool in
+                            defer { x.restoreOnOpen = false }
+                            return (!o.resumed && !resume.isEmpty) || x.restoreOnOpen
+                        }
                         s.withLock {
                             $0.sessionID = o.sessionID
                             if !resume.isEmpty { $0.reconnects += 1 }
@@ -334,6 +340,15 @@ final class Driver: Sendable {
                     }
                 }
             } catch let error as GRPCStatus {
+                if error.code == .notFound && !resume.isEmpty && !opened {
+                    // the session cannot be resumed (expired, or lost): open a fresh one at once
+                    s.withLock {
+                        $0.sessionID = nil
+                        $0.restoreOnOpen = true
+                        $0.reconnects += 1
+                    }
+                    continue
+                }
                 // Refusals that retrying cannot fix end the client.
                 if [.unauthenticated, .invalidArgument, .permissionDenied].contains(error.code) {
                     let first = s.withLock { x -> CheckedContinuation<Void, Error>? in

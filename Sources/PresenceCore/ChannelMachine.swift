@@ -294,6 +294,10 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// said so (else this owner timed out a session whose gateway is gone).
     public mutating func leave(user: String, session: SessionID, version: UInt64 = 0, timedOut: Bool = false,
                                byGateway: Bool = true, now: Int64) -> [Delivery] {
+        // a gateway's leave from before the session's latest join here (found by Cluster/chaos: a
+        // leave the gateway had given up on and retried elsewhere, delivered by TCP once a
+        // partition healed) changes nothing: versions of a session only grow
+        if byGateway, version != 0, let p = places[session], version < p.version { return [] }
         guard var m = members[user], m.sessions.contains(session) else {
             // (a gateway's leave of a session this version does not hold — it joined in another
             // version of the channel, not merged here yet — is remembered all the same: that

@@ -89,6 +89,20 @@ import Testing
         #expect(g.mayServe(keyHash: h, now: 1_103) && g.pending.isEmpty)
         // the limit still counts from the latest change
         var late = HandoffGate(me: "c", limit: 3_000)
+        defer {
+            // a member that was off the ring for a while is waited for again once it is back: it
+            // held c's keys while c was away (found by Cluster/chaos too: a, dead to c, came back)
+            var back = HandoffGate(me: "c", limit: 3_000)
+            back.returnedFromDeath(ring: five, now: 0)
+            back.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
+            for n in ["b", "d", "e"] { back.handoffDone(from: n, fingerprint: five.fingerprint) }
+            back.ringChanged(from: four, to: five, alive: Set(five.members), now: 20)
+            let fromA = (0..<100_000).map { StableHash.of("k\($0)") }.first { five.owner(ofHash: $0) == "c" && five.removing("c").owner(ofHash: $0) == "a" }!
+            #expect(back.pending == ["a"])  // (b, d and e said done for this ring already)
+            #expect(!back.mayServe(keyHash: fromA, now: 21))
+            back.handoffDone(from: "a", fingerprint: five.fingerprint)
+            #expect(back.mayServe(keyHash: fromA, now: 22))
+        }
         late.returnedFromDeath(ring: five, now: 0)
         late.ringChanged(from: five, to: four, alive: Set(four.members), now: 2_000)
         #expect(!late.mayServe(keyHash: h, now: 4_999) && late.mayServe(keyHash: h, now: 5_000))

@@ -138,6 +138,20 @@ import Testing
         #expect(ks.heldBack.isEmpty)
     }
 
+    /// (11) The same for followers at a process that comes back, while the handoff is awaited.
+    @Test func followersAtAProcessThatComesBackWaitForTheHandoffToo() {
+        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        }
+        _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 1, wall: 2_000)  // g thought gone
+        let back = ks.ringChanged(to: ring, now: 2 * second, wall: 4_000, mayServe: { _ in false })
+        #expect(!back.contains { if case .deliver(let ds) = $0 { return ds.contains(where: \.isSnapshot) } else { return false } })
+        #expect(ks.heldBack == [key])
+    }
+
     /// (11) The same for a key taken over from a copy while its handoff is awaited.
     @Test func aKeyTakenOverFromAStaleCopyWaitsForItsHandoffBeforeAnySnapshot() {
         let two = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])

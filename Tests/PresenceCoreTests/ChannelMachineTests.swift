@@ -34,6 +34,20 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(snap.event.timestampMs == 20)
     }
 
+    @Test func aLeaveFromBeforeTheSessionsLatestJoinChangesNothing() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 10)
+        _ = m.join(user: "bob", session: s2, withPresence: false, sink: "bob", version: 5, now: 20)
+        // bob left at version 6 and joined again at 7; the leave of 6 arrives late (again)
+        _ = m.leave(user: "bob", session: s2, version: 6, now: 30)
+        _ = m.join(user: "bob", session: s2, withPresence: false, sink: "bob", version: 7, now: 40)
+        #expect(m.leave(user: "bob", session: s2, version: 6, now: 50).isEmpty)
+        #expect(m.contains(user: "bob"))
+        // his leave of 8 counts
+        #expect(received(m.leave(user: "bob", session: s2, version: 8, now: 60), m) == ["ann": [.remoteLeave]])
+        #expect(!m.contains(user: "bob"))
+    }
+
     @Test func joinSendsRemoteJoinToOthersNotToTheJoiner() {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 1)

@@ -304,8 +304,15 @@ actor ChannelShard {
         let before = terms
         cause = "copy from another node (\(copy.handoff ? "handoff" : "replica"))"
         defer { cause = "call" }
+        let heldBefore = fabric.trace == nil ? nil : (space.copies[copy.key]?.sequence, space.owned[copy.key]?.sequence)
         carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
         traceOwnership(copy.handoff ? "handoff" : "copy", before: before)
+        if let trace = fabric.trace, let heldBefore {
+            trace("copy", ["channel": "\(copy.key)", "from": sender ?? "-", "full": copy.full ? "yes" : "no", "handoff": copy.handoff ? "yes" : "no",
+                           "term": String(copy.term), "sequence": String(copy.sequence), "members": String(copy.members.count), "departed": String(copy.departed.count),
+                           "copy_before": heldBefore.0.map(String.init) ?? "-", "copy_after": space.copies[copy.key].map { String($0.sequence) } ?? "-",
+                           "owned": heldBefore.1 != nil ? "yes" : "no"])
+        }
         reschedule([copy.key])
     }
 
