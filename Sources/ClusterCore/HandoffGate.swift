@@ -28,11 +28,17 @@ public struct HandoffGate: Sendable {
         self.limit = limit
     }
 
+    /// Members this node waits for since it came back from death, whether on its ring or not: its
+    /// view of who is dead is as stale as its keys (found by Cluster/chaos: back from a partition,
+    /// a node dropped the members it had believed dead while cut off, and served what they had
+    /// taken over from its stale copy; they were alive, and on its ring again a moment later).
+    private var sinceReturn: Set<String> = []
+
     /// Members waited for that are on the current ring (one that is not cannot hand off now; if
-    /// it comes back, it is waited for again).
+    /// it comes back, it is waited for again), and those waited for since a return from death.
     private var waitingOnRing: Set<String> {
         guard let current else { return waitingFor }
-        return waitingFor.filter { current.members.contains($0) }
+        return waitingFor.filter { current.members.contains($0) || sinceReturn.contains($0) }
     }
 
     private func stillWaiting(now: UInt64) -> Bool { now < deadline && !waitingOnRing.isEmpty }
@@ -43,7 +49,10 @@ public struct HandoffGate: Sendable {
     public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64) {
         let said = done[new.fingerprint] ?? []
         let earlier = stillWaiting(now: now) ? waitingFor : []
-        if earlier.isEmpty { bases = [] }
+        if earlier.isEmpty {
+            bases = []
+            sinceReturn = []
+        }
         bases.append(old)
         if bases.count > Self.maxBases { bases.removeFirst(bases.count - Self.maxBases) }
         current = new
@@ -65,6 +74,7 @@ public struct HandoffGate: Sendable {
         current = ring
         done = [:]
         waitingFor = Set(ring.members.filter { $0 != me })
+        sinceReturn = waitingFor
         deadline = now &+ limit
     }
 
@@ -73,6 +83,7 @@ public struct HandoffGate: Sendable {
         done[fingerprint, default: []].insert(node)
         if fingerprint == current?.fingerprint {
             waitingFor.remove(node)
+            sinceReturn.remove(node)
             if waitingOnRing.isEmpty { bases = [] }
         }
     }

@@ -45,6 +45,8 @@ public final class GRPCServer: Sendable {
 
     /// Connections open now.
     public var connections: Int { counter.count }
+    /// Connections accepted since the server started (open or closed since).
+    public var acceptedConnections: Int { counter.accepted }
     /// Requests and bytes this server has received since it started.
     public var traffic: (requests: Int, bytes: Int) { counter.traffic }
 
@@ -112,6 +114,7 @@ final class ConnectionCounter: Sendable {
     private let value = Atomic<Int>(0)
     private let requests = Atomic<Int>(0)
     private let bytesIn = Atomic<Int>(0)
+    private let everOpened = Atomic<Int>(0)
     func requested() { requests.add(1, ordering: .relaxed) }
     func received(bytes: Int) { bytesIn.add(bytes, ordering: .relaxed) }
     var traffic: (requests: Int, bytes: Int) { (requests.load(ordering: .relaxed), bytesIn.load(ordering: .relaxed)) }
@@ -119,7 +122,11 @@ final class ConnectionCounter: Sendable {
     init(limit: Int) { self.limit = limit }
     var count: Int { value.load(ordering: .relaxed) }
     /// Counts a new connection; false when it is over the limit (it is still counted: call `closed`).
-    func opened() -> Bool { value.add(1, ordering: .relaxed).newValue <= limit }
+    func opened() -> Bool {
+        everOpened.add(1, ordering: .relaxed)
+        return value.add(1, ordering: .relaxed).newValue <= limit
+    }
+    var accepted: Int { everOpened.load(ordering: .relaxed) }
     func closed() { value.subtract(1, ordering: .relaxed) }
 }
 

@@ -81,12 +81,12 @@ import Testing
         }!
         g.ringChanged(from: five, to: four, alive: Set(four.members), now: 1_100)
         #expect(!g.mayServe(keyHash: h, now: 1_101))
-        #expect(g.pending == ["b", "d", "e"])
+        #expect(g.pending == ["a", "b", "d", "e"])  // (a too: c's view that it is dead is stale)
         // a "done" for the ring before does not count; one for the newest covers both changes
         g.handoffDone(from: "b", fingerprint: five.fingerprint)
         #expect(!g.mayServe(keyHash: h, now: 1_102))
         for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint) }
-        #expect(g.mayServe(keyHash: h, now: 1_103) && g.pending.isEmpty)
+        #expect(g.mayServe(keyHash: h, now: 1_103) && g.pending == ["a"])
         // the limit still counts from the latest change
         var late = HandoffGate(me: "c", limit: 3_000)
         defer {
@@ -106,6 +106,28 @@ import Testing
         late.returnedFromDeath(ring: five, now: 0)
         late.ringChanged(from: five, to: four, alive: Set(four.members), now: 2_000)
         #expect(!late.mayServe(keyHash: h, now: 4_999) && late.mayServe(keyHash: h, now: 5_000))
+    }
+
+    /// Found by Cluster/chaos (netns, partition-long): back, c installed the ring without a and b,
+    /// which it had believed dead while cut off; they had held c's keys meanwhile, and were alive.
+    @Test func aNodeBackFromDeathWaitsForTheMembersItBelievedDeadToo() {
+        let five = HashRing(members: ["a", "b", "c", "d", "e"])
+        let three = five.removing("a").removing("b")
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.returnedFromDeath(ring: five, now: 0)
+        let h = (0..<100_000).map { StableHash.of("k\($0)") }.first {
+            three.owner(ofHash: $0) == "c" && five.removing("c").owner(ofHash: $0) == "a"
+        }!
+        g.ringChanged(from: five, to: three, alive: Set(three.members), now: 10)
+        #expect(!g.mayServe(keyHash: h, now: 11))
+        #expect(g.pending == ["a", "b", "d", "e"])
+        for n in ["a", "b", "d", "e"] { g.handoffDone(from: n, fingerprint: three.fingerprint) }
+        #expect(g.mayServe(keyHash: h, now: 12))
+        // and past the limit it serves whatever happened to them
+        var h2 = HandoffGate(me: "c", limit: 3_000)
+        h2.returnedFromDeath(ring: five, now: 0)
+        h2.ringChanged(from: five, to: three, alive: Set(three.members), now: 10)
+        #expect(h2.mayServe(keyHash: h, now: 3_010))
     }
 
     @Test func aChangeAfterTheWaitEndedStartsAFreshOne() {
