@@ -150,9 +150,18 @@ final class GatewayShard: Sendable {
     }
 
     private static func lookup(_ st: inout State, _ id: SessionID, now: UInt64) throws(PresenceError) -> (SessionTable.Session, SessionOutbox) {
+        if st.table[id] == nil, let m = st.moved[id], m.until > now {
+            // (its client resumed it on another node: the call raced the move, and succeeds there)
+            throw Self.movedError(id, to: m.to)
+        }
         let s = try st.table.session(id, now: now)
         guard let o = st.outboxes[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
         return (s, o)
+    }
+
+    /// A call for a session that moved to another gateway: retryable, where the session is now.
+    static func movedError(_ id: SessionID, to: NodeInstance?) -> PresenceError {
+        PresenceError(.unavailable, "SESSION_MOVED", "session \(id) was resumed on \(to.map { "node \($0.id)" } ?? "another node"); retry on the node its stream is on")
     }
 
     func session(_ id: SessionID) throws(PresenceError) -> (SessionTable.Session, SessionOutbox) {

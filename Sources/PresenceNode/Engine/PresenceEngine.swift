@@ -167,7 +167,8 @@ public final class PresenceEngine: Sendable {
     // MARK: Channels
 
     /// Runs a call for one of this gateway's sessions at an owner; an owner that knows the session
-    /// was resumed on another gateway makes this gateway drop it (NOT_FOUND for the client).
+    /// was resumed on another gateway makes this gateway drop it (UNAVAILABLE SESSION_MOVED for the
+    /// client: the call succeeds on the node its stream is on now).
     /// An owner that lost the session's membership (NOT_A_MEMBER) is given it back by an announce
     /// from this gateway, the authority on it, and the call is made once more.
     private func sessionCall<T>(_ id: SessionID, _ key: ChannelKey? = nil, _ body: () async throws(PresenceError) -> T) async throws(PresenceError) -> T {
@@ -181,7 +182,7 @@ public final class PresenceEngine: Sendable {
             }
         } catch where error.name == "SESSION_MOVED" {
             sessions.superseded(id, by: error.supersededBy)
-            throw PresenceError(.notFound, "SESSION_NOT_FOUND", "session \(id) was resumed on another node")
+            throw GatewayShard.movedError(id, to: nil)
         } catch where error.name == "NOT_A_MEMBER" {
             throw PresenceError(.unavailable, "NOT_SERVING", "the channel's owner is catching up with this session; retry")
         }

@@ -1,0 +1,40 @@
+import PresenceCore
+@testable import PresenceNode
+import Synchronization
+import Testing
+
+/// A clock the test moves by hand.
+final class HandClock: EngineClock {
+    let ns = Atomic<UInt64>(1_000)
+    func monotonicNanoseconds() -> UInt64 { ns.load(ordering: .relaxed) }
+    func wallMilliseconds() -> Int64 { Int64(ns.load(ordering: .relaxed) / 1_000_000) }
+    func advance(_ d: UInt64) { ns.add(d, ordering: .relaxed) }
+}
+
+@Suite struct GatewayShardTests {
+    /// Found by Cluster/chaos (rolling restart): a call racing the session's move to another node
+    /// was answered NOT_FOUND, which a client takes as "the session is gone". It is retryable.
+    @Test func aCallForASessionThatMovedIsRetryableWhereItIsNow() throws {
+        let clock = HandClock()
+        let g = GatewayShard(resumeWindow: 4_000_000_000, clock: clock, movedMemory: 10_000_000_000)
+        let id = SessionID(raw: 42)
+        _ = g.create(id, user: "ann")
+        #expect(throws: Never.self) { _ = try g.session(id) }
+        let elsewhere = NodeInstance("n2", boot: 7)
+        #expect(g.movedAway(id, to: elsewhere, version: SessionVersion.make(epoch: 2, counter: 0)) != nil)
+        do {
+            _ = try g.session(id)
+            Issue.record("the call succeeded")
+        } catch {
+            #expect(error.kind == .unavailable && error.name == "SESSION_MOVED" && error.detail.contains("n2"))
+        }
+        // once the move is forgotten, the session is simply unknown here
+        clock.advance(11_000_000_000)
+        do {
+            _ = try g.session(id)
+            Issue.record("the call succeeded")
+        } catch {
+            #expect(error.kind == .notFound)
+        }
+    }
+}
