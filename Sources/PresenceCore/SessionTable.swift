@@ -58,6 +58,12 @@ public struct SessionTable {
         case resumed(SessionID, generation: UInt64)
     }
 
+    /// Whether `user` may resume `id` here: a session of that user, still within its window.
+    public func canResume(_ id: SessionID, user: String, now: UInt64) -> Bool {
+        guard let s = sessions[id], s.userID == user else { return false }
+        return !isExpired(s, now: now)
+    }
+
     /// Opens a session for `user`, resuming `resume` when it names a session of the same user that
     /// is still within its window (connected sessions may be taken over by a new stream, too).
     public mutating func open(user: String, resume: SessionID?, newID: SessionID, now: UInt64) -> OpenOutcome {

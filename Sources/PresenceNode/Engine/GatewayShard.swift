@@ -41,7 +41,8 @@ final class GatewayShard: Sendable {
         let now = clock.monotonicNanoseconds()
         return state.withLock { st -> Opened? in
             // (only the session's own user may resume it; nothing is written otherwise)
-            guard st.table[id]?.userID == user,
+            // (nothing is written unless it can be resumed: an expired id must not come back as new)
+            guard st.table.canResume(id, user: user, now: now),
                   case .resumed(let id, let generation) = st.table.open(user: user, resume: id, newID: id, now: now),
                   let outbox = st.outboxes[id] else { return nil }
             return Opened(id: id, generation: generation, resumed: true, outbox: outbox)

@@ -18,7 +18,12 @@ struct SessionLifecycle: Sendable {
         case .unknown, .online, .away, .busy, .offline: break
         case .unrecognized(let v): throw PresenceError(.invalidArgument, "INVALID_STATUS", "initial_status \(v) is not a UserStatus")
         }
-        if !resume.isEmpty, let id = SessionID(text: resume) {
+        if !resume.isEmpty {
+            // (API.md, "Security": a resume by another user, or of an unknown or expired session,
+            // is refused and changes nothing; the client opens a new session)
+            guard let id = SessionID(text: resume) else {
+                throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(resume) to resume; open a new one")
+            }
             if topology.isAlone && !topology.isLeaving, let o = core.gatewayShard(id).resume(id, user: user) {
                 if initialStatus != .unknown { _ = try await router.homeCall(user, .setStatus) { $0.status = initialStatus } }
                 return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
@@ -29,6 +34,10 @@ struct SessionLifecycle: Sendable {
                 // — anti-entropy gives the home this gateway's record)
                 return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
             }
+            if let other = core.gatewayShard(id).held(id)?.userID, other != user {
+                throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(id) belongs to another user")
+            }
+            throw PresenceError(.notFound, "SESSION_NOT_FOUND", "session \(id) cannot be resumed (unknown, or past the presence timeout); open a new one")
         }
         let id = SessionID.random()
         let o = core.gatewayShard(id).create(id, user: user)

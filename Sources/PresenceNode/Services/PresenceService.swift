@@ -63,8 +63,16 @@ public struct PresenceService: Sendable {
                 if let verifier { try verifier.verify(req.token, userID: user, now: WallClock.nowMilliseconds() / 1000) }
                 return try await engine.openSession(user: user, resume: req.resumeSessionID, initialStatus: req.initialStatus)
             }
-            try await writer.send(SessionEvent(event: .opened(SessionOpened(
-                sessionID: opened.id.description, nodeID: engine.settings.nodeID, resumed: opened.resumed))))
+            do {
+                try await writer.send(SessionEvent(event: .opened(SessionOpened(
+                    sessionID: opened.id.description, nodeID: engine.settings.nodeID, resumed: opened.resumed))))
+            } catch {
+                // the stream broke before `opened` reached the client (it cancelled the call): the
+                // session it cannot know of starts its resume window now, then times out, instead
+                // of staying connected with nobody behind it
+                await engine.streamBroke(opened.id, generation: opened.generation)
+                throw error
+            }
             if opened.outbox.attach(writer.raw, generation: opened.generation) {
                 await engine.resnapshot(opened.id)
             }
