@@ -67,6 +67,8 @@ public final class PresenceClient: Sendable {
             var config = ClientConfiguration(target: server)
             config.http2.keepaliveInterval = 5_000_000_000
             config.http2.keepaliveTimeout = 3_000_000_000
+            // token mode: every call carries the user's token (OpenSession carries it in its request too)
+            if !token.isEmpty { config.metadata = [("authorization", "Bearer " + token)] }
             return GRPCClient(configuration: config, group: loops)
         }
         let (events, eventSink) = AsyncStream<PresenceClientEvent>.makeStream(bufferingPolicy: .unbounded)

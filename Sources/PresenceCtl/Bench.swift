@@ -22,6 +22,7 @@ struct Bench {
     func client(connections: Int) -> GRPCClient {
         var c = ClientConfiguration(target: ctx.server)
         c.connections = connections
+        if !ctx.token.isEmpty { c.metadata = [("authorization", "Bearer " + ctx.token)] }
         return GRPCClient(configuration: c, group: EventLoopGroup(count: 1, name: "bench"))
     }
 

@@ -99,7 +99,12 @@ struct Context: Sendable {
         }
     }
 
-    func rawClient() -> GRPCClient { GRPCClient(target: server, group: group) }
+    /// A client whose calls carry the token (token mode), if one was given.
+    func rawClient() -> GRPCClient {
+        var c = ClientConfiguration(target: server)
+        if !token.isEmpty { c.metadata = [("authorization", "Bearer " + token)] }
+        return GRPCClient(configuration: c, group: group)
+    }
 
     func who(_ rest: [String]) async throws {
         try args.check(allowed: ["server", "token", "type", "state", "count"])

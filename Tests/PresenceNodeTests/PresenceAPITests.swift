@@ -393,6 +393,36 @@ import Testing
             await expectError(.unauthenticated, "INVALID_TOKEN") { try await c.connect() }
             #expect(c.connectionState == .disconnected, "\(why)")
         }
+        // the client library sends its token on every call: it can act and read
+        try await good.join("lobby", withPresence: false)
+        try await good.setState("lobby", ["mic": "on"])
+        #expect(try await good.onlineUsers("lobby").users.map(\.userID) == ["ann"])
+        // issue 9: without a token nothing answers, reads included (they would defeat the
+        // invisible status, and tell which accounts exist)
+        let anon = n.raw()
+        let session = try #require(good.sessionID)
+        await expectError(.unauthenticated, "INVALID_TOKEN") {
+            _ = try await anon.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "lobby", channelType: .message))
+        }
+        await expectError(.unauthenticated, "INVALID_TOKEN") { _ = try await anon.unary(PresenceMethods.getUserChannels, GetUserChannelsRequest(userID: "ann")) }
+        await expectError(.unauthenticated, "INVALID_TOKEN") {
+            _ = try await anon.unary(PresenceMethods.getState, GetStateRequest(channelName: "lobby", channelType: .message, userID: "ann"))
+        }
+        await expectError(.unauthenticated, "INVALID_TOKEN") { _ = try await anon.unary(PresenceMethods.getUserStatuses, GetUserStatusesRequest(userIDs: ["ann"])) }
+        await expectError(.unauthenticated, "INVALID_TOKEN") {
+            _ = try await anon.unary(PresenceMethods.leave, LeaveRequest(sessionID: session, channelName: "lobby", channelType: .message))
+        }
+        // any valid user's token may read; only ann's may act on her session
+        var bobConfig = ClientConfiguration(target: n.address)
+        bobConfig.metadata = [("authorization", "Bearer " + signer.sign(userID: "bob", expires: now + 60))]
+        let bob = GRPCClient(configuration: bobConfig, group: n.group)
+        #expect(try await bob.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "lobby", channelType: .message)).users.map(\.userID) == ["ann"])
+        await expectError(.permissionDenied, "NOT_YOUR_SESSION") {
+            _ = try await bob.unary(PresenceMethods.leave, LeaveRequest(sessionID: session, channelName: "lobby", channelType: .message))
+        }
+        #expect(try await good.onlineUsers("lobby").users.map(\.userID) == ["ann"])
+        anon.close()
+        bob.close()
         await good.close()
         await n.stop()
     }

@@ -51,6 +51,12 @@ public struct TokenVerifier: Sendable {
 
     /// Accepts the token for `userID` at `now` (Unix seconds) or throws UNAUTHENTICATED.
     public func verify(_ token: String, userID: String, now: Int64) throws(PresenceError) {
+        let uid = try user(of: token, now: now)
+        guard uid == userID else { throw PresenceError(.unauthenticated, "INVALID_TOKEN", "the token is for another user") }
+    }
+
+    /// The user a valid token at `now` (Unix seconds) is for, or UNAUTHENTICATED.
+    public func user(of token: String, now: Int64) throws(PresenceError) -> String {
         func fail(_ why: String) -> PresenceError { PresenceError(.unauthenticated, "INVALID_TOKEN", why) }
         guard !token.isEmpty else { throw fail("a token is required (the node runs with --auth-secret-file)") }
         guard token.utf8.count <= 4096 else { throw fail("the token is too long") }
@@ -67,7 +73,8 @@ public struct TokenVerifier: Sendable {
               let uid = obj["uid"] as? String, let exp = (obj["exp"] as? NSNumber)?.int64Value else {
             throw fail("the token's payload is not {\"uid\": ..., \"exp\": ...}")
         }
-        guard uid == userID else { throw fail("the token is for another user") }
         guard exp > now else { throw fail("the token expired") }
+        guard Validate.isIdentifier(uid) else { throw fail("the token's user id is not a valid user id") }
+        return uid
     }
 }

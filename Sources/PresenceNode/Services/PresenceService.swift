@@ -37,19 +37,32 @@ public struct PresenceService: Sendable {
         }
     }
 
-    /// In token mode a call that names a session may also carry `authorization: Bearer <token>`;
-    /// when it does, the token must be valid and for the session's own user.
-    func checkCaller(_ ctx: ServerContext, session: String) async throws(PresenceError) {
-        guard let verifier, let auth = ctx.metadata.first(where: { $0.0 == "authorization" })?.1 else { return }
+    /// In token mode, the user of the call's `authorization: Bearer <token>` (API.md, "Security");
+    /// nil in open mode. A missing, malformed, forged or expired token is UNAUTHENTICATED.
+    func caller(_ ctx: ServerContext) throws(PresenceError) -> String? {
+        guard let verifier else { return nil }
+        guard let auth = ctx.metadata.first(where: { $0.0 == "authorization" })?.1 else {
+            throw PresenceError(.unauthenticated, "INVALID_TOKEN", "this node runs in token mode: every call carries 'authorization: Bearer <token>'")
+        }
         guard auth.hasPrefix("Bearer ") else {
             throw PresenceError(.unauthenticated, "INVALID_TOKEN", "authorization must be 'Bearer <token>'")
         }
-        guard let owner = await engine.owner(ofSession: session) else { return }  // NOT_FOUND comes from the call itself
-        do {
-            try verifier.verify(String(auth.dropFirst(7)), userID: owner, now: WallClock.nowMilliseconds() / 1000)
-        } catch where error.kind == .unauthenticated && error.detail.contains("another user") {
+        return try verifier.user(of: String(auth.dropFirst(7)), now: WallClock.nowMilliseconds() / 1000)
+    }
+
+    /// A call that names a session: in token mode its token must be valid and for the session's
+    /// own user (PERMISSION_DENIED otherwise; an unknown session is NOT_FOUND from the call).
+    func checkCaller(_ ctx: ServerContext, session: String) async throws(PresenceError) {
+        guard let user = try caller(ctx) else { return }
+        guard let owner = await engine.owner(ofSession: session) else { return }
+        if owner != user {
             throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(session) belongs to another user")
         }
+    }
+
+    /// A read call: in token mode any valid user's token may read.
+    func checkReader(_ ctx: ServerContext) throws(PresenceError) {
+        _ = try caller(ctx)
     }
 
     public func register(in registry: inout ServiceRegistry) {
@@ -116,11 +129,17 @@ public struct PresenceService: Sendable {
             }
             return LeaveResponse()
         }
-        registry.unary(PresenceMethods.getOnlineUsers) { req, _ in
-            try await Self.call { () async throws(PresenceError) in try await engine.getOnlineUsers(req) }
+        registry.unary(PresenceMethods.getOnlineUsers) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try service.checkReader(ctx)
+                return try await engine.getOnlineUsers(req)
+            }
         }
-        registry.unary(PresenceMethods.getUserChannels) { req, _ in
-            try await Self.call { () async throws(PresenceError) in try await engine.getUserChannels(req.userID) }
+        registry.unary(PresenceMethods.getUserChannels) { req, ctx in
+            try await Self.call { () async throws(PresenceError) in
+                try service.checkReader(ctx)
+                return try await engine.getUserChannels(req.userID)
+            }
         }
         registry.unary(PresenceMethods.setState) { req, ctx in
             try await Self.call { () async throws(PresenceError) in
@@ -129,9 +148,10 @@ public struct PresenceService: Sendable {
             }
             return SetStateResponse()
         }
-        registry.unary(PresenceMethods.getState) { req, _ in
+        registry.unary(PresenceMethods.getState) { req, ctx in
             GetStateResponse(state: try await Self.call { () async throws(PresenceError) in
-                try await engine.getState(channel: req.channelName, type: req.channelType, user: req.userID)
+                try service.checkReader(ctx)
+                return try await engine.getState(channel: req.channelName, type: req.channelType, user: req.userID)
             })
         }
         registry.unary(PresenceMethods.removeState) { req, ctx in
@@ -148,9 +168,10 @@ public struct PresenceService: Sendable {
             }
             return SetStatusResponse()
         }
-        registry.unary(PresenceMethods.getUserStatuses) { req, _ in
+        registry.unary(PresenceMethods.getUserStatuses) { req, ctx in
             GetUserStatusesResponse(statuses: try await Self.call { () async throws(PresenceError) in
-                try await engine.getUserStatuses(req.userIDs)
+                try service.checkReader(ctx)
+                return try await engine.getUserStatuses(req.userIDs)
             })
         }
         registry.unary(PresenceMethods.watch) { req, ctx in
