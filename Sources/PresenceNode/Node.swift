@@ -4,6 +4,7 @@ import GRPCTransport
 import ClusterCore
 import PresenceCore
 import PresenceWire
+import Synchronization
 
 /// One presenced node: its event loops, its client-facing gRPC server and its services.
 public final class Node: Sendable {
@@ -61,17 +62,24 @@ public final class Node: Sendable {
                 await engine.ring.ringChanged(from: old, to: new)
             }
         }
+        // (the peer server counts what it received; Admin on either port reports it)
+        let peerServerBox = Mutex<GRPCServer?>(nil)
+        let peerTraffic: @Sendable () -> (requests: Int, bytes: Int) = { peerServerBox.withLock { $0?.traffic } ?? (0, 0) }
         var peerRegistry = ServiceRegistry()
         membership.register(in: &peerRegistry)
         PeerPresenceService(engine: engine, membership: membership).register(in: &peerRegistry)
+        AdminService(membership: membership, engine: engine, peerTraffic: peerTraffic,
+                     onClientPort: false, tokenMode: verifier != nil).register(in: &peerRegistry)
         var peerConfig = ServerConfiguration(address: configuration.peerListen)
         peerConfig.maxReceiveMessageSize = 64 << 20
         let peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
+        peerServerBox.withLock { $0 = peerServer }
         self.peerServer = peerServer
         var registry = ServiceRegistry()
         health.register(in: &registry)
         PresenceService(engine: engine, verifier: verifier).register(in: &registry)
-        AdminService(membership: membership, engine: engine, peerTraffic: { peerServer.traffic }).register(in: &registry)
+        AdminService(membership: membership, engine: engine, peerTraffic: peerTraffic,
+                     onClientPort: true, tokenMode: verifier != nil).register(in: &registry)
         server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
     }
 

@@ -421,6 +421,11 @@ import Testing
             _ = try await bob.unary(PresenceMethods.leave, LeaveRequest(sessionID: session, channelName: "lobby", channelType: .message))
         }
         #expect(try await good.onlineUsers("lobby").users.map(\.userID) == ["ann"])
+        // Admin (members, peer addresses) is not on the client port in token mode; the peer port has it
+        await expectError(.permissionDenied, "ADMIN_NOT_HERE") { _ = try await bob.unary(AdminMethods.members, AdminMembersRequest()) }
+        let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: n.node.peerPort), group: n.group)
+        #expect(try await peer.unary(AdminMethods.members, AdminMembersRequest()).members.count == 1)
+        peer.close()
         anon.close()
         bob.close()
         await good.close()

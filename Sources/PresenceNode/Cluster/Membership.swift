@@ -78,6 +78,9 @@ public final class Membership: Sendable {
         TokenVerifier.hmac(key: secret, message: Array("presence-cluster".utf8)).map { String(format: "%02x", $0) }.joined()
     }
 
+    /// Whether the cluster has a secret (peer calls must carry `cluster-auth`).
+    var hasClusterSecret: Bool { authHeader != nil }
+
     /// Checks a peer call's `cluster-auth` header (when this node has a cluster secret).
     func authorize(_ ctx: ServerContext) throws {
         guard let (name, expected) = authHeader else { return }

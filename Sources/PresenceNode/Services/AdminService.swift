@@ -9,12 +9,30 @@ public struct AdminService: Sendable {
     let engine: PresenceEngine
     /// Requests and bytes the peer server received.
     let peerTraffic: @Sendable () -> (requests: Int, bytes: Int)
+    /// Whether this registry is the client port's (else the peer port's).
+    let onClientPort: Bool
+    /// Whether the node runs in token mode.
+    let tokenMode: Bool
+
+    /// Who may call Admin (members, peer addresses, ownership: what an attacker maps a cluster
+    /// with): on the peer port, a peer (with the cluster secret when there is one); on the client
+    /// port, a caller with the cluster credential — or anyone only in open mode with no secret,
+    /// a cluster on a developer's machine.
+    func authorize(_ ctx: ServerContext) throws {
+        if membership.hasClusterSecret || !onClientPort {
+            try membership.authorize(ctx)
+        } else if tokenMode {
+            throw GRPCStatus(.permissionDenied, "ADMIN_NOT_HERE: in token mode Admin answers on the peer port, or with the cluster credential (--cluster-secret-file)")
+        }
+    }
 
     public func register(in registry: inout ServiceRegistry) {
         let membership = self.membership
         let engine = self.engine
         let peerTraffic = self.peerTraffic
-        registry.unary(AdminMethods.members) { _, _ in
+        let service = self
+        registry.unary(AdminMethods.members) { _, ctx in
+            try service.authorize(ctx)
             let traffic = peerTraffic()
             let counts = await engine.channelCounts()
             return AdminMembersResponse(members: membership.members.map { u in
@@ -23,7 +41,8 @@ public struct AdminService: Sendable {
             }, peerRequestsReceived: UInt64(traffic.requests), peerBytesReceived: UInt64(traffic.bytes),
                channelsOwned: UInt64(counts.owned), channelCopies: UInt64(counts.copies))
         }
-        registry.unary(AdminMethods.ring) { req, _ in
+        registry.unary(AdminMethods.ring) { req, ctx in
+            try service.authorize(ctx)
             let ring = membership.ring
             var resp = AdminRingResponse(ringMembers: ring.members)
             if !req.channelName.isEmpty {
