@@ -185,7 +185,10 @@ public final class EventLoop: @unchecked Sendable {
     /// Calls `callback` after `nanoseconds`.
     @discardableResult
     public func scheduleTimer(after nanoseconds: UInt64, _ callback: @escaping () -> Void) -> TimerID {
-        scheduleTimer(at: MonotonicClock.now() &+ nanoseconds, callback)
+        // (saturating: a delay near UInt64.max — a peer's huge grpc-timeout — means "never", not
+        // a deadline wrapped into the past)
+        let (at, overflow) = MonotonicClock.now().addingReportingOverflow(nanoseconds)
+        return scheduleTimer(at: overflow ? .max : at, callback)
     }
 
     /// Cancels a timer that has not fired; harmless when it has.

@@ -125,7 +125,10 @@ public final class GRPCClient: Sendable {
     static func nanoseconds(_ d: Duration) -> UInt64 {
         let (s, atto) = d.components
         if s < 0 { return 0 }
-        return UInt64(s) * 1_000_000_000 + UInt64(atto / 1_000_000_000)
+        // (saturating: a timeout past what UInt64 nanoseconds hold is as good as none)
+        let (whole, o1) = UInt64(s).multipliedReportingOverflow(by: 1_000_000_000)
+        let (total, o2) = whole.addingReportingOverflow(UInt64(max(0, atto) / 1_000_000_000))
+        return o1 || o2 ? .max : total
     }
 }
 

@@ -131,7 +131,7 @@ public enum GRPCTimeout {
     public static func encode(nanoseconds: UInt64) -> String {
         let units: [(UInt64, Character)] = [(1, "n"), (1_000, "u"), (1_000_000, "m"), (1_000_000_000, "S"), (60_000_000_000, "M"), (3_600_000_000_000, "H")]
         for (scale, unit) in units {
-            let v = (nanoseconds + scale - 1) / scale
+            let v = nanoseconds / scale + (nanoseconds % scale == 0 ? 0 : 1)  // (rounded up, without overflow)
             if v < 100_000_000 { return "\(v)\(unit)" }
         }
         return "99999999H"

@@ -245,7 +245,10 @@ final class ServerConnection: HTTP2Connection {
         }
         let request = s.messages[0]
         s.messages = []
-        let context = ServerContext(path: s.path, deadline: s.timeout.map { MonotonicClock.now() &+ $0 }, metadata: s.metadata)
+        let context = ServerContext(path: s.path, deadline: s.timeout.map { t in
+            let (at, overflow) = MonotonicClock.now().addingReportingOverflow(t)
+            return overflow ? .max : at  // (a huge grpc-timeout is no deadline, not one in the past)
+        }, metadata: s.metadata)
         let me = LoopBound(self, loop: loop)
         let id = s.id
         switch method {

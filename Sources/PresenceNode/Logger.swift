@@ -30,8 +30,11 @@ public final class Logger: Sendable {
         var line: String
         switch format {
         case .text:
-            line = "\(time) \(l.rawValue.uppercased()) \(message)"
-            for (k, v) in fields { line += " \(k)=\(v.contains(" ") ? "\"\(v)\"" : v)" }
+            line = "\(time) \(l.rawValue.uppercased()) \(Logger.escaped(message))"
+            for (k, v) in fields {
+                let e = Logger.escaped(v)
+                line += " \(k)=\(e.contains(" ") || e.isEmpty ? "\"\(e)\"" : e)"
+            }
         case .json:
             var obj: [String: String] = ["time": time, "level": l.rawValue, "msg": message]
             for (k, v) in fields { obj[k] = v }
@@ -40,6 +43,25 @@ public final class Logger: Sendable {
         }
         line += "\n"
         lock.withLock { _ in FileHandle.standardError.write(Data(line.utf8)) }
+    }
+
+    /// A value as one line of text: control characters (a newline in an id a peer gossiped
+    /// would forge a log line), quotes and backslashes escaped.
+    static func escaped(_ s: String) -> String {
+        guard s.unicodeScalars.contains(where: { $0.value < 0x20 || $0 == "\"" || $0 == "\\" || $0.value == 0x7f }) else { return s }
+        var out = ""
+        for u in s.unicodeScalars {
+            switch u {
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            default:
+                if u.value < 0x20 || u.value == 0x7f { out += String(format: "\\x%02x", u.value) } else { out.unicodeScalars.append(u) }
+            }
+        }
+        return out
     }
 
     public func debug(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.debug, m, f) }

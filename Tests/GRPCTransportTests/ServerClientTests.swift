@@ -120,6 +120,17 @@ import Testing
         await h.stop()
     }
 
+    /// Issue 9: the largest grpc-timeout (99999999H, more nanoseconds than UInt64 holds) wrapped
+    /// the deadline into the past: an instant DEADLINE_EXCEEDED. It means "no deadline" in effect.
+    @Test func aHugeGrpcTimeoutIsNoDeadlineNotAPastOne() async throws {
+        let h = try Harness()
+        #expect(GRPCTimeout.parse("99999999H") == .max)
+        let item = StateItem(key: "k", value: "v")
+        #expect(try await h.client.unary(TestMethods.echo, item, timeout: .seconds(Int64(1) << 60)) == item)
+        #expect(try await h.client.unary(TestMethods.inlineEcho, item, timeout: .seconds(Int64(1) << 60)) == item)
+        await h.stop()
+    }
+
     @Test func clientCancellationResetsTheStreamAndCancelsTheHandler() async throws {
         let h = try Harness()
         let call = h.client.serverStreaming(TestMethods.hang, StateItem(key: "first"))

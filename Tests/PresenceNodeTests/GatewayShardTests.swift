@@ -38,3 +38,13 @@ final class HandClock: EngineClock {
         }
     }
 }
+
+@Suite struct LoggerTests {
+    /// Issue 9: ids taken from gossip went into text logs as they were: a newline forged a line.
+    @Test func textLogValuesStayOnOneLine() {
+        #expect(Logger.escaped("node-1") == "node-1")
+        #expect(Logger.escaped("evil\n2026-12-01T00:00:00Z ERROR forged") == "evil\\n2026-12-01T00:00:00Z ERROR forged")
+        #expect(Logger.escaped("a\"b\\c\u{1}") == "a\\\"b\\\\c\\x01")
+        #expect(!Logger.escaped("x\r\ny\t").contains(where: { $0.isNewline }))
+    }
+}
