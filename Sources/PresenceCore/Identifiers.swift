@@ -110,6 +110,10 @@ public enum Limits {
     public static let maxChannelsPerSession = 10_000
     /// Bookmarks longer than this cannot be ours.
     public static let maxBookmarkBytes = 256
+    /// Channels one session may hold state for before joining them (SetState before Join).
+    public static let maxPendingStateChannels = 64
+    /// Sessions one user may have open at once, cluster-wide (devices, tabs).
+    public static let maxSessionsPerUser = 64
 }
 
 /// Checks requests against the rules of API.md. Each failure names the offending field.

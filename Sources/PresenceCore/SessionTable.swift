@@ -186,6 +186,10 @@ public struct SessionTable {
     /// Keeps state for a channel the session has not joined (applied when it joins).
     public mutating func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {
         guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+        if s.pendingState[channel] == nil && s.pendingState.count >= Limits.maxPendingStateChannels {
+            throw PresenceError(.resourceExhausted, "PENDING_STATE_LIMIT",
+                                "a session may hold state for at most \(Limits.maxPendingStateChannels) channels it has not joined")
+        }
         var state = s.pendingState[channel] ?? StateItems()
         let after = state.countAfterMerging(items)
         guard after <= Limits.maxStateKeys else {

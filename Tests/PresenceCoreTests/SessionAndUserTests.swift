@@ -122,6 +122,23 @@ let sec: UInt64 = 1_000_000_000
         #expect(HomeRecord<String>(userID: "nobody").channels.isEmpty)
     }
 
+    /// Issue 9: state for channels not joined yet was kept without a bound (each call copies the
+    /// whole session record under the gateway's lock: O(n²)).
+    @Test func pendingStateIsKeptForAtMost64ChannelsNotJoined() throws {
+        var t = SessionTable(resumeWindow: 1_000)
+        _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
+        for i in 0..<Limits.maxPendingStateChannels {
+            try t.setPendingState(s1, channel: ChannelKey(name: "c\(i)", type: .message), items: [StateItem(key: "k", value: "v")])
+        }
+        #expect(throws: PresenceError.self) {
+            try t.setPendingState(s1, channel: ChannelKey(name: "one-more", type: .message), items: [StateItem(key: "k", value: "v")])
+        }
+        // a channel already held can still change, and joining one frees its slot
+        try t.setPendingState(s1, channel: ChannelKey(name: "c0", type: .message), items: [StateItem(key: "k", value: "w")])
+        _ = try t.joined(s1, channel: ChannelKey(name: "c1", type: .message), withPresence: false)
+        try t.setPendingState(s1, channel: ChannelKey(name: "one-more", type: .message), items: [StateItem(key: "k", value: "v")])
+    }
+
     @Test func aClaimStartsANewEpochAndTheOldGatewaysWordLoses() {
         var r = HomeRecord<String>(userID: "ann")
         let lobby = ChannelKey(name: "lobby", type: .message)

@@ -243,6 +243,35 @@ import Testing
         await n.stop()
     }
 
+    /// Issue 9: no cap on sessions per user (each holds memory at its gateway and its home).
+    @Test func aUserMayHaveAtMost64SessionsOpen() async throws {
+        let n = try TestNode(presenceTimeout: 2)
+        let raw = n.raw()
+        var open: [(ServerStreamingCall<SessionEvent>, String)] = []
+        for _ in 0..<Limits.maxSessionsPerUser {
+            let call = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "many"))
+            var it = call.makeAsyncIterator()
+            guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+            open.append((call, o.sessionID))
+        }
+        let extra = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "many"))
+        do {
+            for try await _ in extra { Issue.record("a 65th session opened"); break }
+        } catch let s as GRPCStatus {
+            #expect(s.code == .resourceExhausted && s.message.hasPrefix("SESSION_LIMIT"), "\(s)")
+        }
+        #expect(await n.node.engine.sessionCount() == Limits.maxSessionsPerUser)
+        // closing one makes room
+        _ = try await raw.unary(PresenceMethods.closeSession, CloseSessionRequest(sessionID: open[0].1))
+        let again = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "many"))
+        var it = again.makeAsyncIterator()
+        guard case .opened? = try await it.next()?.event else { Issue.record("no opened after a close"); return }
+        again.cancel()
+        for (c, _) in open { c.cancel() }
+        raw.close()
+        await n.stop()
+    }
+
     @Test func clientLibraryReconnectsAndResumes() async throws {
         let n = try TestNode(presenceTimeout: 3)
         let ann = n.client("ann"), tony = n.client("tony")

@@ -117,6 +117,9 @@ actor UserHomeShard {
                 try update(user, create: true) { r in (r.announce(session: id, record: rec).change, ()) }
                 if call.status != .unknown { try update(user, create: true) { r in (r.setStatus(call.status), ()) } }
             } else {
+                if let r = space[owned: user], r.sessions[id] == nil, r.sessions.count >= Limits.maxSessionsPerUser {
+                    throw PresenceError(.resourceExhausted, "SESSION_LIMIT", "a user may have at most \(Limits.maxSessionsPerUser) sessions open; close one first")
+                }
                 try update(user, create: true) { r in (r.sessionOpened(session: id, sink: sink, version: version, initial: call.status), ()) }
             }
             space.placed(user, at: sink, now: now)
