@@ -41,6 +41,12 @@ public struct HTTP2Settings: Sendable {
     public var maxFrameSize: UInt32 = 16384
     /// SETTINGS_HEADER_TABLE_SIZE (HPACK dynamic table the peer may use towards us).
     public var headerTableSize: UInt32 = 4096
+    /// SETTINGS_MAX_HEADER_LIST_SIZE: the decoded header bytes (name + value + 32 per field, as
+    /// RFC 9113 counts them) one request may carry; a server refuses more with RESOURCE_EXHAUSTED.
+    /// HPACK makes a few bytes on the wire decode to kilobytes, so this bounds memory per stream.
+    public var maxHeaderListSize: UInt32 = 16 * 1024
+    /// Metadata entries (other than gRPC's own headers) a server keeps per request.
+    public var maxMetadataEntries = 32
     /// Idle time before a keepalive PING, and how long to wait for its answer.
     public var keepaliveInterval: UInt64 = 30_000_000_000
     public var keepaliveTimeout: UInt64 = 10_000_000_000
@@ -96,6 +102,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: settings.initialWindowSize),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_FRAME_SIZE.rawValue), value: settings.maxFrameSize),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_HEADER_TABLE_SIZE.rawValue), value: settings.headerTableSize),
+            nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue), value: settings.maxHeaderListSize),
         ]
         nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &iv, iv.count)
         nghttp2_session_set_local_window_size(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, settings.connectionWindowSize)

@@ -12,6 +12,9 @@ final class ServerStream {
     var timeout: UInt64? = nil
     var badTimeout = false
     var metadata: [(String, String)] = []
+    /// Decoded header bytes so far (RFC 9113's count); over the limit, nothing more is kept.
+    var headerBytes = 0
+    var headersTooLarge = false
     var deframer: MessageDeframer
     var messages: [[UInt8]] = []
     var requestComplete = false
@@ -75,6 +78,12 @@ final class ServerConnection: HTTP2Connection {
 
     override func onHeader(streamID: Int32, category: UInt32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Int32 {
         guard let s = stream(streamID), category == NGHTTP2_HCAT_REQUEST.rawValue else { return 0 }
+        s.headerBytes += name.count + value.count + 32
+        if s.headerBytes > Int(settings.maxHeaderListSize) {
+            s.headersTooLarge = true
+            s.metadata = []
+            return 0
+        }
         if name.first == UInt8(ascii: ":") {
             if bytesEqual(name, ":path") {
                 s.path = String(decoding: value, as: UTF8.self)
@@ -94,7 +103,7 @@ final class ServerConnection: HTTP2Connection {
             if !bytesEqual(value, "identity") { s.unsupportedEncoding = String(decoding: value, as: UTF8.self) }
         } else if bytesEqual(name, "te") || bytesEqual(name, "user-agent") || bytesEqual(name, "grpc-accept-encoding") {
             // framing headers: nothing to keep
-        } else if s.metadata.count < 32 {
+        } else if s.metadata.count < settings.maxMetadataEntries {
             s.metadata.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
         }
         return 0
@@ -205,6 +214,10 @@ final class ServerConnection: HTTP2Connection {
         }
         if s.badTimeout {
             finish(s, GRPCStatus(.invalidArgument, "BAD_TIMEOUT: grpc-timeout header is malformed"))
+            return
+        }
+        if s.headersTooLarge {
+            finish(s, GRPCStatus(.resourceExhausted, "HEADERS_TOO_LARGE: the request's headers exceed \(settings.maxHeaderListSize) bytes"))
             return
         }
         if draining {

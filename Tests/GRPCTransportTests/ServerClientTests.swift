@@ -131,6 +131,20 @@ import Testing
         await h.stop()
     }
 
+    /// Issue 9: no SETTINGS_MAX_HEADER_LIST_SIZE, and 32 metadata entries kept per stream whatever
+    /// their size (HPACK decodes a few bytes on the wire into kilobytes each).
+    @Test func requestHeadersOverTheListSizeAreRefused() async throws {
+        let big = String(repeating: "x", count: 20_000)
+        let h = try Harness(client: { $0.metadata = [("x-big", big)] })
+        let s = await expectStatus(.resourceExhausted) { _ = try await h.client.unary(TestMethods.echo, StateItem(key: "k")) }
+        #expect(s?.message.hasPrefix("HEADERS_TOO_LARGE") == true, "\(String(describing: s))")
+        await h.stop()
+        // within the limit, calls go through
+        let ok = try Harness(client: { $0.metadata = [("x-small", String(repeating: "y", count: 8_000))] })
+        #expect(try await ok.client.unary(TestMethods.echo, StateItem(key: "k")) == StateItem(key: "k"))
+        await ok.stop()
+    }
+
     @Test func clientCancellationResetsTheStreamAndCancelsTheHandler() async throws {
         let h = try Harness()
         let call = h.client.serverStreaming(TestMethods.hang, StateItem(key: "first"))
