@@ -15,6 +15,14 @@ public struct ServerConfiguration: Sendable {
     /// Backpressure bounds of a server stream's queue (see `ServerStreamWriter`).
     public var streamHighWaterMark = ServerStreamWriter.defaultHighWaterMark
     public var streamLowWaterMark = ServerStreamWriter.defaultLowWaterMark
+    /// A connection that has not sent the HTTP/2 preface and its SETTINGS within this is closed (10 s).
+    public var handshakeTimeout: UInt64 = 10_000_000_000
+    /// A request whose message has not fully arrived within this after its headers is ended with
+    /// `DEADLINE_EXCEEDED REQUEST_TIMEOUT` (30 s): a client cannot hold a stream open by trickling.
+    public var requestTimeout: UInt64 = 30_000_000_000
+    /// A connection with no stream for this long is closed (GOAWAY; 5 min). A client with a
+    /// session always has its stream open.
+    public var idleTimeout: UInt64 = 300_000_000_000
 
     public init(address: HostPort) {
         self.address = address
@@ -201,6 +209,7 @@ final class ServerCore: FileDescriptorHandler {
         let c = ServerConnection(fd: fd, loop: loop, core: self)
         connections[ObjectIdentifier(c)] = c
         c.start(server: true)
+        c.armHandshakeAndIdleTimers()
     }
 
     func loopStopping() {

@@ -29,6 +29,8 @@ final class ServerStream {
     var task: Task<Void, Never>? = nil
     var writer: ServerStreamWriter? = nil
     var deadlineTimer: TimerID? = nil
+    /// Ends the request if its message has not fully arrived in time (`requestTimeout`).
+    var requestTimer: TimerID? = nil
 
     init(id: Int32, maxMessageSize: Int) {
         self.id = id
@@ -45,6 +47,31 @@ final class ServerConnection: HTTP2Connection {
     private var streams: [Int32: ServerStream] = [:]
     private var draining = false
     var activeStreamCount: Int { streams.count }
+    /// The client's first SETTINGS frame arrived (the handshake is done).
+    private var handshakeDone = false
+    /// Bumped whenever the connection stops or starts being idle: an idle timer armed for an
+    /// earlier idle spell does nothing.
+    private var idleSpell = 0
+
+    /// Handshake timeout now, idle timeout from now (no stream yet).
+    func armHandshakeAndIdleTimers() {
+        let handshake = core.configuration.handshakeTimeout
+        loop.scheduleTimer(after: handshake) { [weak self] in
+            guard let self, !self.handshakeDone, !self.isClosed else { return }
+            self.close(reason: "no HTTP/2 handshake within \(handshake / 1_000_000) ms")
+        }
+        armIdleTimer()
+    }
+
+    private func armIdleTimer() {
+        idleSpell &+= 1
+        let spell = idleSpell
+        let idle = core.configuration.idleTimeout
+        loop.scheduleTimer(after: idle) { [weak self] in
+            guard let self, self.idleSpell == spell, self.streams.isEmpty, !self.isClosed else { return }
+            self.goAwayAndClose(reason: "idle for \(idle / 1_000_000_000) s")
+        }
+    }
 
     init(fd: Int32, loop: EventLoop, core: ServerCore) {
         self.core = core
@@ -60,6 +87,7 @@ final class ServerConnection: HTTP2Connection {
     // MARK: nghttp2 callbacks
 
     override func onBeginHeaders(streamID: Int32) -> Int32 {
+        if streams.isEmpty { idleSpell &+= 1 }  // (no longer idle)
         if streams[streamID] == nil {
             let stream = ServerStream(id: streamID, maxMessageSize: core.configuration.maxReceiveMessageSize)
             streams[streamID] = stream
@@ -128,16 +156,20 @@ final class ServerConnection: HTTP2Connection {
     }
 
     override func onFrameReceived(type: UInt8, flags: UInt8, streamID: Int32, headersCategory: UInt32) -> Int32 {
+        if type == UInt8(NGHTTP2_SETTINGS.rawValue) { handshakeDone = true }
         let endStream = flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
         if type == UInt8(NGHTTP2_HEADERS.rawValue), headersCategory == NGHTTP2_HCAT_REQUEST.rawValue, let s = stream(streamID) {
             requestHeadersDone(s)
             if endStream, s.status == nil { s.requestComplete = true; dispatch(s) }
+            if !s.requestComplete, s.status == nil { armRequestTimer(s) }
         } else if type == UInt8(NGHTTP2_DATA.rawValue), endStream, let s = stream(streamID), s.status == nil {
             s.requestComplete = true
+            if let t = s.requestTimer { loop.cancelTimer(t); s.requestTimer = nil }
             dispatch(s)
         } else if type == UInt8(NGHTTP2_HEADERS.rawValue), endStream, let s = stream(streamID), s.status == nil {
             // trailers from the client end the request too
             s.requestComplete = true
+            if let t = s.requestTimer { loop.cancelTimer(t); s.requestTimer = nil }
             dispatch(s)
         }
         return 0
@@ -145,6 +177,8 @@ final class ServerConnection: HTTP2Connection {
 
     override func onStreamClose(streamID: Int32, errorCode: UInt32) -> Int32 {
         guard let s = streams.removeValue(forKey: streamID) else { return 0 }
+        if let t = s.requestTimer { loop.cancelTimer(t) }
+        if streams.isEmpty && !draining { armIdleTimer() }
         if s.status == nil || s.task != nil {
             abandon(s, GRPCStatus(.cancelled, "the client cancelled the call"))
         } else if let t = s.deadlineTimer {
@@ -198,6 +232,18 @@ final class ServerConnection: HTTP2Connection {
     }
 
     // MARK: Requests
+
+    /// The request's message must arrive within `requestTimeout` of its headers.
+    private func armRequestTimer(_ s: ServerStream) {
+        let id = s.id
+        let limit = core.configuration.requestTimeout
+        s.requestTimer = loop.scheduleTimer(after: limit) { [weak self] in
+            guard let self, let s = self.streams[id] else { return }
+            s.requestTimer = nil
+            guard !s.requestComplete, s.status == nil else { return }
+            self.finish(s, GRPCStatus(.deadlineExceeded, "REQUEST_TIMEOUT: the request's message did not arrive within \(limit / 1_000_000) ms"))
+        }
+    }
 
     private func requestHeadersDone(_ s: ServerStream) {
         if !s.isPost {
@@ -423,5 +469,13 @@ final class ServerConnection: HTTP2Connection {
     private func closeAfterFlush() {
         flush()
         close(reason: "drained")
+    }
+
+    /// A GOAWAY (no error) and the close: the client reconnects when it needs to.
+    private func goAwayAndClose(reason: String) {
+        guard !isClosed else { return }
+        nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nghttp2_session_get_last_proc_stream_id(session), UInt32(NGHTTP2_NO_ERROR.rawValue), nil, 0)
+        flush()
+        close(reason: reason)
     }
 }

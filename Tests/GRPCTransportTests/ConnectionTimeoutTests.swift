@@ -1,0 +1,115 @@
+import EventLoop
+import Foundation
+@testable import GRPCTransport
+import Glibc
+import PresenceWire
+import Testing
+
+/// A raw TCP client for attacks our own client cannot make: frames are written by hand (header
+/// fields as HPACK literals without indexing, so no table is needed).
+struct RawPeer {
+    let fd: Int32
+
+    init(port: UInt16) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = port.bigEndian
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        guard rc == 0 else { throw POSIXError(.ECONNREFUSED) }
+        var tv = timeval(tv_sec: 0, tv_usec: 100_000)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    static func frame(type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8]) -> [UInt8] {
+        let n = payload.count
+        return [UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff), type, flags,
+                UInt8(stream >> 24 & 0x7f), UInt8(stream >> 16 & 0xff), UInt8(stream >> 8 & 0xff), UInt8(stream & 0xff)] + payload
+    }
+
+    static func literal(_ name: String, _ value: String) -> [UInt8] {
+        [0x00, UInt8(name.utf8.count)] + Array(name.utf8) + [UInt8(value.utf8.count)] + Array(value.utf8)
+    }
+
+    func send(_ bytes: [UInt8]) { _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) } }
+
+    /// The client preface and an empty SETTINGS frame.
+    func handshake() { send(Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + Self.frame(type: 4, flags: 0, stream: 0, [])) }
+
+    /// Request headers for `path` on stream 1, without END_STREAM (the body is still to come).
+    func openRequest(path: String) {
+        let block = Self.literal(":method", "POST") + Self.literal(":scheme", "http") + Self.literal(":path", path)
+            + Self.literal(":authority", "localhost") + Self.literal("content-type", "application/grpc") + Self.literal("te", "trailers")
+        send(Self.frame(type: 1, flags: 0x4, stream: 1, block))  // HEADERS, END_HEADERS
+    }
+
+    /// Reads frames until `deadline`; returns (type, flags, stream) of each, and whether the
+    /// server closed the connection.
+    func readFrames(until deadline: UInt64, stopWhen done: ([(UInt8, UInt8, UInt32)]) -> Bool = { _ in false }) -> (frames: [(UInt8, UInt8, UInt32)], closed: Bool) {
+        var buffer: [UInt8] = []
+        var frames: [(UInt8, UInt8, UInt32)] = []
+        var chunk = [UInt8](repeating: 0, count: 16384)
+        while MonotonicClock.now() < deadline {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n == 0 { return (frames, true) }
+            if n < 0 { continue }  // (the receive timeout: look at the clock again)
+            buffer += chunk[0..<n]
+            while buffer.count >= 9 {
+                let len = Int(buffer[0]) << 16 | Int(buffer[1]) << 8 | Int(buffer[2])
+                guard buffer.count >= 9 + len else { break }
+                let stream = UInt32(buffer[5] & 0x7f) << 24 | UInt32(buffer[6]) << 16 | UInt32(buffer[7]) << 8 | UInt32(buffer[8])
+                frames.append((buffer[3], buffer[4], stream))
+                buffer.removeFirst(9 + len)
+            }
+            if done(frames) { return (frames, false) }
+        }
+        return (frames, false)
+    }
+
+    func close() { Glibc.close(fd) }
+}
+
+@Suite(.serialized) struct ConnectionTimeoutTests {
+    /// Issue 9: nothing closed a connection that never sent the HTTP/2 preface.
+    @Test func aConnectionWithoutAHandshakeIsClosed() async throws {
+        let h = try Harness { $0.handshakeTimeout = 200_000_000 }
+        let peer = try RawPeer(port: h.server.port)
+        let t0 = MonotonicClock.now()
+        let (_, closed) = peer.readFrames(until: t0 + 3_000_000_000)
+        let took = MonotonicClock.now() - t0
+        #expect(closed && took >= 150_000_000, "closed \(closed) after \(took / 1_000_000) ms")
+        peer.close()
+        await h.stop()
+    }
+
+    /// Issue 9: a request whose message never arrives held its stream (and handler slot) forever.
+    @Test func aRequestWhoseMessageNeverArrivesEnds() async throws {
+        let h = try Harness { $0.requestTimeout = 200_000_000 }
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        peer.openRequest(path: TestMethods.echo.path)
+        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let t0 = MonotonicClock.now()
+        let (frames, _) = peer.readFrames(until: t0 + 3_000_000_000, stopWhen: ended)
+        // the server answered stream 1 and ended it (trailers with END_STREAM), unasked
+        #expect(ended(frames) && MonotonicClock.now() - t0 >= 150_000_000, "\(frames)")
+        peer.close()
+        await h.stop()
+    }
+
+    /// Issue 9: an idle connection (no stream) was kept for good, answering pings.
+    @Test func aConnectionIdleForTooLongIsClosedWithGoAway() async throws {
+        let h = try Harness { $0.idleTimeout = 300_000_000 }
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        let t0 = MonotonicClock.now()
+        let (frames, closed) = peer.readFrames(until: t0 + 3_000_000_000)
+        #expect(closed && frames.contains { $0.0 == 7 }, "\(frames)")  // GOAWAY
+        #expect(MonotonicClock.now() - t0 >= 250_000_000)
+        peer.close()
+        // a client that keeps using its connection is not idle
+        #expect(try await h.client.unary(TestMethods.echo, StateItem(key: "still here")) == StateItem(key: "still here"))
+        await h.stop()
+    }
+}
