@@ -23,6 +23,10 @@ public struct ServerConfiguration: Sendable {
     /// A connection with no stream for this long is closed (GOAWAY; 5 min). A client with a
     /// session always has its stream open.
     public var idleTimeout: UInt64 = 300_000_000_000
+    /// Response bytes queued for one connection, not yet taken by its client (flow control), at
+    /// most (32 MiB); past it the connection is closed: a client that does not read cannot make
+    /// the server hold responses for it without bound.
+    public var maxQueuedBytesPerConnection = 32 << 20
 
     public init(address: HostPort) {
         self.address = address

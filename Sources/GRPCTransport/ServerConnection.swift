@@ -49,6 +49,24 @@ final class ServerConnection: HTTP2Connection {
     var activeStreamCount: Int { streams.count }
     /// The client's first SETTINGS frame arrived (the handshake is done).
     private var handshakeDone = false
+    /// Response bytes on this connection's streams that the client has not taken yet.
+    private var queuedBytes = 0
+
+    /// Counts bytes queued for the client; closes the connection past the budget.
+    private func queued(_ n: Int) {
+        queuedBytes += n
+        let budget = core.configuration.maxQueuedBytesPerConnection
+        if queuedBytes > budget {
+            goAwayAndClose(reason: "the client does not read: \(queuedBytes) bytes queued (budget \(budget))")
+        }
+    }
+
+    /// Bytes still queued on a stream.
+    private static func remaining(_ s: ServerStream) -> Int {
+        var n = 0
+        for i in s.outboundHead..<s.outbound.count { n += s.outbound[i].count }
+        return n - s.outboundOffset
+    }
     /// Bumped whenever the connection stops or starts being idle: an idle timer armed for an
     /// earlier idle spell does nothing.
     private var idleSpell = 0
@@ -177,6 +195,7 @@ final class ServerConnection: HTTP2Connection {
 
     override func onStreamClose(streamID: Int32, errorCode: UInt32) -> Int32 {
         guard let s = streams.removeValue(forKey: streamID) else { return 0 }
+        queuedBytes -= Self.remaining(s)
         if let t = s.requestTimer { loop.cancelTimer(t) }
         if streams.isEmpty && !draining { armIdleTimer() }
         if s.status == nil || s.task != nil {
@@ -219,7 +238,10 @@ final class ServerConnection: HTTP2Connection {
             s.outbound.removeAll(keepingCapacity: s.outbound.count <= 64)
             s.outboundHead = 0
         }
-        if written > 0 { s.writer?.drained(written) }
+        if written > 0 {
+            queuedBytes -= written
+            s.writer?.drained(written)
+        }
         if !s.hasOutbound {
             if let status = s.status {
                 flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue | NGHTTP2_DATA_FLAG_NO_END_STREAM.rawValue
@@ -363,7 +385,11 @@ final class ServerConnection: HTTP2Connection {
         guard let s = stream(streamID), s.status == nil, let writer = s.writer else { return }
         let batch = writer.takePending()
         guard !batch.isEmpty else { return }
+        var n = 0
+        for b in batch.dropLast() { n += b.count }
         s.outbound.append(contentsOf: batch.dropLast())
+        queued(n)
+        guard !isClosed else { return }
         respond(s, batch[batch.count - 1])
     }
 
@@ -385,6 +411,8 @@ final class ServerConnection: HTTP2Connection {
     /// Queues framed message bytes on the stream's response.
     private func respond(_ s: ServerStream, _ framed: [UInt8]) {
         s.outbound.append(framed)
+        queued(framed.count)
+        guard !isClosed else { return }
         if !s.responseSubmitted {
             s.responseSubmitted = true
             var provider = Self.dataProvider

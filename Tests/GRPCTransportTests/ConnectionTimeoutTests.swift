@@ -67,6 +67,15 @@ struct RawPeer {
         return (frames, false)
     }
 
+    /// A whole unary request on `stream`: headers, then one gRPC message and END_STREAM.
+    func request(stream: UInt32, path: String, message: [UInt8]) {
+        let block = Self.literal(":method", "POST") + Self.literal(":scheme", "http") + Self.literal(":path", path)
+            + Self.literal(":authority", "localhost") + Self.literal("content-type", "application/grpc") + Self.literal("te", "trailers")
+        let n = message.count
+        let framed: [UInt8] = [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + message
+        send(Self.frame(type: 1, flags: 0x4, stream: stream, block) + Self.frame(type: 0, flags: 0x1, stream: stream, framed))
+    }
+
     func close() { Glibc.close(fd) }
 }
 
@@ -95,6 +104,25 @@ struct RawPeer {
         // the server answered stream 1 and ended it (trailers with END_STREAM), unasked
         #expect(ended(frames) && MonotonicClock.now() - t0 >= 150_000_000, "\(frames)")
         peer.close()
+        await h.stop()
+    }
+
+    /// Issue 9: with SETTINGS_INITIAL_WINDOW_SIZE = 0 a client takes no response byte, and the
+    /// server queued every response whole (megabytes pinned for a few bytes per request).
+    @Test func aClientThatDoesNotReadIsCutOffAtTheConnectionsBudget() async throws {
+        let h = try Harness { $0.maxQueuedBytesPerConnection = 64 * 1024 }
+        let peer = try RawPeer(port: h.server.port)
+        // preface, SETTINGS_INITIAL_WINDOW_SIZE = 0
+        peer.send(Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + RawPeer.frame(type: 4, flags: 0, stream: 0, [0x00, 0x04, 0, 0, 0, 0]))
+        // StateItem { key: "k", value: 10,000 x "v" }: each echo answers 10 kB the client never takes
+        let value = [UInt8](repeating: UInt8(ascii: "v"), count: 10_000)
+        let message: [UInt8] = [0x0a, 1, UInt8(ascii: "k"), 0x12, 0x90, 0x4e] + value
+        for i in 0..<20 { peer.request(stream: UInt32(2 * i + 1), path: TestMethods.echo.path, message: message) }
+        let (frames, closed) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000)
+        #expect(closed && frames.contains { $0.0 == 7 }, "\(frames)")  // GOAWAY, then closed
+        peer.close()
+        // everyone else is served as before
+        #expect(try await h.client.unary(TestMethods.echo, StateItem(key: "ok")) == StateItem(key: "ok"))
         await h.stop()
     }
 
