@@ -98,6 +98,22 @@ import Testing
         await n.stop()
     }
 
+    /// Issue 9: Health.Watch polled every 100 ms per stream; it is told of changes now.
+    @Test func healthWatchIsToldOfAChangeAtOnce() async throws {
+        let n = try TestNode(nodeID: "watched")
+        let raw = n.raw()
+        let stream = raw.serverStreaming(HealthMethods.watch, HealthCheckRequest())
+        var it = stream.makeAsyncIterator()
+        #expect(try await it.next()?.status == .serving)
+        // parked until something changes (not waking up every 100 ms to look)
+        try await waitUntil("the watch parked") { n.node.health.waitingWatchers == 1 }
+        n.node.health.setNotServing()
+        #expect(try await it.next()?.status == .notServing)
+        stream.cancel()
+        raw.close()
+        await n.stop()
+    }
+
     @Test func badPeerInputGetsAClearErrorAndChangesNothing() async throws {
         let a = try TestNode(nodeID: "a")
         let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)

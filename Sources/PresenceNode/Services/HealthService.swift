@@ -7,13 +7,55 @@ import Synchronization
 public final class HealthService: Sendable {
     private let serving = Atomic<Bool>(true)
     private let joining = Atomic<Bool>(false)
+    /// Watch streams waiting for the status to change, by ticket (event-driven: no polling).
+    private let waiters = Mutex<(next: Int, byTicket: [Int: CheckedContinuation<Void, Never>])>((0, [:]))
 
     public init() {}
 
-    public func setNotServing() { serving.store(false, ordering: .relaxed) }
+    public func setNotServing() {
+        serving.store(false, ordering: .relaxed)
+        wakeWatchers()
+    }
 
     /// While true (a node with seeds that has not joined yet) the node reads NOT_SERVING.
-    public func setJoining(_ joining: Bool) { self.joining.store(joining, ordering: .relaxed) }
+    public func setJoining(_ joining: Bool) {
+        self.joining.store(joining, ordering: .relaxed)
+        wakeWatchers()
+    }
+
+    /// Watch streams parked until the status changes (for tests and metrics).
+    public var waitingWatchers: Int { waiters.withLock { $0.byTicket.count } }
+
+    private func wakeWatchers() {
+        let all = waiters.withLock { w -> [CheckedContinuation<Void, Never>] in
+            defer { w.byTicket = [:] }
+            return Array(w.byTicket.values)
+        }
+        for c in all { c.resume() }
+    }
+
+    /// Returns once the status may differ from `last` (at once if it already does), or when the
+    /// calling task is cancelled.
+    private func waitForChange(from last: HealthCheckResponse.ServingStatus) async {
+        let ticket = waiters.withLock { w -> Int in
+            w.next += 1
+            return w.next
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+                let now = waiters.withLock { w -> Bool in
+                    // (checked under the lock: a change between the caller's read and this is not missed)
+                    if status != last || Task.isCancelled { return true }
+                    w.byTicket[ticket] = c
+                    return false
+                }
+                if now { c.resume() }
+            }
+        } onCancel: {
+            let c = waiters.withLock { $0.byTicket.removeValue(forKey: ticket) }
+            c?.resume()
+        }
+    }
 
     private var status: HealthCheckResponse.ServingStatus {
         serving.load(ordering: .relaxed) && !joining.load(ordering: .relaxed) ? .serving : .notServing
@@ -38,7 +80,7 @@ public final class HealthService: Sendable {
             var last = status
             try await writer.send(HealthCheckResponse(status: last))
             while !Task.isCancelled {
-                try await Task.sleep(nanoseconds: 100_000_000)
+                await waitForChange(from: last)
                 if status != last {
                     last = status
                     try await writer.send(HealthCheckResponse(status: last))
