@@ -26,9 +26,10 @@ public final class Node: Sendable {
         let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
         self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
         let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
-        let settings = EngineSettings(nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
+        var settings = EngineSettings(nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
                                       maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval,
                                       probeInterval: configuration.probeInterval)
+        settings.maxSessions = configuration.maxSessions
         let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
                                 handoffLimit: settings.timings.handoffLimit, lease: settings.timings.lease,
                                 ready: !configuration.seeds.contains { $0 != (configuration.peerAdvertise ?? configuration.peerListen) })

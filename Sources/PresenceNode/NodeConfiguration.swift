@@ -20,6 +20,9 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var maxInstantEvents = 50
     /// Seconds between interval events.
     public var presenceInterval: Double = 1
+    /// Sessions this node holds as their gateway at most; a new one past it is RESOURCE_EXHAUSTED
+    /// (resumes of sessions from other nodes are still taken).
+    public var maxSessions = 1_000_000
     /// Copies of each channel's and user home's state, owner included.
     public var replicationFactor = 2
     /// SWIM protocol period, seconds; the other membership timeouts scale with it.
@@ -66,6 +69,9 @@ public struct NodeConfiguration: Sendable, Equatable {
         },
         Flag(name: "max-instant-events", valueName: "N", help: "occupancy above which a channel sends interval events (default 50)") { c, v throws(ConfigurationError) in
             c.maxInstantEvents = try integer("max-instant-events", v, min: 1, max: 1_000_000)
+        },
+        Flag(name: "max-sessions", valueName: "N", help: "sessions this node holds at most; more are refused, RESOURCE_EXHAUSTED (default 1000000)") { c, v throws(ConfigurationError) in
+            c.maxSessions = try integer("max-sessions", v, min: 1, max: 100_000_000)
         },
         Flag(name: "presence-interval", valueName: "SECONDS", help: "period of interval events (default 1)") { c, v throws(ConfigurationError) in
             c.presenceInterval = try seconds("presence-interval", v, min: 0.01, max: 3_600)

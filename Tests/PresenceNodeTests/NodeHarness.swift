@@ -15,7 +15,8 @@ final class TestNode: Sendable {
     var address: HostPort { HostPort(host: "127.0.0.1", port: node.clientPort) }
 
     init(presenceTimeout: Double = 0.5, maxInstantEvents: Int = 50, presenceInterval: Double = 0.2, authSecretFile: String? = nil,
-         nodeID: String = "test-node", seeds: [HostPort] = [], clusterSecretFile: String? = nil, replicationFactor: Int = 2) throws {
+         nodeID: String = "test-node", seeds: [HostPort] = [], clusterSecretFile: String? = nil, replicationFactor: Int = 2,
+         maxSessions: Int = 1_000_000) throws {
         var c = NodeConfiguration(nodeID: nodeID)
         c.listen = HostPort(host: "127.0.0.1", port: 0)
         c.peerListen = HostPort(host: "127.0.0.1", port: 0)
@@ -24,6 +25,7 @@ final class TestNode: Sendable {
         c.clusterSecretFile = clusterSecretFile
         c.presenceTimeout = presenceTimeout
         c.maxInstantEvents = maxInstantEvents
+        c.maxSessions = maxSessions
         c.presenceInterval = presenceInterval
         c.authSecretFile = authSecretFile
         c.threads = 1

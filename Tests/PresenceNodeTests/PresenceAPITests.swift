@@ -272,6 +272,29 @@ import Testing
         await n.stop()
     }
 
+    /// Issue 9: no per-node cap on sessions (`--max-sessions`).
+    @Test func aNodeHoldsAtMostMaxSessions() async throws {
+        let n = try TestNode(maxSessions: 3)
+        let raw = n.raw()
+        var streams: [ServerStreamingCall<SessionEvent>] = []
+        for i in 0..<3 {
+            let call = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "u\(i)"))
+            var it = call.makeAsyncIterator()
+            guard case .opened? = try await it.next()?.event else { Issue.record("no opened"); return }
+            streams.append(call)
+        }
+        let fourth = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "u3"))
+        do {
+            for try await _ in fourth { Issue.record("a 4th session opened"); break }
+        } catch let s as GRPCStatus {
+            #expect(s.code == .resourceExhausted && s.message.hasPrefix("NODE_SESSION_LIMIT"), "\(s)")
+        }
+        #expect(await n.node.engine.sessionCount() == 3)
+        for s in streams { s.cancel() }
+        raw.close()
+        await n.stop()
+    }
+
     @Test func clientLibraryReconnectsAndResumes() async throws {
         let n = try TestNode(presenceTimeout: 3)
         let ann = n.client("ann"), tony = n.client("tony")

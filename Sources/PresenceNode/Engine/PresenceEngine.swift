@@ -10,6 +10,8 @@ public struct EngineSettings: Sendable {
     public var presenceTimeoutNanoseconds: UInt64
     public var maxInstantEvents: Int
     public var presenceIntervalNanoseconds: UInt64
+    /// New sessions past this many on the node are refused (`--max-sessions`).
+    public var maxSessions = 1_000_000
     /// Shard actors per role.
     public var shards = 32
     /// The cluster's timings (derived from the probe interval and the presence timeout).
