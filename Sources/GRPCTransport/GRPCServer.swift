@@ -12,6 +12,9 @@ public struct ServerConfiguration: Sendable {
     public var maxReceiveMessageSize = 4 * 1024 * 1024
     /// Connections served at once; more are closed as soon as they are accepted.
     public var maxConnections = 200_000
+    /// Connections from one remote IP address served at once (20,000: many clients can share
+    /// an address behind NAT; a peer port sets far fewer); more are closed as soon as accepted.
+    public var maxConnectionsPerAddress = 20_000
     /// Backpressure bounds of a server stream's queue (see `ServerStreamWriter`).
     public var streamHighWaterMark = ServerStreamWriter.defaultHighWaterMark
     public var streamLowWaterMark = ServerStreamWriter.defaultLowWaterMark
@@ -123,6 +126,26 @@ final class SharedListener: Sendable {
 
 /// Connections open across all loops, against the limit; requests and bytes received.
 final class ConnectionCounter: Sendable {
+    /// Open connections by remote address (raw sockaddr address bytes).
+    private let byAddress = Mutex<[[UInt8]: Int]>([:])
+
+    /// Counts a connection from `address`; false when that address is over `limit` (not counted).
+    func opened(from address: [UInt8], limit: Int) -> Bool {
+        byAddress.withLock { m in
+            let n = m[address, default: 0]
+            guard n < limit else { return false }
+            m[address] = n + 1
+            return true
+        }
+    }
+
+    func closed(from address: [UInt8]) {
+        byAddress.withLock { m in
+            let n = m[address, default: 0] - 1
+            m[address] = n > 0 ? n : nil
+        }
+    }
+
     private let value = Atomic<Int>(0)
     private let requests = Atomic<Int>(0)
     private let bytesIn = Atomic<Int>(0)
@@ -193,25 +216,56 @@ final class ServerCore: FileDescriptorHandler {
                 close(fd)
                 continue
             }
+            let address = Self.remoteAddress(fd)
+            guard counter.opened(from: address, limit: configuration.maxConnectionsPerAddress) else {
+                counter.closed()
+                close(fd)
+                continue
+            }
             guard !peers.isEmpty else {
                 close(fd)
                 counter.closed()
+                counter.closed(from: address)
                 return
             }
             let target = peers[nextPeer % peers.count]
             nextPeer &+= 1
             if target.loop === loop {
-                adopt(fd)
+                adopt(fd, from: address)
             } else {
-                target.execute { $0.adopt(fd) }
+                target.execute { $0.adopt(fd, from: address) }
             }
         }
     }
 
+    /// The remote IP address of a connected socket, as bytes (empty if unknown).
+    static func remoteAddress(_ fd: Int32) -> [UInt8] {
+        var storage = sockaddr_storage()
+        var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let rc = withUnsafeMutablePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &len) } }
+        guard rc == 0 else { return [] }
+        switch Int32(storage.ss_family) {
+        case AF_INET:
+            return withUnsafeBytes(of: &storage) { raw in
+                raw.withMemoryRebound(to: sockaddr_in.self) { Array(withUnsafeBytes(of: $0[0].sin_addr) { Array($0) }) }
+            }
+        case AF_INET6:
+            return withUnsafeBytes(of: &storage) { raw in
+                raw.withMemoryRebound(to: sockaddr_in6.self) { Array(withUnsafeBytes(of: $0[0].sin6_addr) { Array($0) }) }
+            }
+        default:
+            return []
+        }
+    }
+
+    /// Remote addresses of this loop's connections (to count them down when they close).
+    private var addresses: [ObjectIdentifier: [UInt8]] = [:]
+
     /// Serves a connection accepted on (possibly) another loop.
-    func adopt(_ fd: Int32) {
+    func adopt(_ fd: Int32, from address: [UInt8]) {
         let c = ServerConnection(fd: fd, loop: loop, core: self)
         connections[ObjectIdentifier(c)] = c
+        addresses[ObjectIdentifier(c)] = address
         c.start(server: true)
         c.armHandshakeAndIdleTimers()
     }
@@ -228,6 +282,7 @@ final class ServerCore: FileDescriptorHandler {
         if connections.removeValue(forKey: ObjectIdentifier(c)) != nil {
             counter.closed()
         }
+        if let a = addresses.removeValue(forKey: ObjectIdentifier(c)) { counter.closed(from: a) }
     }
 
     func streamClosed(on c: ServerConnection) {}

@@ -73,6 +73,8 @@ public final class Node: Sendable {
                      onClientPort: false, tokenMode: verifier != nil).register(in: &peerRegistry)
         var peerConfig = ServerConfiguration(address: configuration.peerListen)
         peerConfig.maxReceiveMessageSize = 64 << 20
+        // (peers hold a few connections each; loopback test clusters share one address)
+        peerConfig.maxConnectionsPerAddress = 1024
         let peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
         peerServerBox.withLock { $0 = peerServer }
         self.peerServer = peerServer

@@ -126,6 +126,27 @@ struct RawPeer {
         await h.stop()
     }
 
+    /// Issue 9: no cap on connections from one address.
+    @Test func connectionsFromOneAddressAreCapped() async throws {
+        let h = try Harness { $0.maxConnectionsPerAddress = 3 }
+        var peers = try (0..<3).map { _ in try RawPeer(port: h.server.port) }
+        for p in peers { p.handshake() }
+        try await eventually("three served") { h.server.connections == 3 }
+        let fourth = try RawPeer(port: h.server.port)
+        #expect(fourth.readFrames(until: MonotonicClock.now() + 2_000_000_000, stopWhen: { _ in false }).closed)
+        fourth.close()
+        #expect(h.server.connections == 3)
+        // one closes: another may come
+        peers.removeFirst().close()
+        try await eventually("one fewer") { h.server.connections == 2 }
+        let again = try RawPeer(port: h.server.port)
+        again.handshake()
+        try await eventually("served again") { h.server.connections == 3 }
+        again.close()
+        for p in peers { p.close() }
+        await h.stop()
+    }
+
     /// Issue 9: an idle connection (no stream) was kept for good, answering pings.
     @Test func aConnectionIdleForTooLongIsClosedWithGoAway() async throws {
         let h = try Harness { $0.idleTimeout = 300_000_000 }
