@@ -82,9 +82,12 @@ final class ClientConnection: HTTP2Connection {
     var onClosed: (() -> Void)?
 
     private let metadata: [(String, String)]
+    private let callMetadata: (@Sendable (String, ArraySlice<UInt8>) -> [(String, String)])?
 
-    init(fd: Int32, loop: EventLoop, settings: HTTP2Settings, authority: String, maxMessageSize: Int, metadata: [(String, String)] = []) {
+    init(fd: Int32, loop: EventLoop, settings: HTTP2Settings, authority: String, maxMessageSize: Int, metadata: [(String, String)] = [],
+         callMetadata: (@Sendable (String, ArraySlice<UInt8>) -> [(String, String)])? = nil) {
         self.metadata = metadata
+        self.callMetadata = callMetadata
         self.authority = authority
         self.maxMessageSize = maxMessageSize
         super.init(fd: fd, loop: loop, settings: settings)
@@ -173,6 +176,10 @@ final class ClientConnection: HTTP2Connection {
         headers.add("user-agent", "presenced-swift/0.1")
         if let t = call.timeout { headers.add("grpc-timeout", GRPCTimeout.encode(nanoseconds: t)) }
         for (name, value) in metadata { headers.add(dynamic: name, value) }
+        if let callMetadata {
+            // (computed now, at each attempt: a signature carries the time it is sent at)
+            for (name, value) in callMetadata(call.path, call.body.dropFirst(5)) { headers.add(dynamic: name, value) }
+        }
         var provider = Self.dataProvider
         let id = headers.withNV { nv, n in nghttp2_submit_request(session, nil, nv, n, &provider, nil) }
         guard id > 0 else {

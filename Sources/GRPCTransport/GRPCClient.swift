@@ -10,8 +10,11 @@ public struct ClientConfiguration: Sendable {
     public var http2 = HTTP2Settings()
     /// Largest response message accepted.
     public var maxReceiveMessageSize = 4 * 1024 * 1024
-    /// Headers sent with every call (for example peer authentication).
+    /// Headers sent with every call (for example a user's token).
     public var metadata: [(String, String)] = []
+    /// Headers computed for each call from its method path and request message (protobuf bytes),
+    /// when it is sent: a request signature, for example (peer authentication).
+    public var callMetadata: (@Sendable (_ path: String, _ message: ArraySlice<UInt8>) -> [(String, String)])? = nil
 
     public init(target: HostPort) {
         self.target = target
@@ -153,7 +156,7 @@ final class ConnectionSlot: @unchecked Sendable {
         let fd = try Sockets.connect(to: configuration.target)
         let c = ClientConnection(fd: fd, loop: loop, settings: configuration.http2,
                                  authority: configuration.target.description, maxMessageSize: configuration.maxReceiveMessageSize,
-                                 metadata: configuration.metadata)
+                                 metadata: configuration.metadata, callMetadata: configuration.callMetadata)
         c.onClosed = { [weak self, unowned c] in
             guard let self else { return }
             if self.connection === c { self.connection = nil }

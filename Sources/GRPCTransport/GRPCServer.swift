@@ -12,6 +12,11 @@ public struct ServerConfiguration: Sendable {
     public var maxReceiveMessageSize = 4 * 1024 * 1024
     /// Connections served at once; more are closed as soon as they are accepted.
     public var maxConnections = 200_000
+    /// Checks a request's headers before its message is read (path, metadata): a refusal ends the
+    /// call at once, and its body is not kept. For authentication that needs no body.
+    public var refuseEarly: (@Sendable (_ path: String, _ metadata: [(String, String)]) -> GRPCStatus?)? = nil
+    /// Checks a whole request before its message is decoded (path, metadata, protobuf bytes).
+    public var refuse: (@Sendable (_ path: String, _ metadata: [(String, String)], _ message: [UInt8]) -> GRPCStatus?)? = nil
     /// Connections from one remote IP address served at once (20,000: many clients can share
     /// an address behind NAT; a peer port sets far fewer); more are closed as soon as accepted.
     public var maxConnectionsPerAddress = 20_000

@@ -288,6 +288,10 @@ final class ServerConnection: HTTP2Connection {
             finish(s, GRPCStatus(.resourceExhausted, "HEADERS_TOO_LARGE: the request's headers exceed \(settings.maxHeaderListSize) bytes"))
             return
         }
+        if let refuseEarly = core.configuration.refuseEarly, let refusal = refuseEarly(s.path, s.metadata) {
+            finish(s, refusal)
+            return
+        }
         if draining {
             finish(s, GRPCStatus(.unavailable, "SHUTTING_DOWN: the server is shutting down; retry on another node"))
             return
@@ -326,6 +330,10 @@ final class ServerConnection: HTTP2Connection {
         }
         let request = s.messages[0]
         s.messages = []
+        if let refuse = core.configuration.refuse, let refusal = refuse(s.path, s.metadata, request) {
+            finish(s, refusal)
+            return
+        }
         let context = ServerContext(path: s.path, deadline: s.timeout.map { t in
             let (at, overflow) = MonotonicClock.now().addingReportingOverflow(t)
             return overflow ? .max : at  // (a huge grpc-timeout is no deadline, not one in the past)

@@ -75,6 +75,10 @@ public final class Node: Sendable {
         peerConfig.maxReceiveMessageSize = 64 << 20
         // (peers hold a few connections each; loopback test clusters share one address)
         peerConfig.maxConnectionsPerAddress = 1024
+        // every peer request is signed (when the cluster has a secret), checked before its body
+        // is read and again before it is decoded
+        peerConfig.refuseEarly = membership.refuseEarly
+        peerConfig.refuse = membership.refuse
         let peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
         peerServerBox.withLock { $0 = peerServer }
         self.peerServer = peerServer
@@ -83,7 +87,14 @@ public final class Node: Sendable {
         PresenceService(engine: engine, verifier: verifier).register(in: &registry)
         AdminService(membership: membership, engine: engine, peerTraffic: peerTraffic,
                      onClientPort: true, tokenMode: verifier != nil).register(in: &registry)
-        server = GRPCServer(configuration: ServerConfiguration(address: configuration.listen), services: registry, group: group)
+        var clientConfig = ServerConfiguration(address: configuration.listen)
+        if membership.hasClusterSecret {
+            // Admin on the client port: only signed with the cluster secret, like a peer
+            let admin = "/" + AdminMethods.serviceName + "/"
+            clientConfig.refuseEarly = { path, metadata in path.hasPrefix(admin) ? membership.refuseEarly(path: path, metadata: metadata) : nil }
+            clientConfig.refuse = { path, metadata, message in path.hasPrefix(admin) ? membership.refuse(path: path, metadata: metadata, message: message) : nil }
+        }
+        server = GRPCServer(configuration: clientConfig, services: registry, group: group)
     }
 
     /// The client port actually bound (useful with port 0).

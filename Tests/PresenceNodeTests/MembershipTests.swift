@@ -4,6 +4,7 @@ import Foundation
 import GRPCTransport
 @testable import PresenceNode
 import PresenceWire
+import Synchronization
 import Testing
 
 @Suite(.serialized) struct MembershipTests {
@@ -192,6 +193,32 @@ import Testing
             _ = try await peer.unary(PeerPresenceMethods.push, ClusterPushBatch(fromNodeID: "good"))
         }
         peer.close()
+        // issue 9: the credential was one static header, replayable by anyone who saw a request.
+        // Now each request is signed over its method, time and message: a captured header does not
+        // fit another request, nor the same one twice, nor one an hour later.
+        let auth = PeerRequestAuth(secret: Array("cluster-s3cret".utf8))
+        let captured = Mutex<String?>(nil)
+        var cfg = ClientConfiguration(target: seed)
+        cfg.callMetadata = { path, message in
+            let v = auth.sign(method: path, message: message, now: WallClock.nowMilliseconds())
+            captured.withLock { if $0 == nil { $0 = v } }
+            return [(PeerRequestAuth.header, captured.withLock { $0! })]
+        }
+        let signed = GRPCClient(configuration: cfg, group: a.group)
+        let list = ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list)
+        _ = try await signed.unary(PeerPresenceMethods.channel, list)          // signed: served
+        await expectError(.unauthenticated, "CLUSTER_AUTH") {                  // the same header again
+            _ = try await signed.unary(PeerPresenceMethods.channel, list)
+        }
+        await expectError(.unauthenticated, "CLUSTER_AUTH") {                  // on another message
+            _ = try await signed.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "other", channelType: .message, op: .list))
+        }
+        signed.close()
+        var stale = ClientConfiguration(target: seed)
+        stale.callMetadata = { path, message in [(PeerRequestAuth.header, auth.sign(method: path, message: message, now: WallClock.nowMilliseconds() - 3_600_000))] }
+        let late = GRPCClient(configuration: stale, group: a.group)
+        await expectError(.unauthenticated, "CLUSTER_AUTH") { _ = try await late.unary(PeerPresenceMethods.channel, list) }
+        late.close()
         for n in [none, bad, good, a] { await n.stop() }
     }
 }

@@ -17,7 +17,9 @@ public final class Membership: Sendable {
     private let loop: EventLoop
     private let group: EventLoopGroup
     private let seeds: [HostPort]
-    private let authHeader: (String, String)?
+    /// Signs and checks each peer request (when the cluster has a secret).
+    let peerAuth: PeerRequestAuth?
+    private let replay = Mutex(ReplayWindow())
     private let logger: Logger
     private let swim: Mutex<SWIM.Instance>
     private let clients = Mutex<[String: GRPCClient]>([:])
@@ -67,26 +69,37 @@ public final class Membership: Sendable {
         self.loop = group.loops[0]
         self.logger = logger
         self.settings = settings
-        self.authHeader = clusterSecret.map { ("cluster-auth", Self.authToken(secret: $0)) }
+        self.peerAuth = clusterSecret.map { PeerRequestAuth(secret: $0) }
         let topology = topology ?? Topology(me: nodeID, replicationFactor: 1)
         self.topology = topology
         swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: topology.boot))
     }
 
-    /// The value peers must send in `cluster-auth`: HMAC-SHA256(secret, "presence-cluster"), hex.
-    static func authToken(secret: [UInt8]) -> String {
-        TokenVerifier.hmac(key: secret, message: Array("presence-cluster".utf8)).map { String(format: "%02x", $0) }.joined()
+    /// Whether the cluster has a secret (peer calls must carry a `cluster-auth` signature).
+    var hasClusterSecret: Bool { peerAuth != nil }
+
+    /// A request's headers, before its body is read: without a well-formed, current signature it
+    /// is refused at once (its body is never kept). Nil: go on.
+    @Sendable func refuseEarly(path: String, metadata: [(String, String)]) -> GRPCStatus? {
+        guard let peerAuth else { return nil }
+        let value = metadata.first(where: { $0.0 == PeerRequestAuth.header })?.1
+        guard let why = peerAuth.refusesEarly(value, now: WallClock.nowMilliseconds()) else { return nil }
+        return GRPCStatus(.unauthenticated, "CLUSTER_AUTH: \(why)")
     }
 
-    /// Whether the cluster has a secret (peer calls must carry `cluster-auth`).
-    var hasClusterSecret: Bool { authHeader != nil }
-
-    /// Checks a peer call's `cluster-auth` header (when this node has a cluster secret).
-    func authorize(_ ctx: ServerContext) throws {
-        guard let (name, expected) = authHeader else { return }
-        guard let got = ctx.metadata.first(where: { $0.0 == name })?.1, got.utf8.count == expected.utf8.count,
-              zip(got.utf8, expected.utf8).reduce(0, { $0 | ($1.0 ^ $1.1) }) == 0 else {
-            throw GRPCStatus(.unauthenticated, "CLUSTER_AUTH: peer calls need the cluster secret")
+    /// The whole request, before its message is decoded: the signature must match the method, the
+    /// time and the message, and not have been used before (a replay).
+    @Sendable func refuse(path: String, metadata: [(String, String)], message: [UInt8]) -> GRPCStatus? {
+        guard let peerAuth else { return nil }
+        let now = WallClock.nowMilliseconds()
+        switch peerAuth.check(metadata.first(where: { $0.0 == PeerRequestAuth.header })?.1, method: path, message: message[...], now: now) {
+        case .failure(let refusal):
+            return GRPCStatus(.unauthenticated, "CLUSTER_AUTH: \(refusal.reason)")
+        case .success(let mac):
+            guard replay.withLock({ $0.admit(mac, now: now) }) else {
+                return GRPCStatus(.unauthenticated, "CLUSTER_AUTH: this request was already received (a replay)")
+            }
+            return nil
         }
     }
 
@@ -283,7 +296,11 @@ public final class Membership: Sendable {
             config.http2.keepaliveInterval = 2_000_000_000
             config.http2.keepaliveTimeout = 1_000_000_000
             config.maxReceiveMessageSize = 64 << 20
-            if let h = authHeader { config.metadata = [h] }
+            if let peerAuth {
+                config.callMetadata = { path, message in
+                    [(PeerRequestAuth.header, peerAuth.sign(method: path, message: message, now: WallClock.nowMilliseconds()))]
+                }
+            }
             let c = GRPCClient(configuration: config, group: group)
             cs[address] = c
             return c
@@ -404,15 +421,12 @@ public final class Membership: Sendable {
 
     public func register(in registry: inout ServiceRegistry) {
         registry.unary(MembershipMethods.ping) { [self] req, ctx in
-            try authorize(ctx)
             return handlePing(req)
         }
         registry.unary(MembershipMethods.indirectPing) { [self] req, ctx in
-            try authorize(ctx)
             return try await handleIndirectPing(req)
         }
         registry.unary(MembershipMethods.join) { [self] req, ctx in
-            try authorize(ctx)
             return try handleJoin(req)
         }
     }

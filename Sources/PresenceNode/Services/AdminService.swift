@@ -15,13 +15,12 @@ public struct AdminService: Sendable {
     let tokenMode: Bool
 
     /// Who may call Admin (members, peer addresses, ownership: what an attacker maps a cluster
-    /// with): on the peer port, a peer (with the cluster secret when there is one); on the client
-    /// port, a caller with the cluster credential — or anyone only in open mode with no secret,
-    /// a cluster on a developer's machine.
+    /// with): on the peer port, a peer (signed with the cluster secret when there is one); on the
+    /// client port, a caller signing with the cluster secret — or anyone only in open mode with no
+    /// secret, a cluster on a developer's machine. (Signatures are checked by the servers before
+    /// the request is decoded: `Membership.refuse`, installed for Admin on the client port.)
     func authorize(_ ctx: ServerContext) throws {
-        if membership.hasClusterSecret || !onClientPort {
-            try membership.authorize(ctx)
-        } else if tokenMode {
+        if onClientPort && !membership.hasClusterSecret && tokenMode {
             throw GRPCStatus(.permissionDenied, "ADMIN_NOT_HERE: in token mode Admin answers on the peer port, or with the cluster credential (--cluster-secret-file)")
         }
     }
