@@ -157,7 +157,14 @@ public final class Membership: Sendable {
                                    ["healthy": String(healthy), "suspected": String(suspected), "lost": String(lost)])
                 }
             case .install(let steps):
-                if wasInMinority { logger.info("this node sees a majority of the cluster again") }
+                if wasInMinority {
+                    logger.info("this node sees a majority of the cluster again")
+                    // Cut off, it was most likely declared dead, and the majority took its keys
+                    // over; it may hear so only after this ring change (found by Cluster/chaos,
+                    // netns partitions: it served a SNAPSHOT of its stale copy in between). So it
+                    // waits for the others to hand back before the change, as if told.
+                    declaredDead()
+                }
                 for step in steps {
                     guard let old = topology.update(ring: step) else { continue }
                     // the observer only queues the change; calling it under the lock keeps changes in order
