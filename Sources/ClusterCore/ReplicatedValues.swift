@@ -20,7 +20,7 @@ public struct ChannelFact: Sendable, Equatable {
     }
 
     /// The hash both sides compute for this fact.
-    public var hash: UInt64 { FactDigest.hash(session.raw, joinVersion, withPresence ? 1 : 0, stateVersion) }
+    public var hash: UInt64 { FactDigest.hash(session.digest, joinVersion, withPresence ? 1 : 0, stateVersion) }
 }
 
 /// A later state of a user than the gateway's session holds (another device of the user changed it).
@@ -82,7 +82,7 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
     public func factHashes(at sink: NodeInstance) -> [UInt64] {
         guard sinkCounts[sink] != nil else { return [] }
         return places.filter { $0.value.sink == sink }.map { id, p in
-            FactDigest.hash(id.raw, p.version, p.withPresence ? 1 : 0, stateVersion(of: p.user))
+            FactDigest.hash(id.digest, p.version, p.withPresence ? 1 : 0, stateVersion(of: p.user))
         }
     }
 
@@ -141,13 +141,13 @@ public enum HomeFact: Sendable, Equatable {
     public var hash: UInt64 {
         switch self {
         case .session(let s, let r): HomeFact.sessionHash(s, r)
-        case .watcher(let s, let v): FactDigest.hash(2, s.raw, SessionVersion.epoch(v))
+        case .watcher(let s, let v): FactDigest.hash(2, s.digest, SessionVersion.epoch(v))
         }
     }
 
     static func sessionHash(_ s: SessionID, _ r: HomeRecord<NodeInstance>.Session) -> UInt64 {
         let channels = r.channels.keys.sorted().map { "\($0)\(r.channels[$0]! ? "+" : "")" }.joined(separator: ",")
-        return FactDigest.hash(1, s.raw, r.version, StableHash.of(channels), StableHash.of(r.watching.sorted().joined(separator: ",")))
+        return FactDigest.hash(1, s.digest, r.version, StableHash.of(channels), StableHash.of(r.watching.sorted().joined(separator: ",")))
     }
 }
 

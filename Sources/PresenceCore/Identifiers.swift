@@ -20,27 +20,54 @@ public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertibl
 
 /// A session's id: 64 random bits, shown as 16 hex digits.
 public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible {
+    /// The high 64 bits (0 for ids of the 64-bit form, which are still read).
+    public let hi: UInt64
+    /// The low 64 bits (shards and digests start from them).
     public let raw: UInt64
 
-    public init(raw: UInt64) { self.raw = raw }
+    public init(raw: UInt64) {
+        self.hi = 0
+        self.raw = raw
+    }
 
+    public init(hi: UInt64, lo: UInt64) {
+        self.hi = hi
+        self.raw = lo
+    }
+
+    /// 128 random bits (issue 9: a session id is what a call acts on; 64 bits were guessable in
+    /// principle, 128 are not).
     public static func random() -> SessionID {
         var g = SystemRandomNumberGenerator()
-        return SessionID(raw: g.next() | 1)  // never 0
+        return SessionID(hi: g.next(), lo: g.next() | 1)  // never 0
     }
 
-    /// Parses the 16-hex-digit text form; nil for anything else.
+    /// Parses the 32-hex-digit text form (or the 16-digit form of 64-bit ids); nil for anything else.
     public init?(text: String) {
-        guard text.utf8.count == 16, let v = UInt64(text, radix: 16), v != 0 else { return nil }
-        raw = v
+        let n = text.utf8.count
+        guard n == 16 || n == 32, text.utf8.allSatisfy({ ($0 >= 48 && $0 <= 57) || ($0 >= 97 && $0 <= 102) }) else { return nil }
+        if n == 16 {
+            guard let v = UInt64(text, radix: 16), v != 0 else { return nil }
+            hi = 0
+            raw = v
+        } else {
+            guard let h = UInt64(text.prefix(16), radix: 16), let l = UInt64(text.suffix(16), radix: 16), h != 0 || l != 0 else { return nil }
+            hi = h
+            raw = l
+        }
     }
 
-    public var description: String {
-        let hex = String(raw, radix: 16)
+    private static func hex16(_ v: UInt64) -> String {
+        let hex = String(v, radix: 16)
         return String(repeating: "0", count: 16 - hex.count) + hex
     }
 
-    public static func < (a: SessionID, b: SessionID) -> Bool { a.raw < b.raw }
+    public var description: String { hi == 0 ? Self.hex16(raw) : Self.hex16(hi) + Self.hex16(raw) }
+
+    /// All 128 bits folded into one number, for digests.
+    public var digest: UInt64 { raw ^ (hi &* 0x9E37_79B9_7F4A_7C15) }
+
+    public static func < (a: SessionID, b: SessionID) -> Bool { (a.hi, a.raw) < (b.hi, b.raw) }
 }
 
 /// One process of a node: its id and the boot it drew at start (RELIABILITY.md: "every process start

@@ -122,6 +122,21 @@ let sec: UInt64 = 1_000_000_000
         #expect(HomeRecord<String>(userID: "nobody").channels.isEmpty)
     }
 
+    /// Issue 9: session ids were 64 random bits; they are 128 now (ids of the 64-bit form still parse).
+    @Test func sessionIdsAre128RandomBits() {
+        let ids = (0..<1000).map { _ in SessionID.random() }
+        #expect(Set(ids).count == 1000)
+        #expect(ids.allSatisfy { $0.description.utf8.count == 32 && SessionID(text: $0.description) == $0 })
+        #expect(ids.filter { $0.hi == 0 }.count < 2)
+        #expect(SessionID(text: "00000000000000ff")?.raw == 255)
+        for bad in ["", "0000000000000000", "00000000000000000000000000000000", "0123456789ABCDEF", "0123456789abcdef0", "zz23456789abcdef",
+                    "+123456789abcdef", String(repeating: "a", count: 33)] {
+            #expect(SessionID(text: bad) == nil, "\(bad)")
+        }
+        // ids that differ only in their high bits are different sessions, with different digests
+        #expect(SessionID(hi: 1, lo: 5) != SessionID(hi: 2, lo: 5) && SessionID(hi: 1, lo: 5).digest != SessionID(hi: 2, lo: 5).digest)
+    }
+
     /// Issue 9: state for channels not joined yet was kept without a bound (each call copies the
     /// whole session record under the gateway's lock: O(n²)).
     @Test func pendingStateIsKeptForAtMost64ChannelsNotJoined() throws {
