@@ -12,6 +12,10 @@ public struct ServerConfiguration: Sendable {
     public var maxReceiveMessageSize = 4 * 1024 * 1024
     /// Connections served at once; more are closed as soon as they are accepted.
     public var maxConnections = 200_000
+    /// Unary handlers one connection runs at once (32); later requests wait their turn. Together
+    /// with the output budget this bounds what one client can make the server build and hold
+    /// (answers to requests it never reads).
+    public var maxConcurrentUnaryPerConnection = 32
     /// Checks a request's headers before its message is read (path, metadata): a refusal ends the
     /// call at once, and its body is not kept. For authentication that needs no body.
     public var refuseEarly: (@Sendable (_ path: String, _ metadata: [(String, String)]) -> GRPCStatus?)? = nil

@@ -31,6 +31,12 @@ final class ServerStream {
     var deadlineTimer: TimerID? = nil
     /// Ends the request if its message has not fully arrived in time (`requestTimeout`).
     var requestTimer: TimerID? = nil
+    /// A unary request waiting for a handler slot of its connection.
+    var waitingForTurn = false
+    /// The server's `refuse` check passed.
+    var checked = false
+    /// Counted among its connection's running unary handlers.
+    var countedUnary = false
 
     init(id: Int32, maxMessageSize: Int) {
         self.id = id
@@ -51,6 +57,9 @@ final class ServerConnection: HTTP2Connection {
     private var handshakeDone = false
     /// Response bytes on this connection's streams that the client has not taken yet.
     private var queuedBytes = 0
+    /// Unary handlers running for this connection, and requests waiting for one to end.
+    private var runningUnary = 0
+    private var waitingUnary: [Int32] = []
 
     /// Counts bytes queued for the client; closes the connection past the budget.
     private func queued(_ n: Int) {
@@ -196,6 +205,8 @@ final class ServerConnection: HTTP2Connection {
     override func onStreamClose(streamID: Int32, errorCode: UInt32) -> Int32 {
         guard let s = streams.removeValue(forKey: streamID) else { return 0 }
         queuedBytes -= Self.remaining(s)
+        s.waitingForTurn = false
+        unaryEnded(s)
         if let t = s.requestTimer { loop.cancelTimer(t) }
         if streams.isEmpty && !draining { armIdleTimer() }
         if s.status == nil || s.task != nil {
@@ -318,7 +329,7 @@ final class ServerConnection: HTTP2Connection {
     private func dispatch(_ s: ServerStream) {
         guard !s.dispatched, s.status == nil else { return }
         s.dispatched = true
-        core.counter.requested()
+        if !s.checked { core.counter.requested() }
         guard let method = core.methods[s.path] else {
             finish(s, GRPCStatus(.unimplemented, "UNIMPLEMENTED: method \(s.path) is not served here"))
             return
@@ -330,10 +341,11 @@ final class ServerConnection: HTTP2Connection {
         }
         let request = s.messages[0]
         s.messages = []
-        if let refuse = core.configuration.refuse, let refusal = refuse(s.path, s.metadata, request) {
+        if !s.checked, let refuse = core.configuration.refuse, let refusal = refuse(s.path, s.metadata, request) {
             finish(s, refusal)
             return
         }
+        s.checked = true  // (once: a replay window must not see a request waiting for its turn twice)
         let context = ServerContext(path: s.path, deadline: s.timeout.map { t in
             let (at, overflow) = MonotonicClock.now().addingReportingOverflow(t)
             return overflow ? .max : at  // (a huge grpc-timeout is no deadline, not one in the past)
@@ -349,6 +361,16 @@ final class ServerConnection: HTTP2Connection {
                 finish(s, GRPCStatus(error))
             }
         case .unary(let handler):
+            if runningUnary >= core.configuration.maxConcurrentUnaryPerConnection {
+                // (its turn comes when a running one ends; the request is kept meanwhile)
+                s.messages = [request]
+                s.dispatched = false
+                s.waitingForTurn = true
+                waitingUnary.append(id)
+                return
+            }
+            runningUnary += 1
+            s.countedUnary = true
             // Starts on this thread and runs until it first waits, and prefers this loop after
             // that: calls to actors pinned to this loop never change threads.
             s.task = Task.immediate(executorPreference: loop) {
@@ -376,7 +398,21 @@ final class ServerConnection: HTTP2Connection {
     }
 
 
+    /// A unary handler ended (answered, failed, or its stream went away): the next waiting runs.
+    private func unaryEnded(_ s: ServerStream) {
+        guard s.countedUnary else { return }
+        s.countedUnary = false
+        runningUnary -= 1
+        while runningUnary < core.configuration.maxConcurrentUnaryPerConnection, !waitingUnary.isEmpty {
+            let next = waitingUnary.removeFirst()
+            guard let w = streams[next], w.waitingForTurn, w.status == nil else { continue }
+            w.waitingForTurn = false
+            dispatch(w)
+        }
+    }
+
     private func unaryCompleted(streamID: Int32, _ result: Result<[UInt8], Error>) {
+        if let s = streams[streamID] { unaryEnded(s) }
         guard let s = stream(streamID), s.status == nil else { return }
         s.task = nil
         switch result {

@@ -75,6 +75,8 @@ public final class Node: Sendable {
         peerConfig.maxReceiveMessageSize = 64 << 20
         // (peers hold a few connections each; loopback test clusters share one address)
         peerConfig.maxConnectionsPerAddress = 1024
+        // (a peer multiplexes every routed call of its clients on a connection or two)
+        peerConfig.maxConcurrentUnaryPerConnection = 4096
         // every peer request is signed (when the cluster has a secret), checked before its body
         // is read and again before it is decoded
         peerConfig.refuseEarly = membership.refuseEarly

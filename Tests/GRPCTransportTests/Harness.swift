@@ -17,6 +17,8 @@ enum TestMethods {
     static let hangUnary = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/HangUnary", kind: .unary)
     /// Waits until `value` calls are in the barrier at once, then answers how many it saw.
     static let barrier = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Barrier", kind: .unary)
+    /// Runs for 20 ms, counting how many run at once.
+    static let gauge = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Gauge", kind: .unary)
     /// Sleeps `value` ms, then echoes.
     static let slow = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Slow", kind: .unary)
 }
@@ -26,6 +28,9 @@ final class Observations: Sendable {
     let cancelledHandlers = Atomic<Int>(0)
     let inBarrier = Atomic<Int>(0)
     let maxInBarrier = Atomic<Int>(0)
+    /// Handlers of `gauge` running now, and the most at once.
+    let inGauge = Atomic<Int>(0)
+    let maxInGauge = Atomic<Int>(0)
     let writers = Mutex<[ServerStreamWriter]>([])
 }
 
@@ -80,6 +85,13 @@ struct Harness {
                 try await Task.sleep(nanoseconds: 1_000_000)
             }
             return StateItem(key: req.key, value: String(seen.maxInBarrier.load(ordering: .relaxed)))
+        }
+        registry.unary(TestMethods.gauge) { req, _ in
+            let now = seen.inGauge.add(1, ordering: .relaxed).newValue
+            _ = seen.maxInGauge.max(now, ordering: .relaxed)
+            try? await Task.sleep(nanoseconds: 20_000_000)
+            seen.inGauge.subtract(1, ordering: .relaxed)
+            return req
         }
         registry.unary(TestMethods.slow) { req, _ in
             try await Task.sleep(nanoseconds: UInt64(Int(req.value) ?? 0) * 1_000_000)

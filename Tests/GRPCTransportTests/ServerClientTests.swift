@@ -194,7 +194,7 @@ import Testing
     }
 
     @Test func thousandConcurrentStreams() async throws {
-        let h = try Harness()
+        let h = try Harness { $0.maxConcurrentUnaryPerConnection = 1000 }
         let n = 1000
         try await withThrowingTaskGroup(of: String.self) { g in
             for i in 0..<n {
@@ -203,6 +203,24 @@ import Testing
             for try await seen in g { #expect(seen == String(n)) }
         }
         #expect(h.seen.maxInBarrier.load(ordering: .relaxed) == n)
+        await h.stop()
+    }
+
+    /// Issue 9: a connection runs at most `maxConcurrentUnaryPerConnection` unary handlers at once;
+    /// later requests wait for their turn (they are not refused).
+    @Test func unaryHandlersPerConnectionAreCappedAndTheRestWaitTheirTurn() async throws {
+        let h = try Harness { $0.maxConcurrentUnaryPerConnection = 8 }
+        let n = 40
+        try await withThrowingTaskGroup(of: String.self) { g in
+            for i in 0..<n {
+                g.addTask { try await h.client.unary(TestMethods.gauge, StateItem(key: String(i)), timeout: .seconds(30)).key }
+            }
+            var answered = 0
+            for try await _ in g { answered += 1 }
+            #expect(answered == n)
+        }
+        let most = h.seen.maxInGauge.load(ordering: .relaxed)
+        #expect(most <= 8 && most >= 2, "\(most) at once")
         await h.stop()
     }
 
