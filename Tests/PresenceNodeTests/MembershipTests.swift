@@ -178,6 +178,18 @@ import Testing
         let bad = try TestNode(nodeID: "bad", seeds: [seed], clusterSecretFile: wrong)
         let none = try TestNode(nodeID: "none", seeds: [seed])
         try await waitUntil("good joined", within: 10) { statuses(a)["good"] == .alive }
+        // signed peer traffic carries the cluster's work: calls routed between a and good,
+        // replica copies and pushes
+        let ann = good.client("ann"), probe = a.client("probe")
+        try await ann.connect()
+        try await probe.connect()
+        let channels = (0..<8).map { "signed-\($0)" }
+        for ch in channels { try await ann.join(ch, withPresence: false) }
+        for ch in channels {
+            try await waitUntil("ann listed in \(ch) through a") { (try? await probe.onlineUsers(ch).users.map(\.userID)) == ["ann"] }
+        }
+        await ann.close()
+        await probe.close()
         try await Task.sleep(nanoseconds: 1_000_000_000)
         #expect(statuses(a)["bad"] == nil && statuses(a)["none"] == nil)
         #expect(statuses(bad).keys.sorted() == ["bad"])
