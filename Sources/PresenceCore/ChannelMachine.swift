@@ -94,6 +94,11 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     private var batch = IntervalBatch()
     /// Inside `batched`: the sessions owed a SNAPSHOT, taken once the whole batch is done.
     private var deferredSnapshots: [SessionID]?
+    /// On a replica: the owner's sequence of the last change installed for each user. A change
+    /// that arrives after a later one (relayed pushes can overtake each other) is older and
+    /// skipped: installed, it would bring back a user who had left since (found by Cluster/chaos,
+    /// netns: a replica took over and its SNAPSHOT listed a user who had left).
+    private var installedAt: [String: UInt64] = [:]
 
     public init(key: ChannelKey, maxInstantEvents: Int) {
         self.key = key
@@ -478,7 +483,12 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             sequence = keep.1
             term = keep.2
         }
-        for m in copy.members { install(m) }
+        let sameLineage = copy.term == term
+        for m in copy.members {
+            if !copy.full, sameLineage, let at = installedAt[m.userID], copy.sequence < at { continue }  // (older than what is here)
+            installedAt[m.userID] = copy.sequence
+            install(m)
+        }
         for (id, d) in copy.departed where places[id] == nil { departed[id] = d }
         term = max(term, copy.term)
         sequence = max(sequence, copy.sequence)

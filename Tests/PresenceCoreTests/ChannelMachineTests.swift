@@ -34,6 +34,25 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(snap.event.timestampMs == 20)
     }
 
+    /// Found by Cluster/chaos (netns, a cut link): relayed replica pushes overtook each other; a
+    /// change older than the user's leave, installed after it, brought the user back in the
+    /// replica, and its SNAPSHOT listed them once it took over.
+    @Test func aReplicaSkipsAChangeOlderThanOneItHasInstalled() {
+        var r = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        let joined = MemberCopy<String>(userID: "bob", sessions: [.init(id: s2, sink: "gw", withPresence: false, version: 5)], state: [item("k", "v")])
+        let left = MemberCopy<String>(userID: "bob", sessions: [], state: [])
+        r.install(ChannelCopy(key: lobby, sequence: 10, term: 1, full: false, handoff: false, members: [joined]))
+        r.install(ChannelCopy(key: lobby, sequence: 12, term: 1, full: false, handoff: false, members: [left]))
+        #expect(!r.contains(user: "bob"))
+        r.install(ChannelCopy(key: lobby, sequence: 10, term: 1, full: false, handoff: false, members: [joined]))  // late
+        #expect(!r.contains(user: "bob"))
+        // a later change is taken, and so is anything from a new owner (another lineage) or a full copy
+        r.install(ChannelCopy(key: lobby, sequence: 13, term: 1, full: false, handoff: false, members: [joined]))
+        #expect(r.contains(user: "bob"))
+        r.install(ChannelCopy(key: lobby, sequence: 2, term: 2, full: true, handoff: false, members: []))
+        #expect(!r.contains(user: "bob"))
+    }
+
     @Test func aLeaveFromBeforeTheSessionsLatestJoinChangesNothing() {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 10)
