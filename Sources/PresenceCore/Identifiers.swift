@@ -120,6 +120,12 @@ public struct PresenceError: Error, Equatable, Sendable, CustomStringConvertible
 
     /// `NAME: detail`, as `grpc-message` carries it.
     public var description: String { "\(name): \(detail)" }
+
+    /// An owner's or home's refusal of a gateway its client left (the session was resumed
+    /// elsewhere, at the later version `newer`): the gateway drops the session.
+    public static func sessionMoved(_ id: SessionID, supersededBy newer: UInt64) -> PresenceError {
+        PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere (epoch \(SessionVersion.epoch(newer)))", supersededBy: newer)
+    }
 }
 
 /// Limits and identifier rules of the API (API.md), in one place.

@@ -134,7 +134,7 @@ actor ChannelShard {
     /// it elsewhere): refused, and the gateway drops the session.
     private func refuseIfMoved(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
         if let newer = space[owned: key]?.supersedingVersion(of: c.id, c.version) {
-            throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(c.id) was resumed elsewhere (epoch \(SessionVersion.epoch(newer)))", supersededBy: newer)
+            throw PresenceError.sessionMoved(c.id, supersededBy: newer)
         }
     }
 
@@ -206,7 +206,7 @@ actor ChannelShard {
                 return (outcome.deliveries, ())
             }
             if let newer = outcome.superseded {
-                throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(c.id) was resumed elsewhere (epoch \(SessionVersion.epoch(newer)))", supersededBy: newer)
+                throw PresenceError.sessionMoved(c.id, supersededBy: newer)
             }
             space.placed(key, at: c.sink, now: self.now)
             scheduleSweep()

@@ -6,6 +6,8 @@ import Synchronization
 
 /// This node's sessions: the gateway shards (by session id) and who follows which channel.
 final class LocalGateway: Sendable {
+    /// Sessions held here, over every shard.
+    var sessionCount: Int { shards.reduce(0) { $0 + $1.count } }
     let shards: [GatewayShard]
     let subscriptions = Subscriptions()
     private let clock: EngineClock

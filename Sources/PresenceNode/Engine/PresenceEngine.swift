@@ -369,9 +369,7 @@ public final class PresenceEngine: Sendable {
 
     /// Sessions on this node (for metrics and tests).
     public func sessionCount() async -> Int {
-        var n = 0
-        for g in core.gateway.shards { n += g.count }
-        return n
+        core.gateway.sessionCount
     }
 
     /// Channels this node owns, and replica copies it holds (for tests and admin).

@@ -39,9 +39,7 @@ struct SessionLifecycle: Sendable {
             }
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "session \(id) cannot be resumed (unknown, or past the presence timeout); open a new one")
         }
-        var held = 0
-        for g in core.gateway.shards { held += g.count }
-        if held >= core.settings.maxSessions {
+        if core.gateway.sessionCount >= core.settings.maxSessions {
             throw PresenceError(.resourceExhausted, "NODE_SESSION_LIMIT", "this node holds its maximum of \(core.settings.maxSessions) sessions; open the session on another node")
         }
         let id = SessionID.random()

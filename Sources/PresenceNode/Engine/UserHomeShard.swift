@@ -155,7 +155,7 @@ actor UserHomeShard {
             }
         case .setStatus:
             if let (id, _, version) = try? caller(call), let newer = space[owned: user]?.supersedingVersion(of: id, version) {
-                throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere", supersededBy: newer)
+                throw PresenceError.sessionMoved(id, supersededBy: newer)
             }
             try update(user, create: true) { r in (r.setStatus(call.status), ()) }
         case .sessionJoined, .sessionLeft:
@@ -168,7 +168,7 @@ actor UserHomeShard {
                 let newer = call.op == .sessionJoined
                     ? r.sessionJoined(session: id, channel: key, withPresence: c.withPresence, version: version)
                     : r.sessionLeft(session: id, channel: key, version: version)
-                if let newer { throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere", supersededBy: newer) }
+                if let newer { throw PresenceError.sessionMoved(id, supersededBy: newer) }
                 return (nil, ())
             }
         case .sessionWatching:
@@ -176,7 +176,7 @@ actor UserHomeShard {
             let list = try watching(call)
             try update(user, create: false) { r throws(PresenceError) in
                 if let newer = r.sessionWatching(session: id, watching: list, version: version) {
-                    throw PresenceError(.failedPrecondition, "SESSION_MOVED", "session \(id) was resumed elsewhere", supersededBy: newer)
+                    throw PresenceError.sessionMoved(id, supersededBy: newer)
                 }
                 return (nil, ())
             }
