@@ -179,7 +179,15 @@ public enum SWIM {
         /// Applies what a message carried (`from`: the sender, a confirmation for suspicions).
         public mutating func merge(_ updates: [Update], from: String?, now: UInt64) -> [Directive] {
             var out: [Directive] = []
-            for u in updates { apply(u, from: from, now: now, into: &out) }
+            // A sender we hold dead has been out of touch (the far side of a partition, a paused
+            // process): what it concluded about others meanwhile is a product of its isolation, not
+            // news. Take what it says of itself and of us (so that it, or we, refute), not its
+            // accusations; otherwise a healed partition makes healthy members dead here.
+            let senderHeldDead = from.flatMap { members[$0] }.map { $0.status == .dead } ?? false
+            for u in updates {
+                if senderHeldDead, u.id != from, u.id != myself.id, u.status == .suspect || u.status == .dead { continue }
+                apply(u, from: from, now: now, into: &out)
+            }
             return out
         }
 
@@ -207,6 +215,11 @@ public enum SWIM {
                     if u.status == .dead {
                         out.append(.declaredDead(incarnation: u.incarnation))
                         reconnectAll = true
+                        // This node was the one cut off: its own accusations of others (still
+                        // queued) are stale. Keep them to itself; it tells each accused directly
+                        // when it pings it (`reconnect`), and whoever is really gone the others
+                        // find by probing.
+                        gossip = gossip.filter { $0.key == myself.id || !($0.value.update.status == .suspect || $0.value.update.status == .dead) }
                     }
                     if u.incarnation >= myself.incarnation {
                         // (an incarnation at the top of the range cannot be refuted by counting
