@@ -1,6 +1,6 @@
 // swift-tools-version:6.0
 // presenced: a clustered presence service. Layout:
-//   C bridges      CNGHTTP2, CProtobufC (Debian libraries), CSystemShim (epoll/eventfd/timerfd),
+//   C bridges      CNGHTTP2, CProtobufC, CCrypto, CTLS (Debian libraries), CSystemShim (epoll/eventfd/timerfd),
 //                  CPresenceProto (protoc-c output of Protos/)
 //   PresenceWire   Swift value types for the protobuf messages
 //   EventLoop      epoll loops, timers, cross-thread wake-ups
@@ -27,11 +27,12 @@ let package = Package(
         .systemLibrary(name: "CProtobufC", pkgConfig: "libprotobuf-c", providers: [.apt(["libprotobuf-c-dev"])]),
         .target(name: "CSystemShim"),
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CTLS", pkgConfig: "libssl", providers: [.apt(["libssl-dev"])]),
         .target(name: "CPresenceProto", dependencies: ["CProtobufC"]),
 
         .target(name: "PresenceWire", dependencies: ["CPresenceProto", "CProtobufC"]),
         .target(name: "EventLoop", dependencies: ["CSystemShim"]),
-        .target(name: "GRPCTransport", dependencies: ["EventLoop", "CNGHTTP2", "PresenceWire", "CSystemShim"]),
+        .target(name: "GRPCTransport", dependencies: ["EventLoop", "CNGHTTP2", "PresenceWire", "CSystemShim", "CTLS"]),
         .target(name: "PresenceCore", dependencies: ["PresenceWire"]),
         .target(name: "ClusterCore", dependencies: ["PresenceCore", "PresenceWire"]),
         .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop", "CCrypto"]),

@@ -15,6 +15,9 @@ public struct ClientConfiguration: Sendable {
     /// Headers computed for each call from its method path and request message (protobuf bytes),
     /// when it is sent: a request signature, for example (peer authentication).
     public var callMetadata: (@Sendable (_ path: String, _ message: ArraySlice<UInt8>) -> [(String, String)])? = nil
+    /// TLS to the server (nil: cleartext HTTP/2). Its certificate, if any, is presented when the
+    /// server asks for one (mutual TLS).
+    public var tls: TLSContextSource? = nil
 
     public init(target: HostPort) {
         self.target = target
@@ -153,10 +156,16 @@ final class ConnectionSlot: @unchecked Sendable {
     private func usableConnection() throws -> ClientConnection {
         loop.assertInLoop()
         if let c = connection, c.isUsable { return c }
+        var pipe: TLSPipe? = nil
+        if let tls = configuration.tls {
+            guard let p = TLSPipe(context: tls.context) else { throw TLSError("cannot start TLS") }
+            pipe = p
+        }
         let fd = try Sockets.connect(to: configuration.target)
         let c = ClientConnection(fd: fd, loop: loop, settings: configuration.http2,
                                  authority: configuration.target.description, maxMessageSize: configuration.maxReceiveMessageSize,
                                  metadata: configuration.metadata, callMetadata: configuration.callMetadata)
+        c.tls = pipe
         c.onClosed = { [weak self, unowned c] in
             guard let self else { return }
             if self.connection === c { self.connection = nil }

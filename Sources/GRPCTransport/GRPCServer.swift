@@ -39,6 +39,9 @@ public struct ServerConfiguration: Sendable {
     /// most (32 MiB); past it the connection is closed: a client that does not read cannot make
     /// the server hold responses for it without bound.
     public var maxQueuedBytesPerConnection = 32 << 20
+    /// TLS on this port (nil: cleartext HTTP/2 with prior knowledge). With a trusted CA in its
+    /// configuration, clients must present a certificate from it (mutual TLS).
+    public var tls: TLSContextSource? = nil
 
     public init(address: HostPort) {
         self.address = address
@@ -273,6 +276,14 @@ final class ServerCore: FileDescriptorHandler {
     /// Serves a connection accepted on (possibly) another loop.
     func adopt(_ fd: Int32, from address: [UInt8]) {
         let c = ServerConnection(fd: fd, loop: loop, core: self)
+        if let tls = configuration.tls {
+            guard let pipe = TLSPipe(context: tls.context) else {
+                close(fd)
+                counter.closed(from: address)
+                return
+            }
+            c.tls = pipe
+        }
         connections[ObjectIdentifier(c)] = c
         addresses[ObjectIdentifier(c)] = address
         c.start(server: true)

@@ -70,6 +70,8 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     private var keepaliveTimer: TimerID?
     let settings: HTTP2Settings
     private let readBuffer: ReadBuffer
+    /// TLS between the socket and nghttp2, when the endpoint uses it (set before `start`).
+    var tls: TLSPipe?
 
     init(fd: Int32, loop: EventLoop, settings: HTTP2Settings) {
         self.fd = fd
@@ -109,6 +111,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         let events = UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue) | (watchWritable ? UInt32(EPOLLOUT.rawValue) : 0)
         writableWanted = watchWritable
         loop.register(fd: fd, events: events, handler: self)
+        if !server { tls?.startHandshake() }
         scheduleKeepalive()
         markDirty()
     }
@@ -145,9 +148,21 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             let n = read(fd, buffer.base, buffer.count)
             if n > 0 {
                 total += n
-                let rc = nghttp2_session_mem_recv(session, buffer.base, n)
-                if rc < 0 {
-                    close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(rc))))", flushFirst: true)
+                if let tls {
+                    let outcome = tls.receive(buffer.base, count: n, scratch: buffer.base, scratchSize: buffer.count) { plain, length in
+                        protocolInput(plain, length)
+                    }
+                    if isClosed { return }
+                    switch outcome {
+                    case .more: break
+                    case .closed:
+                        close(reason: "peer ended TLS")
+                        return
+                    case .failed(let why):
+                        close(reason: why, flushFirst: true)   // (the alert OpenSSL queued)
+                        return
+                    }
+                } else if !protocolInput(buffer.base, n) {
                     return
                 }
                 if n < buffer.count { break }
@@ -166,6 +181,16 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             received(bytes: total)
         }
         markDirty()
+    }
+
+    /// Hands HTTP/2 bytes to nghttp2; false when the connection closed.
+    private func protocolInput(_ bytes: UnsafePointer<UInt8>, _ count: Int) -> Bool {
+        let rc = nghttp2_session_mem_recv(session, bytes, count)
+        if rc < 0 {
+            close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(rc))))", flushFirst: true)
+            return false
+        }
+        return !isClosed
     }
 
     /// Bytes read from the socket (a server counts them).
@@ -191,11 +216,20 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
                 return
             }
             if n == 0 { break }
-            outbound.append(contentsOf: UnsafeBufferPointer(start: chunk, count: n))
+            if let tls {
+                if let problem = tls.send(chunk!, count: n) {
+                    close(reason: problem)
+                    return
+                }
+                tls.takeOutput(into: &outbound)
+            } else {
+                outbound.append(contentsOf: UnsafeBufferPointer(start: chunk, count: n))
+            }
             if outbound.count >= 64 * 1024 {
                 if !writePending() { return }
             }
         }
+        tls?.takeOutput(into: &outbound)   // handshake records, alerts
         if !writePending() { return }
         if nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 {
             close(reason: "HTTP/2 session finished")
@@ -241,13 +275,20 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     public func close(reason: String, flushFirst: Bool = false) {
         if isClosed { return }
         if flushFirst, session != nil {
-            // best effort: a GOAWAY nghttp2 queued for a protocol error
+            // best effort: a GOAWAY nghttp2 queued for a protocol error (or a TLS alert)
             var chunk: UnsafePointer<UInt8>?
+            var last: [UInt8] = []
             while true {
                 let n = nghttp2_session_mem_send(session, &chunk)
                 if n <= 0 { break }
-                _ = send(fd, chunk, n, Int32(MSG_NOSIGNAL))
+                if let tls {
+                    if tls.send(chunk!, count: n) != nil { break }
+                } else {
+                    last.append(contentsOf: UnsafeBufferPointer(start: chunk, count: n))
+                }
             }
+            tls?.takeOutput(into: &last)
+            if !last.isEmpty { _ = last.withUnsafeBytes { send(fd, $0.baseAddress!, $0.count, Int32(MSG_NOSIGNAL)) } }
         }
         isClosed = true
         if let t = keepaliveTimer { loop.cancelTimer(t) }

@@ -16,6 +16,8 @@ public final class Node: Sendable {
     public let membership: Membership
     private let server: GRPCServer
     private let peerServer: GRPCServer
+    private let clientTLS: TLSContextSource?
+    private let peerTLS: (server: TLSContextSource, client: TLSContextSource)?
     private let ringChanges: AsyncStream<(HashRing, HashRing)>.Continuation
     private let ringTask: Task<Void, Never>
 
@@ -26,6 +28,15 @@ public final class Node: Sendable {
         let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
         self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
         let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
+        clientTLS = try configuration.tlsCertFile.map {
+            try TLSContextSource(TLSConfiguration(certificateFile: $0, privateKeyFile: configuration.tlsKeyFile), server: true)
+        }
+        var peerTLS: (server: TLSContextSource, client: TLSContextSource)? = nil
+        if let ca = configuration.peerTLSCAFile {
+            let files = TLSConfiguration(certificateFile: configuration.peerTLSCertFile, privateKeyFile: configuration.peerTLSKeyFile, trustedCAFile: ca)
+            peerTLS = (try TLSContextSource(files, server: true), try TLSContextSource(files, server: false))
+        }
+        self.peerTLS = peerTLS
         var settings = EngineSettings(nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
                                       maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval,
                                       probeInterval: configuration.probeInterval)
@@ -35,7 +46,7 @@ public final class Node: Sendable {
                                 ready: !configuration.seeds.contains { $0 != (configuration.peerAdvertise ?? configuration.peerListen) })
         let membership = Membership(nodeID: configuration.nodeID, peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
                                     clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
-                                    clusterSecret: clusterSecret, settings: SWIM.Settings(probeInterval: UInt64(configuration.probeInterval * 1e9)),
+                                    clusterSecret: clusterSecret, peerTLS: peerTLS?.client, settings: SWIM.Settings(probeInterval: UInt64(configuration.probeInterval * 1e9)),
                                     topology: topology, logger: self.logger)
         self.membership = membership
         let health = self.health
@@ -81,6 +92,7 @@ public final class Node: Sendable {
         // is read and again before it is decoded
         peerConfig.refuseEarly = membership.refuseEarly
         peerConfig.refuse = membership.refuse
+        peerConfig.tls = peerTLS?.server
         let peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
         peerServerBox.withLock { $0 = peerServer }
         self.peerServer = peerServer
@@ -96,7 +108,27 @@ public final class Node: Sendable {
             clientConfig.refuseEarly = { path, metadata in path.hasPrefix(admin) ? membership.refuseEarly(path: path, metadata: metadata) : nil }
             clientConfig.refuse = { path, metadata, message in path.hasPrefix(admin) ? membership.refuse(path: path, metadata: metadata, message: message) : nil }
         }
+        clientConfig.tls = clientTLS
         server = GRPCServer(configuration: clientConfig, services: registry, group: group)
+    }
+
+    /// Reads the TLS certificates and keys again (SIGHUP): new connections use them, open ones
+    /// keep theirs. A file that cannot be used leaves that port on its current certificate.
+    /// Returns what was reloaded, and why anything was not.
+    public func reloadCertificates() -> (reloaded: [String], failed: [String]) {
+        var reloaded: [String] = [], failed: [String] = []
+        let sources = [("client port", clientTLS), ("peer port", peerTLS?.server), ("peer client", peerTLS?.client)]
+        for case let (name, source?) in sources {
+            do {
+                try source.reload()
+                reloaded.append(name)
+            } catch {
+                failed.append("\(name): \(error)")
+            }
+        }
+        for f in failed { logger.error("certificate reload failed, keeping the current one", ["what": f]) }
+        if !reloaded.isEmpty { logger.info("certificates reloaded", ["ports": reloaded.joined(separator: ", ")]) }
+        return (reloaded, failed)
     }
 
     /// The client port actually bound (useful with port 0).
@@ -121,8 +153,8 @@ public final class Node: Sendable {
             "peer_listen": HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
             "peer_advertise": advertised.description,
         ])
-        if configuration.clusterSecretFile == nil {
-            logger.warning("no --cluster-secret-file: any process that reaches the peer port can join this cluster")
+        if configuration.clusterSecretFile == nil && configuration.peerTLSCAFile == nil {
+            logger.warning("no --cluster-secret-file or --peer-tls-ca-file: any process that reaches the peer port can join this cluster")
         }
         if configuration.authSecretFile == nil {
             logger.warning("OPEN MODE: no --auth-secret-file, so user ids are trusted as clients give them; do not run this way in production")

@@ -29,6 +29,14 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var probeInterval: Double = 0.2
     public var authSecretFile: String? = nil
     public var clusterSecretFile: String? = nil
+    /// TLS on the client port: this node's certificate chain and key (PEM). Both or neither.
+    public var tlsCertFile: String? = nil
+    public var tlsKeyFile: String? = nil
+    /// Mutual TLS on the peer link: the cluster CA, and this node's certificate and key from it.
+    /// Only nodes with a certificate from that CA can join, gossip or call the peer port.
+    public var peerTLSCAFile: String? = nil
+    public var peerTLSCertFile: String? = nil
+    public var peerTLSKeyFile: String? = nil
     public var logLevel = LogLevel.info
     public var logFormat = LogFormat.text
     /// Event loop threads (default: one per core).
@@ -87,6 +95,21 @@ public struct NodeConfiguration: Sendable, Equatable {
         },
         Flag(name: "cluster-secret-file", valueName: "PATH", help: "file holding the secret that authenticates peer traffic") { c, v throws(ConfigurationError) in
             c.clusterSecretFile = try readableFile("cluster-secret-file", v)
+        },
+        Flag(name: "tls-cert-file", valueName: "PATH", help: "certificate chain (PEM) for TLS on the client port, ALPN h2 (default: cleartext h2c); needs --tls-key-file") { c, v throws(ConfigurationError) in
+            c.tlsCertFile = try readableFile("tls-cert-file", v)
+        },
+        Flag(name: "tls-key-file", valueName: "PATH", help: "private key (PEM) of --tls-cert-file; both are read again on SIGHUP") { c, v throws(ConfigurationError) in
+            c.tlsKeyFile = try readableFile("tls-key-file", v)
+        },
+        Flag(name: "peer-tls-ca-file", valueName: "PATH", help: "cluster CA (PEM): mutual TLS on the peer link, only nodes with a certificate from it can join or call; needs --peer-tls-cert-file and --peer-tls-key-file") { c, v throws(ConfigurationError) in
+            c.peerTLSCAFile = try readableFile("peer-tls-ca-file", v)
+        },
+        Flag(name: "peer-tls-cert-file", valueName: "PATH", help: "this node's certificate (PEM) from the cluster CA, for the peer link") { c, v throws(ConfigurationError) in
+            c.peerTLSCertFile = try readableFile("peer-tls-cert-file", v)
+        },
+        Flag(name: "peer-tls-key-file", valueName: "PATH", help: "private key (PEM) of --peer-tls-cert-file; the three are read again on SIGHUP") { c, v throws(ConfigurationError) in
+            c.peerTLSKeyFile = try readableFile("peer-tls-key-file", v)
         },
         Flag(name: "log-level", valueName: "LEVEL", help: "debug, info, warning or error (default info)") { c, v throws(ConfigurationError) in
             guard let l = LogLevel(rawValue: v) else { throw .invalid("log-level", v, "one of debug, info, warning, error") }
@@ -152,7 +175,19 @@ public struct NodeConfiguration: Sendable, Equatable {
             try flag.apply(&config, value!)
             i += 1
         }
+        try config.checkTogether()
         return .run(config)
+    }
+
+    /// Flags that only work together.
+    private func checkTogether() throws(ConfigurationError) {
+        if (tlsCertFile == nil) != (tlsKeyFile == nil) {
+            throw .incomplete("--tls-cert-file and --tls-key-file go together")
+        }
+        let peer = [peerTLSCAFile, peerTLSCertFile, peerTLSKeyFile].filter { $0 != nil }.count
+        if peer != 0 && peer != 3 {
+            throw .incomplete("--peer-tls-ca-file, --peer-tls-cert-file and --peer-tls-key-file go together")
+        }
     }
 
     private static func hostPort(_ flag: String, _ v: String) throws(ConfigurationError) -> HostPort {
@@ -182,6 +217,7 @@ public enum ConfigurationError: Error, Equatable, CustomStringConvertible {
     case missingValue(String)
     case unexpectedArgument(String)
     case invalid(String, String, String)
+    case incomplete(String)
 
     public var description: String {
         switch self {
@@ -189,6 +225,7 @@ public enum ConfigurationError: Error, Equatable, CustomStringConvertible {
         case .missingValue(let f): "flag --\(f) needs a value"
         case .unexpectedArgument(let a): "unexpected argument \(a) (flags start with --)"
         case .invalid(let f, let v, let want): "invalid value '\(v)' for --\(f): want \(want)"
+        case .incomplete(let what): what
         }
     }
 }

@@ -2,7 +2,7 @@ import EventLoop
 import Foundation
 import Synchronization
 
-/// The `presenced` program: parse flags, start the node, stop gracefully on SIGTERM or SIGINT.
+/// The `presenced` program: parse flags, start the node, stop gracefully on SIGTERM or SIGINT, reload certificates on SIGHUP.
 public enum NodeMain {
     public static func run() -> Never {
         signal(SIGPIPE, SIG_IGN)
@@ -30,6 +30,10 @@ public enum NodeMain {
         }
         let stopping = Atomic<Bool>(false)
         SignalWaiter.start { sig in
+            if sig == SIGHUP {
+                _ = node.reloadCertificates()
+                return
+            }
             guard !stopping.exchange(true, ordering: .relaxed) else {
                 // a second signal while shutting down: stop now
                 exit(sig == SIGINT ? 130 : 143)

@@ -43,7 +43,7 @@ def free_port():
 class Node:
     """A presenced process on loopback ports, stopped at the end of the test."""
 
-    def __init__(self, *args, env=None, node_id="interop-1", port=None, peer_port=None):
+    def __init__(self, *args, env=None, node_id="interop-1", port=None, peer_port=None, tls_ca=None):
         self.port = port or free_port()
         self.peer_port = peer_port or free_port()
         self.node_id = node_id
@@ -53,7 +53,13 @@ class Node:
              "--peer-listen", f"127.0.0.1:{self.peer_port}", *args],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.address = f"127.0.0.1:{self.port}"
-        self.channel = grpc.insecure_channel(self.address)
+        if tls_ca:
+            # TLS on the client port: the certificate names localhost (and 127.0.0.1)
+            with open(tls_ca, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self.channel = grpc.secure_channel(f"localhost:{self.port}", creds)
+        else:
+            self.channel = grpc.insecure_channel(self.address)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=20)
         except grpc.FutureTimeoutError:

@@ -58,9 +58,12 @@ public final class Membership: Sendable {
     private var myBoot: UInt64 { swim.withLock { $0.myself.boot } }
     /// A node with seeds that no seed answered within this long starts a cluster of its own.
     public let aloneAfter: UInt64 = 3_000_000_000
+    /// Mutual TLS towards other nodes (their peer ports ask for this node's certificate).
+    private let peerTLS: TLSContextSource?
 
     public init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], group: EventLoopGroup,
-                clusterSecret: [UInt8]?, settings: SWIM.Settings = SWIM.Settings(), topology: Topology? = nil, logger: Logger) {
+                clusterSecret: [UInt8]?, peerTLS: TLSContextSource? = nil, settings: SWIM.Settings = SWIM.Settings(), topology: Topology? = nil, logger: Logger) {
+        self.peerTLS = peerTLS
         self.nodeID = nodeID
         ringRule = Mutex(MembershipRing(me: nodeID))
         self.addresses = Mutex((peerAddress, clientAddress))
@@ -303,6 +306,7 @@ public final class Membership: Sendable {
             config.http2.keepaliveInterval = 2_000_000_000
             config.http2.keepaliveTimeout = 1_000_000_000
             config.maxReceiveMessageSize = 64 << 20
+            config.tls = peerTLS
             if let peerAuth {
                 config.callMetadata = { path, message in
                     [(PeerRequestAuth.header, peerAuth.sign(method: path, message: message, now: WallClock.nowMilliseconds()))]
