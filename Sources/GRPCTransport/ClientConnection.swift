@@ -94,6 +94,24 @@ final class ClientConnection: HTTP2Connection {
         loop.register(fd: fd, events: UInt32(EPOLLOUT.rawValue), handler: self)
     }
 
+    private var connectTimer: TimerID?
+
+    /// Gives up on a connect that has not finished within `timeout`: its pending calls fail
+    /// (UNAVAILABLE), and the next call connects afresh. Without it a connect whose SYN was lost
+    /// (a partition that has since healed) waits for the kernel's retransmission, 1 s, then 3 s,
+    /// then 7 s after it started, and every call meanwhile queues behind it.
+    func armConnectTimeout(_ timeout: UInt64) {
+        connectTimer = loop.scheduleTimer(after: timeout) { [weak self] in
+            guard let self, self.state == .connecting else { return }
+            self.connectTimer = nil
+            self.loop.unregister(fd: self.fd)
+            Glibc.close(self.fd)
+            self.state = .closed
+            self.failAll(GRPCStatus(.unavailable, "CONNECT_FAILED: no answer from \(self.authority) within \(timeout / 1_000_000) ms"))
+            self.onClosed?()
+        }
+    }
+
     /// Accepts new calls (not closed, not told to go away).
     var isUsable: Bool { state != .closed && !goawayReceived }
     var activeCalls: Int { calls.count + pending.count }
@@ -105,6 +123,10 @@ final class ClientConnection: HTTP2Connection {
         }
         let err = Sockets.pendingError(fd)
         loop.unregister(fd: fd)
+        if let t = connectTimer {
+            loop.cancelTimer(t)
+            connectTimer = nil
+        }
         if err != 0 || events & (UInt32(EPOLLERR.rawValue) | UInt32(EPOLLHUP.rawValue)) != 0 {
             state = .closed
             Glibc.close(fd)
@@ -168,7 +190,7 @@ final class ClientConnection: HTTP2Connection {
         if call.sink == nil { return }  // already failed (deadline while connecting)
         var headers = HeaderBlock()
         headers.add(":method", "POST")
-        headers.add(":scheme", "http")
+        headers.add(":scheme", tls == nil ? "http" : "https")
         headers.add(":path", call.path)
         headers.add(":authority", authority)
         headers.add("content-type", "application/grpc")

@@ -18,6 +18,9 @@ public struct ClientConfiguration: Sendable {
     /// TLS to the server (nil: cleartext HTTP/2). Its certificate, if any, is presented when the
     /// server asks for one (mutual TLS).
     public var tls: TLSContextSource? = nil
+    /// A connect not finished within this fails its calls (UNAVAILABLE CONNECT_FAILED) and the
+    /// next call tries again (nil: wait as long as the kernel does, over a minute).
+    public var connectTimeout: UInt64? = nil
 
     public init(target: HostPort) {
         self.target = target
@@ -166,6 +169,7 @@ final class ConnectionSlot: @unchecked Sendable {
                                  authority: configuration.target.description, maxMessageSize: configuration.maxReceiveMessageSize,
                                  metadata: configuration.metadata, callMetadata: configuration.callMetadata)
         c.tls = pipe
+        if let t = configuration.connectTimeout { c.armConnectTimeout(t) }
         c.onClosed = { [weak self, unowned c] in
             guard let self else { return }
             if self.connection === c { self.connection = nil }

@@ -56,6 +56,39 @@ import Testing
         await h.stop()
     }
 
+    /// Found by Cluster/chaos (netns, a partition healed while a peer's connect was waiting for
+    /// the kernel's SYN retransmission: its probes queued behind it for seconds and a healthy
+    /// node was declared dead again). A listener whose backlog is full drops SYNs the same way.
+    @Test func aConnectThatGetsNoAnswerFailsAtTheConnectTimeoutAndTheNextCallStartsAfresh() async throws {
+        let group = EventLoopGroup(count: 1)
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, len) } }
+        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &len) } }
+        #expect(listen(listener, 0) == 0)
+        // fill the accept queue (never accepted): the kernel now drops every further SYN
+        var fillers: [Int32] = []
+        for _ in 0..<3 {
+            let f = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+            _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(f, $0, len) } }
+            fillers.append(f)
+        }
+        var config = ClientConfiguration(target: HostPort(host: "127.0.0.1", port: UInt16(bigEndian: addr.sin_port)))
+        config.connectTimeout = 200_000_000
+        let client = GRPCClient(configuration: config, group: group)
+        for attempt in 0..<2 {
+            // (a call deadline far beyond the connect timeout: the failure must be the connect's)
+            let s = await expectStatus(.unavailable) { _ = try await client.unary(TestMethods.echo, StateItem(), timeout: .seconds(30)) }
+            #expect(s?.message.contains("CONNECT_FAILED") == true, "attempt \(attempt): \(String(describing: s))")
+        }
+        for f in fillers { close(f) }
+        close(listener)
+        group.shutdown()
+    }
+
     /// A "server" that accepts and then says nothing: the client's keepalive gives up on it.
     @Test func clientFailsCallsOnADeadServer() async throws {
         let group = EventLoopGroup(count: 1)

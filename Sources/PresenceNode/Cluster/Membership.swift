@@ -305,6 +305,9 @@ public final class Membership: Sendable {
             var config = ClientConfiguration(target: HostPort(parsing: address) ?? HostPort(host: "127.0.0.1", port: 0))
             config.http2.keepaliveInterval = 2_000_000_000
             config.http2.keepaliveTimeout = 1_000_000_000
+            // a connect still waiting after a few probe periods lost its SYN (a partition that
+            // healed since): start again rather than wait seconds for the kernel's retry
+            config.connectTimeout = max(500_000_000, settings.probeInterval * 5 / 2)
             config.maxReceiveMessageSize = 64 << 20
             config.tls = peerTLS
             if let peerAuth {
