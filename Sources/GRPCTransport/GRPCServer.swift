@@ -274,13 +274,14 @@ final class ServerCore: FileDescriptorHandler {
     private var addresses: [ObjectIdentifier: [UInt8]] = [:]
 
     /// Serves a connection accepted on (possibly) another loop.
-    func adopt(_ fd: Int32, from address: [UInt8]) {
+    @discardableResult
+    func adopt(_ fd: Int32, from address: [UInt8]) -> ServerConnection? {
         let c = ServerConnection(fd: fd, loop: loop, core: self)
         if let tls = configuration.tls {
             guard let pipe = TLSPipe(context: tls.context) else {
                 close(fd)
                 counter.closed(from: address)
-                return
+                return nil
             }
             c.tls = pipe
         }
@@ -288,6 +289,7 @@ final class ServerCore: FileDescriptorHandler {
         addresses[ObjectIdentifier(c)] = address
         c.start(server: true)
         c.armHandshakeAndIdleTimers()
+        return c
     }
 
     func loopStopping() {

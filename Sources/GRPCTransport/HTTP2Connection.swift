@@ -148,23 +148,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             let n = read(fd, buffer.base, buffer.count)
             if n > 0 {
                 total += n
-                if let tls {
-                    let outcome = tls.receive(buffer.base, count: n, scratch: buffer.base, scratchSize: buffer.count) { plain, length in
-                        protocolInput(plain, length)
-                    }
-                    if isClosed { return }
-                    switch outcome {
-                    case .more: break
-                    case .closed:
-                        close(reason: "peer ended TLS")
-                        return
-                    case .failed(let why):
-                        close(reason: why, flushFirst: true)   // (the alert OpenSSL queued)
-                        return
-                    }
-                } else if !protocolInput(buffer.base, n) {
-                    return
-                }
+                if !consume(buffer, n) { return }
                 if n < buffer.count { break }
             } else if n == 0 {
                 close(reason: "peer closed the connection")
@@ -179,6 +163,37 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         if total > 0 {
             keepalive.bytesRead(now: MonotonicClock.now())
             received(bytes: total)
+        }
+        markDirty()
+    }
+
+    /// Bytes read into `buffer` go through TLS (if any) to nghttp2; false when the connection closed.
+    private func consume(_ buffer: ReadBuffer, _ n: Int) -> Bool {
+        guard let tls else { return protocolInput(buffer.base, n) }
+        let outcome = tls.receive(buffer.base, count: n, scratch: buffer.base, scratchSize: buffer.count) { plain, length in
+            protocolInput(plain, length)
+        }
+        if isClosed { return false }
+        switch outcome {
+        case .more:
+            return true
+        case .closed:
+            close(reason: "peer ended TLS")
+            return false
+        case .failed(let why):
+            close(reason: why, flushFirst: true)   // (the alert OpenSSL queued)
+            return false
+        }
+    }
+
+    /// Feeds bytes as if read from the socket (fuzzing and tests drive a connection this way).
+    func receive(_ bytes: [UInt8]) {
+        var offset = 0
+        while offset < bytes.count && !isClosed {
+            let n = min(readBuffer.count, bytes.count - offset)
+            bytes.withUnsafeBufferPointer { readBuffer.base.update(from: $0.baseAddress! + offset, count: n) }
+            offset += n
+            if !consume(readBuffer, n) { return }
         }
         markDirty()
     }

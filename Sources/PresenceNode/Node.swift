@@ -17,6 +17,9 @@ public final class Node: Sendable {
     private let server: GRPCServer
     private let peerServer: GRPCServer
     private let clientTLS: TLSContextSource?
+    /// What the peer port serves (membership, routed presence calls, pushes, anti-entropy): the
+    /// fuzzer calls these handlers directly with hostile messages.
+    public let peerServices: ServiceRegistry
     private let peerTLS: (server: TLSContextSource, client: TLSContextSource)?
     private let ringChanges: AsyncStream<(HashRing, HashRing)>.Continuation
     private let ringTask: Task<Void, Never>
@@ -93,6 +96,7 @@ public final class Node: Sendable {
         peerConfig.refuseEarly = membership.refuseEarly
         peerConfig.refuse = membership.refuse
         peerConfig.tls = peerTLS?.server
+        peerServices = peerRegistry
         let peerServer = GRPCServer(configuration: peerConfig, services: peerRegistry, group: group)
         peerServerBox.withLock { $0 = peerServer }
         self.peerServer = peerServer
