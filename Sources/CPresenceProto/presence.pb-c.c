@@ -1818,7 +1818,7 @@ const ProtobufCMessageDescriptor presence__v1__interval_info__descriptor =
   (ProtobufCMessageInit) presence__v1__interval_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__v1__presence_event__field_descriptors[9] =
+static const ProtobufCFieldDescriptor presence__v1__presence_event__field_descriptors[10] =
 {
   {
     "type",
@@ -1928,6 +1928,18 @@ static const ProtobufCFieldDescriptor presence__v1__presence_event__field_descri
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "snapshot_continues",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__V1__PresenceEvent, snapshot_continues),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__v1__presence_event__field_indices_by_name[] = {
   2,   /* field[2] = channel_name */
@@ -1936,6 +1948,7 @@ static const unsigned presence__v1__presence_event__field_indices_by_name[] = {
   3,   /* field[3] = publisher */
   8,   /* field[8] = sequence */
   6,   /* field[6] = snapshot */
+  9,   /* field[9] = snapshot_continues */
   4,   /* field[4] = states */
   7,   /* field[7] = timestamp_ms */
   0,   /* field[0] = type */
@@ -1943,7 +1956,7 @@ static const unsigned presence__v1__presence_event__field_indices_by_name[] = {
 static const ProtobufCIntRange presence__v1__presence_event__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor presence__v1__presence_event__descriptor =
 {
@@ -1953,7 +1966,7 @@ const ProtobufCMessageDescriptor presence__v1__presence_event__descriptor =
   "Presence__V1__PresenceEvent",
   "presence.v1",
   sizeof(Presence__V1__PresenceEvent),
-  9,
+  10,
   presence__v1__presence_event__field_descriptors,
   presence__v1__presence_event__field_indices_by_name,
   1,  presence__v1__presence_event__number_ranges,

@@ -128,7 +128,10 @@ public final class ServerStreamWriter: Sendable {
     private func enqueue(_ bytes: [UInt8], refuseAbove limit: Int?) throws -> (accepted: Bool, mustWait: Bool) {
         let (accepted, mustWait, drain) = try state.withLock { s -> (Bool, Bool, (@Sendable () -> Void)?) in
             if let closed = s.closed { throw closed }
-            if let limit, s.queuedBytes + bytes.count > limit { return (false, false, nil) }
+            // (refused when the client already has more than the limit waiting, so one delivery
+            // larger than the limit, a paged SNAPSHOT of a big channel, still reaches a client that
+            // keeps up; the queue holds at most the limit plus one delivery)
+            if let limit, s.queuedBytes > limit { return (false, false, nil) }
             s.pending.append(bytes)
             s.queuedBytes += bytes.count
             s.peakQueuedBytes = max(s.peakQueuedBytes, s.queuedBytes)
@@ -159,8 +162,9 @@ public final class ServerStreamWriter: Sendable {
         }
     }
 
-    /// Queues one framed message without waiting. False when the call is over or more than
-    /// `hardLimit` bytes are already waiting for this client (the message is then not sent).
+    /// Queues framed bytes (one message or several back to back) without waiting. False when
+    /// the call is over, or when more than `hardLimit` bytes already wait for this client (they
+    /// are then not sent).
     public func trySend(framed bytes: [UInt8]) -> Bool {
         (try? enqueue(bytes, refuseAbove: hardLimit).accepted) ?? false
     }

@@ -147,6 +147,10 @@ public enum Limits {
     public static let maxPendingStateChannels = 64
     /// Sessions one user may have open at once, cluster-wide (devices, tabs).
     public static let maxSessionsPerUser = 64
+    /// A SNAPSHOT whose message would be larger than this goes out in pages, each at most this
+    /// size (1 MiB, a quarter of the 4 MiB gRPC clients accept by default). One user's full state
+    /// (32 keys of 64 + 1024 bytes) is ~35 KiB, so a page always holds at least one user.
+    public static let maxSnapshotPageBytes = 1 << 20
 }
 
 /// Checks requests against the rules of API.md. Each failure names the offending field.

@@ -73,4 +73,11 @@ import Testing
         let bad = Array("50%zz%".utf8)
         #expect(bad.withUnsafeBufferPointer { PercentEncoding.decode($0) } == "50%zz%")
     }
+
+    /// Issue 9: a paged SNAPSHOT of a big channel is one delivery larger than the stream's limit.
+    @Test func aStreamTakesOneDeliveryLargerThanItsLimitButNotMoreOnceTheClientFallsBehind() {
+        let writer = ServerStreamWriter(hardLimit: 1000) {}
+        #expect(writer.trySend(framed: [UInt8](repeating: 0, count: 5000)))   // a paged SNAPSHOT, say
+        #expect(!writer.trySend(framed: [1]))                                   // 5000 already waiting
+    }
 }

@@ -299,3 +299,39 @@ def test_token_mode():
         ok.cancel()
     finally:
         n.stop()
+
+
+def test_a_channel_too_big_for_one_message_is_joined_with_a_paged_snapshot(node):
+    """130 users with full state (32 keys of 1000 bytes): ~4.3 MiB, over grpcio's default 4 MiB
+    receive limit. A session joining with presence gets the SNAPSHOT in pages (same sequence, all
+    but the last with snapshot_continues) that together list everyone, and then live events."""
+    stub = pg.PresenceStub(node.channel)
+    items = [p.StateItem(key=f"k{i:02d}", value="x" * 1000) for i in range(32)]
+    holders = []
+    for i in range(130):
+        s = Session(stub, f"big-{i:03d}")
+        stub.Join(p.JoinRequest(session_id=s.id, channel_name="huge", channel_type=MSG, with_presence=False), timeout=10)
+        stub.SetState(p.SetStateRequest(session_id=s.id, channel_name="huge", channel_type=MSG, items=items), timeout=10)
+        holders.append(s)
+    viewer = Session(stub, "viewer")   # grpcio's default receive limit: 4 MiB per message
+    stub.Join(p.JoinRequest(session_id=viewer.id, channel_name="huge", channel_type=MSG, with_presence=True), timeout=10)
+    pages = []
+    while True:
+        e = viewer.next_presence(timeout=10)
+        assert e.type == p.PRESENCE_EVENT_TYPE_SNAPSHOT, e.type
+        pages.append(e)
+        if not e.snapshot_continues:
+            break
+    assert len(pages) >= 4
+    assert len({e.sequence for e in pages}) == 1
+    users = [u.user_id for e in pages for u in e.snapshot]
+    assert sorted(users) == sorted([f"big-{i:03d}" for i in range(130)] + ["viewer"]) and len(users) == 131
+    assert all(len(u.states) == 32 for e in pages for u in e.snapshot if u.user_id != "viewer")
+    # the stream goes on (131 users: interval mode): the leave comes in an INTERVAL after the pages
+    stub.Leave(p.LeaveRequest(session_id=holders[0].id, channel_name="huge", channel_type=MSG), timeout=10)
+    deadline = time.monotonic() + 10
+    while True:
+        e = viewer.next_presence(timeout=max(0.1, deadline - time.monotonic()))
+        assert e.type == p.PRESENCE_EVENT_TYPE_INTERVAL and e.sequence > pages[0].sequence
+        if "big-000" in e.interval.leave_user_ids:
+            break

@@ -175,10 +175,16 @@ struct  Presence__V1__PresenceEvent
   Presence__V1__UserState **snapshot;
   int64_t timestamp_ms;
   uint64_t sequence;
+  /*
+   * A SNAPSHOT too large for one message comes in pages: events of type SNAPSHOT with the same
+   * sequence, each listing some of the users, all but the last with snapshot_continues = true.
+   * The view is the users of all its pages, taken when the last one arrives.
+   */
+  protobuf_c_boolean snapshot_continues;
 };
 #define PRESENCE__V1__PRESENCE_EVENT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__v1__presence_event__descriptor) \
-    , PRESENCE__V1__PRESENCE_EVENT_TYPE__PRESENCE_EVENT_TYPE_UNSPECIFIED, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, NULL, 0,NULL, 0, 0 }
+    , PRESENCE__V1__PRESENCE_EVENT_TYPE__PRESENCE_EVENT_TYPE_UNSPECIFIED, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, NULL, 0,NULL, 0, 0, 0 }
 
 
 struct  Presence__V1__UserStatusEvent

@@ -126,8 +126,35 @@ public final class SessionOutbox: Sendable {
 
 /// Encodes an event once for every recipient.
 enum EventEncoding {
-    static func framed(_ event: PresenceEvent) -> [UInt8] {
-        MessageFraming.framed(SessionEvent(event: .presence(event)))
+    /// The event as framed SessionEvent bytes. A SNAPSHOT larger than `maxPageBytes` becomes
+    /// several messages back to back (pages: the same sequence, some users each, all but the last
+    /// marked `snapshot_continues`), so a channel of any size can be joined by a client that
+    /// accepts 4 MiB messages. The pages travel together, as one delivery.
+    static func framed(_ event: PresenceEvent, maxPageBytes: Int = Limits.maxSnapshotPageBytes) -> [UInt8] {
+        let whole = MessageFraming.framed(SessionEvent(event: .presence(event)))
+        guard event.type == .snapshot, whole.count > maxPageBytes, event.snapshot.count > 1 else { return whole }
+        var out: [UInt8] = []
+        out.reserveCapacity(whole.count + 256)
+        var page = event
+        page.snapshot = []
+        let overhead = MessageFraming.framed(SessionEvent(event: .presence(page))).count + 16  // (+ the flag, field headers)
+        var users: [UserState] = []
+        var bytes = overhead
+        func flush(last: Bool) {
+            page.snapshot = users
+            page.snapshotContinues = !last
+            out.append(contentsOf: MessageFraming.framed(SessionEvent(event: .presence(page))))
+            users = []
+            bytes = overhead
+        }
+        for u in event.snapshot {
+            let size = u.serializedBytes().count + 6   // (its tag and length)
+            if !users.isEmpty && bytes + size > maxPageBytes { flush(last: false) }
+            users.append(u)
+            bytes += size
+        }
+        flush(last: true)
+        return out
     }
 
     static func framed(status userID: String, _ status: UserStatus, at ms: Int64) -> [UInt8] {

@@ -393,10 +393,11 @@ public struct PresenceEvent: ProtoMessage, Sendable, Hashable {
     public var snapshot: [UserState] = []
     public var timestampMs: Int64 = 0
     public var sequence: UInt64 = 0
+    public var snapshotContinues: Bool = false
 
     public init() {}
 
-    public init(type: PresenceEventType = PresenceEventType(rawValue: 0), channelType: ChannelType = ChannelType(rawValue: 0), channelName: String = "", publisher: String = "", states: [StateItem] = [], interval: IntervalInfo? = nil, snapshot: [UserState] = [], timestampMs: Int64 = 0, sequence: UInt64 = 0) {
+    public init(type: PresenceEventType = PresenceEventType(rawValue: 0), channelType: ChannelType = ChannelType(rawValue: 0), channelName: String = "", publisher: String = "", states: [StateItem] = [], interval: IntervalInfo? = nil, snapshot: [UserState] = [], timestampMs: Int64 = 0, sequence: UInt64 = 0, snapshotContinues: Bool = false) {
         self.`type` = `type`
         self.channelType = channelType
         self.channelName = channelName
@@ -406,6 +407,7 @@ public struct PresenceEvent: ProtoMessage, Sendable, Hashable {
         self.snapshot = snapshot
         self.timestampMs = timestampMs
         self.sequence = sequence
+        self.snapshotContinues = snapshotContinues
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -437,6 +439,7 @@ extension PresenceEvent: CMessageBridge {
         self.snapshot = try WireCodec.readArray(c.pointee.snapshot, c.pointee.n_snapshot) { try UserState(cStruct: $0!) }
         self.timestampMs = c.pointee.timestamp_ms
         self.sequence = c.pointee.sequence
+        self.snapshotContinues = c.pointee.snapshot_continues != 0
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -450,6 +453,7 @@ extension PresenceEvent: CMessageBridge {
         (c.pointee.n_snapshot, c.pointee.snapshot) = arena.messageArray(self.snapshot)
         c.pointee.timestamp_ms = self.timestampMs
         c.pointee.sequence = self.sequence
+        c.pointee.snapshot_continues = self.snapshotContinues ? 1 : 0
     }
 }
 
