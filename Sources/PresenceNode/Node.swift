@@ -24,13 +24,12 @@ public final class Node: Sendable {
     private let ringChanges: AsyncStream<(HashRing, HashRing)>.Continuation
     private let ringTask: Task<Void, Never>
 
-    /// Builds the node; throws when the auth secret file cannot be read.
+    /// Builds the node; throws when a secret, certificate or key file cannot be used.
     public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
         self.configuration = configuration
         self.logger = logger ?? Logger(level: configuration.logLevel, format: configuration.logFormat)
         let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
-        self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
-        let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
+        // (files are read before any thread starts: a bad one stops the node with nothing to undo)
         clientTLS = try configuration.tlsCertFile.map {
             try TLSContextSource(TLSConfiguration(certificateFile: $0, privateKeyFile: configuration.tlsKeyFile), server: true)
         }
@@ -40,6 +39,8 @@ public final class Node: Sendable {
             peerTLS = (try TLSContextSource(files, server: true), try TLSContextSource(files, server: false))
         }
         self.peerTLS = peerTLS
+        self.group = EventLoopGroup(count: configuration.threads, name: "presenced")
+        let clusterSecret = try configuration.clusterSecretFile.map { try TokenVerifier.readSecret(file: $0) }
         var settings = EngineSettings(nodeID: configuration.nodeID, presenceTimeout: configuration.presenceTimeout,
                                       maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval,
                                       probeInterval: configuration.probeInterval)

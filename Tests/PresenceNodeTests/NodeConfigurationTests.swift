@@ -78,6 +78,38 @@ import Testing
         }
     }
 
+    @Test func tlsFlagsGoTogetherAndMustBeReadable() throws {
+        let c = try parse(["--tls-cert-file", "/dev/null", "--tls-key-file", "/dev/null", "--peer-tls-ca-file", "/dev/null",
+                           "--peer-tls-cert-file", "/dev/null", "--peer-tls-key-file", "/dev/null"])
+        #expect(c.tlsCertFile == "/dev/null" && c.tlsKeyFile == "/dev/null" && c.peerTLSCAFile == "/dev/null")
+        let incomplete: [([String], String)] = [
+            (["--tls-cert-file", "/dev/null"], "--tls-key-file"),
+            (["--peer-tls-ca-file", "/dev/null", "--peer-tls-cert-file", "/dev/null"], "--peer-tls-key-file"),
+            (["--peer-tls-cert-file", "/dev/null", "--peer-tls-key-file", "/dev/null"], "--peer-tls-ca-file"),
+            (["--tls-cert-file", "/nonexistent/cert.pem", "--tls-key-file", "/dev/null"], "--tls-cert-file"),
+        ]
+        for (args, name) in incomplete {
+            do {
+                _ = try parse(args)
+                Issue.record("\(args) was accepted")
+            } catch {
+                #expect("\(error)".contains(name), "\(args): \(error)")
+            }
+        }
+        // files that exist but hold no certificate: the node refuses to start, saying which
+        var bad = NodeConfiguration(nodeID: "n")
+        bad.listen = HostPort(host: "127.0.0.1", port: 0)
+        bad.peerListen = HostPort(host: "127.0.0.1", port: 0)
+        bad.tlsCertFile = "/dev/null"
+        bad.tlsKeyFile = "/dev/null"
+        do {
+            _ = try Node(configuration: bad)
+            Issue.record("a node started with an empty certificate file")
+        } catch {
+            #expect("\(error)".contains("/dev/null"), "\(error)")
+        }
+    }
+
     @Test func help() throws {
         #expect(try NodeConfiguration.parse(arguments: ["--help"], environment: [:], hostName: "h") == .help)
         #expect(NodeConfiguration.usage.contains("PRESENCED_MAX_INSTANT_EVENTS"))
