@@ -46,10 +46,15 @@ public final class Membership: Sendable {
     private let lastDeath = Atomic<UInt64>(0)
 
     /// Tells the engine (at most once a second) that others may have taken this node's keys over.
-    private func declaredDead() {
+    private func declaredDead(incarnation: UInt64? = nil) {
         let now = MonotonicClock.now()
         let last = lastDeath.load(ordering: .relaxed)
-        guard last == 0 || now - last > 1_000_000_000, lastDeath.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else { return }
+        guard last == 0 || now - last > 1_000_000_000, lastDeath.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else {
+            // (the same news again, from other members' gossip: already being handled)
+            logger.debug("declared dead again", ["incarnation": incarnation.map(String.init) ?? "-"])
+            return
+        }
+        logger.warning("this node was declared dead and is back", ["incarnation": incarnation.map(String.init) ?? "-"])
         deathObserver.withLock { $0 }?()
     }
     private let lastIncarnation = Atomic<UInt64>(0)
@@ -366,8 +371,7 @@ public final class Membership: Sendable {
                     }
                 }
             case .declaredDead(let incarnation):
-                logger.warning("this node was declared dead and is back", ["incarnation": String(incarnation)])
-                declaredDead()
+                declaredDead(incarnation: incarnation)
             case .memberChanged(let u):
                 logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation), "boot": String(u.boot)])
                 let restarted = knownBoots.withLock { b -> Bool in

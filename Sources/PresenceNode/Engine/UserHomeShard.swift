@@ -240,6 +240,13 @@ actor UserHomeShard {
             carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
             trace("home handoff received", ["user": copy.record.userID, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
                                             "owned": before ? "merged" : (space[owned: copy.record.userID] != nil ? "took over" : "not owner")])
+        } else if let trace = fabric.trace {
+            let user = copy.record.userID
+            let before = (space.copies[user]?.sessions.count, space[owned: user]?.sessions.count)
+            carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+            trace("home copy", ["user": user, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
+                                "copy_before": before.0.map(String.init) ?? "-", "copy_after": space.copies[user].map { String($0.sessions.count) } ?? "-",
+                                "owned": before.1 != nil ? "yes" : "no"])
         } else {
             carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
         }
