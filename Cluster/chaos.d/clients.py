@@ -199,6 +199,7 @@ class Device:
                 self._resume()
 
     def _read(self, call, gen, sid, node):
+        pages = {}   # a SNAPSHOT in pages (snapshot_continues), per channel, until its last page
         try:
             for ev in call:
                 t = now()
@@ -206,7 +207,20 @@ class Device:
                 with self.cond:
                     if self.gen != gen:
                         break          # a superseded stream: an SDK no longer listens to it
-                if kind == "presence":
+                if kind == "presence" and ev.presence.type == 1 and (ev.presence.snapshot_continues or ev.presence.channel_name in pages):
+                    # as an SDK does: the view is taken when the last page arrives
+                    held = pages.get(ev.presence.channel_name)
+                    if held is None or held.sequence != ev.presence.sequence:
+                        held = pages[ev.presence.channel_name] = type(ev.presence)()
+                        held.CopyFrom(ev.presence)
+                        del held.snapshot[:]
+                    held.snapshot.extend(ev.presence.snapshot)
+                    if ev.presence.snapshot_continues:
+                        continue
+                    del pages[ev.presence.channel_name]
+                    held.snapshot_continues = False
+                    self.events.append((t, sid, node, "presence", held))
+                elif kind == "presence":
                     self.events.append((t, sid, node, "presence", ev.presence))
                 elif kind == "status":
                     self.events.append((t, sid, node, "status", ev.status))
