@@ -256,13 +256,4 @@ final class TLSPipe {
         let n = buffer.withUnsafeMutableBytes { raw in BIO_read(outgoing, raw.baseAddress! + start, Int32(pending)) }
         buffer.removeLast(pending - max(0, Int(n)))
     }
-
-    /// The subject of the certificate the other side presented (nil: none), for logs.
-    var peerSubject: String? {
-        guard let cert = SSL_get1_peer_certificate(ssl) else { return nil }
-        defer { X509_free(cert) }
-        guard let name = X509_get_subject_name(cert), let line = X509_NAME_oneline(name, nil, 0) else { return nil }
-        defer { CRYPTO_free(line, #file, #line) }
-        return String(cString: line)
-    }
 }
