@@ -10,6 +10,18 @@ import Testing
         return c
     }
 
+    /// Each command line is refused with a message naming the flag (or argument) given with it.
+    func expectRefused(_ cases: [([String], String)]) {
+        for (args, name) in cases {
+            do {
+                _ = try parse(args)
+                Issue.record("\(args) was accepted")
+            } catch {
+                #expect("\(error)".contains(name), "\(args): \(error)")
+            }
+        }
+    }
+
     @Test func defaults() throws {
         let c = try parse([])
         #expect(c.nodeID == "host-1")
@@ -68,14 +80,7 @@ import Testing
             (["--seeds", "a:1,b"], "--seeds"), (["--log-level", "loud"], "--log-level"), (["--nope"], "--nope"),
             (["--listen"], "--listen"), (["stray"], "stray"),
         ]
-        for (args, name) in cases {
-            do {
-                _ = try parse(args)
-                Issue.record("\(args) was accepted")
-            } catch {
-                #expect("\(error)".contains(name), "\(args): \(error)")
-            }
-        }
+        expectRefused(cases)
     }
 
     @Test func tlsFlagsGoTogetherAndMustBeReadable() throws {
@@ -88,14 +93,7 @@ import Testing
             (["--peer-tls-cert-file", "/dev/null", "--peer-tls-key-file", "/dev/null"], "--peer-tls-ca-file"),
             (["--tls-cert-file", "/nonexistent/cert.pem", "--tls-key-file", "/dev/null"], "--tls-cert-file"),
         ]
-        for (args, name) in incomplete {
-            do {
-                _ = try parse(args)
-                Issue.record("\(args) was accepted")
-            } catch {
-                #expect("\(error)".contains(name), "\(args): \(error)")
-            }
-        }
+        expectRefused(incomplete)
         // files that exist but hold no certificate: the node refuses to start, saying which
         var bad = NodeConfiguration(nodeID: "n")
         bad.listen = HostPort(host: "127.0.0.1", port: 0)
