@@ -215,7 +215,15 @@ actor UserHomeShard {
     // MARK: Ring changes, copies, gateways
 
     func ringChanged(to ring: HashRing) {
+        let before = fabric.trace == nil ? nil : (copies: space.copies, owned: Set(space.owned.keys))
         carryOut(space.ringChanged(to: ring, now: now, wall: wall, mayServe: mayServe))
+        if let trace = fabric.trace, let before {
+            // (which copies this ring made the node drop, and which it took over, for the debug log)
+            for (user, v) in before.copies.sorted(by: { $0.key < $1.key }) where space.copies[user] == nil {
+                let how = space.owned[user] != nil && !before.owned.contains(user) ? "took over" : "dropped"
+                trace("home copy \(how)", ["user": user, "sessions": String(v.sessions.count), "ring": ring.members.joined(separator: ",")])
+            }
+        }
         scheduleSweep()
         receiveEarly()
     }
