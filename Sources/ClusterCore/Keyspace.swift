@@ -101,6 +101,11 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// kept until `V.departureMemory` after that (see `keep`).
     public private(set) var emptied: [V.Key: Int64] = [:]
     public private(set) var emptiedCopies: [V.Key: Int64] = [:]
+    /// Copies a ring change made this node drop, and since when (wall ms), kept for a presence
+    /// timeout: the ring may have been a passing one (after a heal the members come back one at a
+    /// time) while the owner's never changed, so nobody would send them again. If the ring comes
+    /// back, the copy is restored (and a whole one asked for) or taken over from.
+    public private(set) var retired: [V.Key: (value: V, since: Int64)] = [:]
 
     /// Something for the shard to do.
     public enum Effect: Sendable {
@@ -203,6 +208,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             if copies[key]?.isEmpty == true { copies[key] = nil }
             emptiedCopies[key] = nil
         }
+        let retirement = Int64(clamping: presenceTimeout / 1_000_000)
+        retired = retired.filter { wall - $0.value.since < retirement }
     }
 
     /// Notes that an owned key now has a session at `sink` (it may be a gone process).
@@ -301,9 +308,41 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             case .drop:
                 copies[key] = nil
                 emptiedCopies[key] = nil
+                retired[key] = (v, wall)
             }
         }
+        out += ringCameBack(mayServe: mayServe, now: now, wall: wall, skipping: Set(copies.keys))
         findOrphans(now: now)
+        return out
+    }
+
+    /// Retired copies whose key this node replicates or owns again on the current ring: restored
+    /// (the owner is asked for a whole copy: changes made meanwhile did not come here), or taken
+    /// over from, stale as it may be (gateways' anti-entropy brings it up to date).
+    private mutating func ringCameBack(mayServe: (V.Key) -> Bool, now: UInt64, wall: Int64, skipping held: Set<V.Key>) -> [Effect] {
+        var out: [Effect] = []
+        for (key, r) in retired.sorted(by: { $0.key < $1.key }) where !held.contains(key) && owned[key] == nil {
+            let owners = ring.owners(ofHash: V.ringHash(of: key), count: replicationFactor)
+            guard owners.contains(me) else { continue }
+            retired[key] = nil
+            if owners.first == me {
+                var value = r.value
+                value.startLineage(now: wall)
+                if mayServe(key) {
+                    let events = value.tookOver(now: wall)
+                    if !events.isEmpty { out.append(.deliver(events)) }
+                } else {
+                    heldBack.insert(key)
+                }
+                owned[key] = value
+                keep(key, wall: wall)
+                for rep in owners.dropFirst() { out += sendAll(value, to: rep, handoff: false, now: now) }
+            } else {
+                copies[key] = r.value
+                keepReplica(key, wall: wall)
+                out.append(.askForCopy(key, from: owners[0]))
+            }
+        }
         return out
     }
 
@@ -327,6 +366,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             out += sendAll(v, to: owner, handoff: true, now: now)
         }
         leaving = true
+        retired = [:]
         copies.merge(owned) { _, mine in mine }
         owned = [:]
         emptied = [:]
@@ -365,7 +405,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             // this node owns the key and holds nothing of it yet: a handoff (or a copy from a
             // node that still thinks it owns it) starts it; only a whole copy can
             guard V.isFull(copy) else { return [] }
-            var v = copies.removeValue(forKey: key) ?? make(key)
+            var v = copies.removeValue(forKey: key) ?? retired.removeValue(forKey: key)?.value ?? make(key)
             emptiedCopies[key] = nil
             v.install(copy)
             v.startLineage(now: wall)
@@ -383,6 +423,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         // by its ring): kept, but a replica must never take over from part of a key, so it asks
         // the owner for all of it
         let partial = !V.isFull(copy) && copies[key] == nil
+        retired[key] = nil
         var v = V.isFull(copy) ? make(key) : (copies[key] ?? make(key))
         v.install(copy)
         copies[key] = v

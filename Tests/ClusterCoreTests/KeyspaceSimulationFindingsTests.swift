@@ -26,6 +26,12 @@
 //  11. (found by Cluster/chaos, netns partition-long) Keyspace.restart(followersAt:) sent fresh
 //      SNAPSHOTs of every owned key, also of keys this node waited to be handed back (back from a
 //      partition, its copy is stale): users who had left were listed again until the handoff.
+//  12. (found by Cluster/chaos, netns seed 46: a session lost) Keyspace.ringChanged forgot a
+//      replica copy as soon as the node's own ring said it was no longer a replica — also when
+//      that ring was a passing one (the members it saw come back one at a time after a heal)
+//      while the owner's ring never changed: nobody sent the copy again, and when the owner
+//      crashed the replica took over from nothing. Copies dropped are now kept a while, and
+//      restored (asking the owner for a whole copy) or taken over from if the ring comes back.
 //
 // Outside the cores (PresenceNode, left as it is; the simulation models them, reports what they
 // cause apart as `knownGaps`, and KeyspaceSimulationKnownIssueTests reproduces two):
@@ -115,6 +121,55 @@ import Testing
             return []
         }
         #expect(snapshots.map(\.sink) == [g] && snapshots.first?.sessions == [s])
+    }
+
+    /// (12)
+    @Test func aReplicaWhoseRingPassesThroughAnotherKeepsItsCopyForWhenItComesBack() throws {
+        let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
+        let r1 = r0.adding("y", boot: 1)   // y comes back first: for a moment it is the replica
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            r0.owners(of: $0, count: 2) == ["o", "r"] && r1.owners(of: $0, count: 2) == ["o", "y"]
+        })
+        var owner = Machine(key: key, maxInstantEvents: 100)
+        _ = owner.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
+        var replica = space("r", r0, copies: 2)
+        for c in owner.fullCopies() { _ = replica.received(c, from: "o", now: 1, wall: 1_000) }
+        #expect(replica.copies[key]?.contains(user: "u") == true)
+        _ = replica.ringChanged(to: r1, now: 2, wall: 2_000)
+        #expect(replica.copies[key] == nil)   // not a replica on this ring
+        // the ring comes back (y is dropped again) while the owner's ring never changed: the owner
+        // sends nothing, so the replica restores what it had and asks the owner for a whole copy
+        let back = replica.ringChanged(to: r0, now: 3, wall: 3_000)
+        #expect(replica.copies[key]?.contains(user: "u") == true)
+        #expect(back.contains { if case .askForCopy(key, "o") = $0 { true } else { false } })
+        // the owner crashes: the replica takes over with the session
+        _ = replica.ringChanged(to: r0.removing("o"), now: 4, wall: 4_000)
+        #expect(replica[owned: key]?.contains(user: "u") == true)
+    }
+
+    /// (12) A copy dropped and never wanted back is forgotten after a while; one whose key this
+    /// node comes to own meanwhile is taken over from.
+    @Test func aDroppedCopyIsForgottenLaterOrTakenOverFrom() throws {
+        let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
+        let r1 = r0.adding("y", boot: 1)
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            r0.owners(of: $0, count: 2) == ["o", "r"] && r1.owners(of: $0, count: 2) == ["o", "y"]
+        })
+        var owner = Machine(key: key, maxInstantEvents: 100)
+        _ = owner.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
+        var replica = space("r", r0, copies: 2)
+        for c in owner.fullCopies() { _ = replica.received(c, from: "o", now: 1, wall: 1_000) }
+        _ = replica.ringChanged(to: r1, now: 2, wall: 2_000)
+        // the owner died meanwhile, and y went again: this node is the owner now
+        let taken = replica.ringChanged(to: r0.removing("o"), now: 3, wall: 3_000)
+        #expect(replica[owned: key]?.contains(user: "u") == true)
+        #expect(taken.contains { if case .deliver(let ds) = $0 { ds.contains(where: \.isSnapshot) } else { false } })   // a fresh start
+        var other = space("r", r0, copies: 2)
+        for c in owner.fullCopies() { _ = other.received(c, from: "o", now: 1, wall: 1_000) }
+        _ = other.ringChanged(to: r1, now: 2, wall: 2_000)
+        _ = other.ringChanged(to: r1.adding("z", boot: 1), now: 3, wall: 2_000 + 6_000)   // a presence timeout later
+        _ = other.ringChanged(to: r0, now: 4, wall: 2_000 + 6_001)
+        #expect(other.copies[key] == nil)
     }
 
     /// (11)
