@@ -102,10 +102,17 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public private(set) var emptied: [V.Key: Int64] = [:]
     public private(set) var emptiedCopies: [V.Key: Int64] = [:]
     /// Copies a ring change made this node drop, and since when (wall ms), kept for a presence
-    /// timeout: the ring may have been a passing one (after a heal the members come back one at a
-    /// time) while the owner's never changed, so nobody would send them again. If the ring comes
-    /// back, the copy is restored (and a whole one asked for) or taken over from.
+    /// timeout from their first drop: the ring may have been a passing one (after a heal the
+    /// members come back one at a time) while the owner's never changed, so nobody would send
+    /// them again. If the ring comes back within that time, the copy is restored, unconfirmed, and
+    /// a whole one asked for; or taken over from, if this node came to own the key.
     public private(set) var retired: [V.Key: (value: V, since: Int64)] = [:]
+    /// Restored copies the owner has not confirmed with a whole copy yet, and when they were
+    /// first dropped: they go when their time is up (the owner may not count this node as a
+    /// replica at all), and the owner's whole copy replaces them whatever its lineage.
+    public private(set) var unconfirmed: [V.Key: Int64] = [:]
+    /// When the next retired or unconfirmed copy is due to go (wall ms).
+    private var retirementDue = Int64.max
 
     /// Something for the shard to do.
     public enum Effect: Sendable {
@@ -155,6 +162,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             var v = make(key)
             v.startLineage(now: now)
             owned[key] = v
+            settled(key)
         }
         let result: R
         do {
@@ -208,8 +216,31 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             if copies[key]?.isEmpty == true { copies[key] = nil }
             emptiedCopies[key] = nil
         }
-        let retirement = Int64(clamping: presenceTimeout / 1_000_000)
-        retired = retired.filter { wall - $0.value.since < retirement }
+        if wall >= retirementDue { expireRetired(wall: wall) }
+    }
+
+    private var retirement: Int64 { Int64(clamping: presenceTimeout / 1_000_000) }
+
+    private mutating func expireRetired(wall: Int64) {
+        for (key, r) in retired where wall - r.since >= retirement { retired[key] = nil }
+        for (key, since) in unconfirmed where wall - since >= retirement {
+            unconfirmed[key] = nil
+            if owned[key] == nil { copies[key] = nil }
+        }
+        let oldest = min(retired.values.map(\.since).min() ?? .max, unconfirmed.values.min() ?? .max)
+        retirementDue = oldest == .max ? .max : oldest &+ retirement
+    }
+
+    /// The key is held (owned, or a confirmed copy) from now on: nothing retired of it may come back.
+    private mutating func settled(_ key: V.Key) {
+        retired[key] = nil
+        unconfirmed[key] = nil
+    }
+
+    private mutating func retire(_ key: V.Key, _ v: V, wall: Int64) {
+        let since = unconfirmed.removeValue(forKey: key) ?? retired[key]?.since ?? wall
+        retired[key] = (v, since)
+        retirementDue = min(retirementDue, since &+ retirement)
     }
 
     /// Notes that an owned key now has a session at `sink` (it may be a gone process).
@@ -279,6 +310,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 owned[key] = nil
                 emptied[key] = nil
                 orphanKeys.remove(key)
+                settled(key)
                 if keepCopy {
                     copies[key] = v
                     keepReplica(key, wall: wall)
@@ -292,6 +324,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             case .takeOver(_, let newReplicas):
                 copies[key] = nil
                 emptiedCopies[key] = nil
+                settled(key)
                 var value = v
                 value.startLineage(now: wall)
                 if mayServe(key) {
@@ -308,7 +341,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             case .drop:
                 copies[key] = nil
                 emptiedCopies[key] = nil
-                retired[key] = (v, wall)
+                retire(key, v, wall: wall)
             }
         }
         out += ringCameBack(mayServe: mayServe, now: now, wall: wall, skipping: Set(copies.keys))
@@ -326,6 +359,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             guard owners.contains(me) else { continue }
             retired[key] = nil
             if owners.first == me {
+                unconfirmed[key] = nil
                 var value = r.value
                 value.startLineage(now: wall)
                 if mayServe(key) {
@@ -339,6 +373,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 for rep in owners.dropFirst() { out += sendAll(value, to: rep, handoff: false, now: now) }
             } else {
                 copies[key] = r.value
+                unconfirmed[key] = r.since
                 keepReplica(key, wall: wall)
                 out.append(.askForCopy(key, from: owners[0]))
             }
@@ -367,6 +402,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         }
         leaving = true
         retired = [:]
+        unconfirmed = [:]
         copies.merge(owned) { _, mine in mine }
         owned = [:]
         emptied = [:]
@@ -405,7 +441,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             // this node owns the key and holds nothing of it yet: a handoff (or a copy from a
             // node that still thinks it owns it) starts it; only a whole copy can
             guard V.isFull(copy) else { return [] }
-            var v = copies.removeValue(forKey: key) ?? retired.removeValue(forKey: key)?.value ?? make(key)
+            var v = copies.removeValue(forKey: key) ?? retired[key]?.value ?? make(key)
+            settled(key)
             emptiedCopies[key] = nil
             v.install(copy)
             v.startLineage(now: wall)
@@ -417,13 +454,15 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
             return out
         }
-        // a replica copy
-        if let held = copies[key], V.term(of: copy) < held.term { return [] }  // from a superseded owner
+        // a replica copy (a restored one the owner has not confirmed yet takes its whole copy,
+        // whatever the lineage it held)
+        let restored = unconfirmed[key] != nil
+        if let held = copies[key], V.term(of: copy) < held.term, !(restored && V.isFull(copy)) { return [] }  // from a superseded owner
         // a change to a key this node holds no copy of (it was not a replica of it a moment ago,
         // by its ring): kept, but a replica must never take over from part of a key, so it asks
         // the owner for all of it
         let partial = !V.isFull(copy) && copies[key] == nil
-        retired[key] = nil
+        if V.isFull(copy) || !restored { settled(key) }
         var v = V.isFull(copy) ? make(key) : (copies[key] ?? make(key))
         v.install(copy)
         copies[key] = v

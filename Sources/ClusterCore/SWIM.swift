@@ -186,12 +186,36 @@ public enum SWIM {
             let senderHeldDead = from.flatMap { members[$0] }.map { $0.status == .dead } ?? false
             for u in updates {
                 if senderHeldDead, u.id != from, u.id != myself.id, u.status == .suspect || u.status == .dead { continue }
-                apply(u, from: from, now: now, into: &out)
+                apply(u, from: from, now: now, into: &out, accuserHeldDead: senderHeldDead)
             }
             return out
         }
 
-        private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive]) {
+        /// Whether this node sees at most half of the members it knows alive: it is most likely
+        /// the one cut off (or paused), not the others.
+        var seesOnlyAMinority: Bool {
+            let known = members.values.filter { $0.status != .left }.count
+            let live = members.values.filter { $0.status == .alive || $0.status == .suspect }.count
+            return live * 2 <= known
+        }
+
+        /// This node learnt it had been declared dead: it was the one cut off or paused, so what it
+        /// concluded of others meanwhile is stale. Its queued accusations are not spread, and its
+        /// pending suspicions are dropped (the suspect, who never heard them, could not refute);
+        /// whoever is really gone its probes find again, and it tells each member it holds dead
+        /// directly when it pings it (`reconnect`).
+        private mutating func forgetOwnAccusations(into out: inout [Directive]) {
+            gossip = gossip.filter { $0.key == myself.id || !($0.value.update.status == .suspect || $0.value.update.status == .dead) }
+            for id in suspicions.keys.sorted() {
+                suspicions[id] = nil
+                guard var m = members[id], m.status == .suspect else { continue }
+                m.status = .alive
+                members[id] = m
+                out.append(.memberChanged(m))
+            }
+        }
+
+        private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive], accuserHeldDead: Bool = false) {
             if u.id == myself.id {
                 if u.boot > myself.boot && myself.status == .alive {
                     // the cluster knows a later instance of this id than this process (its clock
@@ -212,14 +236,12 @@ public enum SWIM {
                 if (u.status == .suspect || u.status == .dead) && myself.status == .alive {
                     // declared dead (even if a suspicion was refuted first): the others have
                     // taken this node's keys over meanwhile
-                    if u.status == .dead {
+                    // (from a node this one holds dead while it sees a majority alive: the far side
+                    // of a partition talking, which took no keys from here; refuted, nothing more)
+                    if u.status == .dead, !accuserHeldDead || seesOnlyAMinority {
                         out.append(.declaredDead(incarnation: u.incarnation))
                         reconnectAll = true
-                        // This node was the one cut off: its own accusations of others (still
-                        // queued) are stale. Keep them to itself; it tells each accused directly
-                        // when it pings it (`reconnect`), and whoever is really gone the others
-                        // find by probing.
-                        gossip = gossip.filter { $0.key == myself.id || !($0.value.update.status == .suspect || $0.value.update.status == .dead) }
+                        forgetOwnAccusations(into: &out)
                     }
                     if u.incarnation >= myself.incarnation {
                         // (an incarnation at the top of the range cannot be refuted by counting

@@ -280,6 +280,7 @@ final class ServerCore: FileDescriptorHandler {
         if let tls = configuration.tls {
             guard let pipe = TLSPipe(context: tls.context) else {
                 close(fd)
+                counter.closed()
                 counter.closed(from: address)
                 return nil
             }

@@ -303,7 +303,10 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
                 }
             }
             tls?.takeOutput(into: &last)
-            if !last.isEmpty { _ = last.withUnsafeBytes { send(fd, $0.baseAddress!, $0.count, Int32(MSG_NOSIGNAL)) } }
+            // (only behind nothing: after bytes still waiting it would arrive out of order)
+            if !last.isEmpty, outboundOffset >= outbound.count {
+                _ = last.withUnsafeBytes { send(fd, $0.baseAddress!, $0.count, Int32(MSG_NOSIGNAL)) }
+            }
         }
         isClosed = true
         if let t = keepaliveTimer { loop.cancelTimer(t) }

@@ -181,7 +181,6 @@ final class TLSPipe {
     /// returns false to stop (the connection closed).
     func receive(_ bytes: UnsafePointer<UInt8>, count: Int, scratch: UnsafeMutablePointer<UInt8>, scratchSize: Int,
                  deliver: (UnsafePointer<UInt8>, Int) -> Bool) -> Received {
-        ERR_clear_error()
         var offset = 0
         while offset < count {
             let n = BIO_write(incoming, bytes + offset, Int32(min(count - offset, Int(Int32.max))))
@@ -189,6 +188,9 @@ final class TLSPipe {
             offset += Int(n)
         }
         while true {
+            // (before every call: `deliver` runs nghttp2's callbacks, and what they do with
+            // libcrypto, or a write, may leave errors that SSL_get_error would report as ours)
+            ERR_clear_error()
             let n = SSL_read(ssl, scratch, Int32(min(scratchSize, Int(Int32.max))))
             // (read the outcome before anything else uses the SSL: the early write below would
             // replace what SSL_get_error reports)
@@ -237,9 +239,9 @@ final class TLSPipe {
             early.append(contentsOf: UnsafeBufferPointer(start: bytes, count: count))
             return nil
         }
-        ERR_clear_error()
         var offset = 0
         while offset < count {
+            ERR_clear_error()
             let n = SSL_write(ssl, bytes + offset, Int32(min(count - offset, 1 << 30)))
             guard n > 0 else { return TLSError("TLS write failed").description }
             offset += Int(n)

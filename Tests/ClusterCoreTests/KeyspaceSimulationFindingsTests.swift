@@ -172,6 +172,38 @@ import Testing
         #expect(other.copies[key] == nil)
     }
 
+    /// (12) A restored copy is not trusted for long: the owner's whole copy replaces it whatever
+    /// lineage it held (it may come from the far side of a partition), and one the owner never
+    /// confirms (it does not count this node as a replica) goes a presence timeout after its drop.
+    @Test func aRestoredCopyTakesTheOwnersWholeCopyOrGoes() throws {
+        let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
+        let r1 = r0.adding("y", boot: 1)
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            r0.owners(of: $0, count: 2) == ["o", "r"] && r1.owners(of: $0, count: 2) == ["o", "y"]
+        })
+        var far = Machine(key: key, maxInstantEvents: 100)   // a lineage numbered above the owner's
+        far.startLineage(now: 9_000_000)
+        _ = far.join(user: "stale", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
+        var owner = Machine(key: key, maxInstantEvents: 100)
+        _ = owner.join(user: "u", session: SessionID(raw: 8), withPresence: true, sink: b, version: v(1, 1), now: 1_000)
+        var replica = space("r", r0, copies: 2)
+        for c in far.fullCopies() { _ = replica.received(c, from: "o", now: 1, wall: 1_000) }
+        _ = replica.ringChanged(to: r1, now: 2, wall: 2_000)
+        _ = replica.ringChanged(to: r0, now: 3, wall: 2_500)
+        #expect(replica.unconfirmed[key] == 2_000)
+        for c in owner.fullCopies() { _ = replica.received(c, from: "o", now: 4, wall: 3_000) }
+        #expect(replica.copies[key]?.contains(user: "u") == true && replica.copies[key]?.contains(user: "stale") == false)
+        #expect(replica.unconfirmed[key] == nil)
+        // never confirmed: gone 5 s (the presence timeout) after the first drop
+        var lonely = space("r", r0, copies: 2)
+        for c in owner.fullCopies() { _ = lonely.received(c, from: "o", now: 1, wall: 1_000) }
+        _ = lonely.ringChanged(to: r1, now: 2, wall: 2_000)
+        _ = lonely.ringChanged(to: r0, now: 3, wall: 2_500)
+        #expect(lonely.copies[key] != nil)
+        _ = lonely.ringChanged(to: r0.adding("z", boot: 1).removing("z"), now: 4, wall: 7_000)
+        #expect(lonely.copies[key] == nil && lonely.unconfirmed.isEmpty)
+    }
+
     /// (11)
     @Test func followersOfAKeyWaitingForItsHandoffGetTheirSnapshotOnlyOnceItMayServe() {
         let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])

@@ -341,7 +341,9 @@ struct Simulation {
                                          U(id: "c", address: "c", status: .suspect, incarnation: 0),
                                          U(id: "a", address: "a", status: .dead, incarnation: 0)], now: 2)
         #expect(a.members["b"]?.status == .alive && a.members["c"]?.status == .alive)
-        #expect(a.myself.incarnation == 1 && ds.contains(.declaredDead(incarnation: 0)))   // about us: refuted
+        // about us: refuted, but a sees a majority alive: e took no keys from it, and a's own
+        // conclusions are not the stale ones (no declaredDead, its accusations stay)
+        #expect(a.myself.incarnation == 1 && !ds.contains(.declaredDead(incarnation: 0)))
         // the reply tells e it is held dead, so e refutes; then its word counts again
         guard case .sendAck(_, _, _, let reply)? = ds.last else { Issue.record("no ack: \(ds)"); return }
         #expect(reply.contains(U(id: "e", address: "e", status: .dead, incarnation: 0)))
@@ -351,6 +353,40 @@ struct Simulation {
         _ = a.receivedAck(from: "e", sequence: 10, gossip: [U(id: "b", address: "b", status: .suspect, incarnation: 0)], now: 4)
         #expect(a.members["b"]?.status == .suspect)
     }
+
+    /// A node the others declared dead forgets what it concluded meanwhile: queued accusations
+    /// and pending suspicions (the suspect never heard them, so it could not refute). A node of
+    /// the majority accused by one it holds dead keeps its own (a member that really crashed).
+    @Test func onlyTheNodeThatWasCutOffForgetsItsAccusations() {
+        func node(_ id: String) -> SWIM.Instance {
+            var n = SWIM.Instance(id: id, address: id)
+            _ = n.merge(["a", "b", "c", "d", "e"].filter { $0 != id }.map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: nil, now: 0)
+            return n
+        }
+        // e, cut off: holds a, b, c dead, suspects d
+        var e = node("e")
+        _ = e.merge(["a", "b", "c"].map { U(id: $0, address: $0, status: .dead, incarnation: 0) }, from: nil, now: 1)
+        _ = e.merge([U(id: "d", address: "d", status: .suspect, incarnation: 0)], from: "e", now: 1)
+        let told = e.receivedAck(from: "a", sequence: 1, gossip: [U(id: "e", address: "e", status: .dead, incarnation: 0)], now: 2)
+        #expect(told.contains(.declaredDead(incarnation: 0)))
+        #expect(e.members["d"]?.status == .alive)                           // the suspicion is dropped
+        #expect(e.suspicionsDue(now: 10_000_000_000).isEmpty)               // and never concludes
+        guard case .sendPing(_, _, _, let gossip)? = e.periodTick(now: 3).first(where: { if case .sendPing = $0 { true } else { false } }) else {
+            Issue.record("no ping"); return
+        }
+        #expect(!gossip.contains { $0.id != "e" && ($0.status == .dead || $0.status == .suspect) && $0.id != gossipTarget(gossip) })
+        // a, in the majority: y crashed (a holds it dead, queued), e is held dead and accuses a
+        var a = node("a")
+        _ = a.merge([U(id: "y", address: "y", status: .alive, incarnation: 0)], from: nil, now: 0)
+        _ = a.merge([U(id: "y", address: "y", status: .dead, incarnation: 0), U(id: "e", address: "e", status: .dead, incarnation: 0)], from: nil, now: 1)
+        let accused = a.receivedPing(from: "e", address: "e", sequence: 1, gossip: [U(id: "a", address: "a", status: .dead, incarnation: 0)], now: 2)
+        #expect(!accused.contains(.declaredDead(incarnation: 0)) && a.myself.incarnation == 1)
+        guard case .sendAck(_, _, _, let reply)? = accused.last else { Issue.record("no ack"); return }
+        #expect(reply.contains(U(id: "y", address: "y", status: .dead, incarnation: 0)))   // still spread
+    }
+
+    /// The member a reconnect ping is addressed to (it carries what the sender believes of it).
+    func gossipTarget(_ gossip: [U]) -> String? { gossip.first?.id }
 
     @Test func aSuspectedNodeRefutesWithAHigherIncarnation() {
         let ids = ["a", "b", "c"]
