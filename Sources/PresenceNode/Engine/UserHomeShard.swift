@@ -58,7 +58,10 @@ actor UserHomeShard {
         do throws(PresenceError) {
             // (a call that got past the routing checks before this node handed its keys off to leave)
             guard !space.leaving else { throw PresenceError(.unavailable, "NOT_SERVING", "LEAVING: this node has handed its keys off; retry") }
-            return (try perform(call, users: users), replicaTickets)
+            let result = try tracingRemovals("call \(call.op)", users: users) { () throws(PresenceError) -> ClusterHomeResult in
+                try perform(call, users: users)
+            }
+            return (result, replicaTickets)
         } catch {
             return (ClusterHomeResult(error: error.wire), replicaTickets)
         }
@@ -216,7 +219,7 @@ actor UserHomeShard {
 
     func ringChanged(to ring: HashRing) {
         let before = fabric.trace == nil ? nil : (copies: space.copies, owned: Set(space.owned.keys))
-        carryOut(space.ringChanged(to: ring, now: now, wall: wall, mayServe: mayServe))
+        carryOut(tracingRemovals("ring change") { space.ringChanged(to: ring, now: now, wall: wall, mayServe: mayServe) })
         if let trace = fabric.trace, let before {
             // (which copies this ring made the node drop, and which it took over, for the debug log)
             for (user, v) in before.copies.sorted(by: { $0.key < $1.key }) where space.copies[user] == nil {
@@ -245,13 +248,17 @@ actor UserHomeShard {
         }
         if copy.handoff, let trace = fabric.trace {
             let before = space[owned: copy.record.userID] != nil
-            carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+            carryOut(tracingRemovals("handoff from \(sender ?? "-")", users: [copy.record.userID]) {
+                space.received(copy, from: sender, gone: gone, now: now, wall: wall)
+            })
             trace("home handoff received", ["user": copy.record.userID, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
                                             "owned": before ? "merged" : (space[owned: copy.record.userID] != nil ? "took over" : "not owner")])
         } else if let trace = fabric.trace {
             let user = copy.record.userID
             let before = (space.copies[user]?.sessions.count, space[owned: user]?.sessions.count)
-            carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+            carryOut(tracingRemovals("copy from \(sender ?? "-")", users: [user]) {
+                space.received(copy, from: sender, gone: gone, now: now, wall: wall)
+            })
             trace("home copy", ["user": user, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
                                 "copy_before": before.0.map(String.init) ?? "-", "copy_after": space.copies[user].map { String($0.sessions.count) } ?? "-",
                                 "owned": before.1 != nil ? "yes" : "no"])
@@ -291,20 +298,39 @@ actor UserHomeShard {
 
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
 
+    /// (debug log) Runs `body`, then names each session an owned home lost in it, and why.
+    private func tracingRemovals<R, E: Error>(_ cause: String, users: [String]? = nil, _ body: () throws(E) -> R) throws(E) -> R {
+        guard let trace = fabric.trace else { return try body() }
+        let keys = users ?? Array(space.owned.keys)
+        var before: [String: Set<String>] = [:]
+        for u in keys { if let r = space[owned: u] { before[u] = Set(r.sessions.keys.map(\.description)) } }
+        let result = try body()
+        for (u, ids) in before.sorted(by: { $0.key < $1.key }) {
+            let after = Set((space[owned: u]?.sessions.keys).map { $0.map(\.description) } ?? [])
+            for id in ids.subtracting(after).sorted() { trace("home session removed", ["user": u, "session": id, "cause": cause]) }
+        }
+        return result
+    }
+
     /// The ring this shard has carried out.
     var ring: HashRing { space.ring }
 
     func reconcile(from sink: NodeInstance, buckets: Set<Int>, facts: [String: [HomeFact]]) -> [String: Reconciliation<Record.StatusChange, Never>] {
         let topology = fabric.topology
-        let (effects, results) = space.reconcile(from: sink, buckets: buckets, facts: facts,
-                                                 mayServe: { topology.notServing(keyHash: HashRing.hash(ofUser: $0)) == nil }, now: now, wall: wall)
+        let (effects, results) = tracingRemovals("anti-entropy with \(sink)") {
+            space.reconcile(from: sink, buckets: buckets, facts: facts,
+                            mayServe: { topology.notServing(keyHash: HashRing.hash(ofUser: $0)) == nil }, now: now, wall: wall)
+        }
         carryOut(effects)
         scheduleSweep()
         return results
     }
 
     func confirmed(from sink: NodeInstance, gone: [(String, SessionID, UInt64)], moved: [(String, SessionID, NodeInstance, UInt64)]) {
-        carryOut(space.confirmed(from: sink, gone: gone, moved: moved, now: now, wall: wall))
+        let effects = tracingRemovals("confirmed by \(sink)", users: gone.map(\.0) + moved.map(\.0)) {
+            space.confirmed(from: sink, gone: gone, moved: moved, now: now, wall: wall)
+        }
+        carryOut(effects)
         scheduleSweep()
     }
 
@@ -330,7 +356,7 @@ actor UserHomeShard {
     private func sweep() {
         sweeper = nil
         sweepAt = nil
-        carryOut(space.sweep(now: now, wall: wall))
+        carryOut(tracingRemovals("timed out (gateway gone)") { space.sweep(now: now, wall: wall) })
         scheduleSweep()
     }
 
