@@ -66,6 +66,9 @@ class Device:
         self.gen = 0                # bumped on every new stream
         self.call = None
         self.closing = False
+        self.close_in_doubt = None  # (sid, t0) of a CloseSession whose answer was lost
+        self.close_t0 = None        # when the CloseSession in progress was sent
+        self.closed_by_resume = None  # the sid a refused resume showed closed (by a close in doubt)
         self.move_from = None       # node the worker asked to move away from
         self.broken_at = None
         self.recovery = None        # what to restore after a lost session (done by the worker)
@@ -251,10 +254,21 @@ class Device:
                     call, opened = self._open_stream(node, sid, 0)
                 except (grpc.RpcError, StreamEnded) as e:
                     code = e.code() if isinstance(e, grpc.RpcError) else None
-                    env.record_resume_attempt(self, sid, node, t, now(), "failed", code, origin)
                     if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                        with self.cond:
+                            doubt = self.close_in_doubt if self.close_in_doubt and self.close_in_doubt[0] == sid else \
+                                ((sid, self.close_t0) if self.closing and self.close_t0 is not None else None)
+                        if doubt is not None:
+                            # a CloseSession sent with no answer yet (its node died) took effect:
+                            # as an SDK does, the close is done, not the session lost
+                            env.record_resume_attempt(self, sid, node, t, now(), "closed-meanwhile", code, origin)
+                            self._closed_in_doubt(sid, doubt[1], code, node)
+                            return
+                        env.record_resume_attempt(self, sid, node, t, now(), "failed", code, origin)
                         self._lost(sid, origin, f"resume refused with {code.name} by node-{node}", None, None)
                         return
+                    env.record_resume_attempt(self, sid, node, t, now(), "failed", code, origin)
+                    continue
                     continue
                 if opened.resumed and opened.session_id == sid:
                     env.record_resume_attempt(self, sid, node, t, now(), "resumed", None, origin)
@@ -272,6 +286,34 @@ class Device:
             return
         # no node answered for longer than the presence timeout: the session is gone
         self._lost(sid, origin, "no node answered a resume in time", None, None)
+
+    def _closed_in_doubt(self, sid, t0, code, node):
+        """The session's CloseSession got no answer, and a resume says it is gone: it was closed."""
+        env = self.env
+
+        class Window:   # the close happened between the call's start and this refusal
+            pass
+        w = Window()
+        w.t0, w.t1 = t0, now()
+        env.model.closed(w, sid)
+        env.session_notes.add(self.name, now(), f"s={sid[:8]}: resume refused ({code.name}) by node-{node} after a "
+                                                f"CloseSession whose answer was lost: the close took effect")
+        with self.cond:
+            self.close_in_doubt = None
+            self.closed_by_resume = sid
+            stale = None
+            if self.sid == sid:
+                self.state = "closed"
+                self.sid = None
+                self.closed_at = now()
+                self.reopen_at = self.closed_at + self.rng.uniform(4.0, 10.0)
+                self.gen += 1
+                stale, self.call = self.call, None
+                self.cond.notify_all()
+        if stale is not None:
+            stale.cancel()
+        self.channels = {}
+        self.watching = set()
 
     def vanished(self, sid, origin, reason):
         """The worker found the session unknown to its gateway although its stream was up."""
@@ -543,7 +585,16 @@ class UserClient:
         sid = dev.sid
         with dev.cond:
             dev.closing = True
+            dev.close_t0 = now()
         rec = self.call(dev, "CloseSession", "", None, lambda s: p.CloseSessionRequest(session_id=s))
+        if rec.outcome == "session-lost" and dev.closed_by_resume == sid:
+            # its answer was lost with its node; the resume found it closed (done above)
+            rec.outcome, rec.code = "ok", ""
+            rec.notes.append("closed: the answer was lost with its node, and a resume found the session gone")
+            with dev.cond:
+                dev.closing = False
+                dev.close_t0 = None
+            return rec
         if rec.outcome == "ok":
             self.env.model.closed(rec, sid)
             with dev.cond:
@@ -565,6 +616,10 @@ class UserClient:
         else:
             with dev.cond:
                 dev.closing = False
+                if rec.outcome != "error" or rec.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"):
+                    # no definite answer: the close may have been carried out before its node died
+                    dev.close_in_doubt = (sid, dev.close_t0)
+                dev.close_t0 = None
         return rec
 
     # ---- the worker
