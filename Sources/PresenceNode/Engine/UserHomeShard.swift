@@ -306,7 +306,9 @@ actor UserHomeShard {
         for u in keys { if let r = space[owned: u] { before[u] = Set(r.sessions.keys.map(\.description)) } }
         let result = try body()
         for (u, ids) in before.sorted(by: { $0.key < $1.key }) {
-            let after = Set((space[owned: u]?.sessions.keys).map { $0.map(\.description) } ?? [])
+            // (a home no longer held here was handed off, or emptied: nothing to name)
+            guard let now = space[owned: u] else { continue }
+            let after = Set(now.sessions.keys.map(\.description))
             for id in ids.subtracting(after).sorted() { trace("home session removed", ["user": u, "session": id, "cause": cause]) }
         }
         return result
