@@ -47,6 +47,6 @@ let package = Package(
         .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
         .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),
         .testTarget(name: "ClusterCoreTests", dependencies: ["ClusterCore", "PresenceCore", "PresenceWire"]),
-        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "GRPCTransport", "PresenceWire", "PresenceCore", "EventLoop"]),
+        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop"]),
     ]
 )

@@ -1,3 +1,4 @@
+import ClusterCore
 import PresenceCore
 @testable import PresenceNode
 import Synchronization
@@ -46,5 +47,25 @@ final class HandClock: EngineClock {
         #expect(Logger.escaped("evil\n2026-12-01T00:00:00Z ERROR forged") == "evil\\n2026-12-01T00:00:00Z ERROR forged")
         #expect(Logger.escaped("a\"b\\c\u{1}") == "a\\\"b\\\\c\\x01")
         #expect(!Logger.escaped("x\r\ny\t").contains(where: { $0.isNewline }))
+    }
+
+    /// Found by Cluster/chaos (netns seed 49, a session lost): a resume here claimed the session at
+    /// its home, the home's answer was lost (its node had just died), and this gateway never
+    /// adopted it; anti-entropy then told the home "not here", which removed the session while
+    /// its client was resuming it on a third node. For a resume window the answer is "held".
+    @Test func aClaimThatGotNoAnswerIsNotDeniedForAResumeWindow() {
+        let clock = HandClock()
+        let g = GatewayShard(resumeWindow: 4_000_000_000, clock: clock, movedMemory: 10_000_000_000)
+        let id = SessionID(raw: 43)
+        #expect(!g.isClaiming(id))
+        g.claiming(id, true)
+        #expect(g.isClaiming(id))
+        g.claiming(id, false)
+        g.claimInDoubt(id)
+        #expect(g.isClaiming(id))
+        #expect(GatewayFacts.verdict(channel: nil, user: "ann", placedAt: 5, held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id)) == .held)
+        clock.advance(4_000_000_001)
+        #expect(!g.isClaiming(id))
+        #expect(GatewayFacts.verdict(channel: nil, user: "ann", placedAt: 5, held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id)) == .gone(version: 5))
     }
 }

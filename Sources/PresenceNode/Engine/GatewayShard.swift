@@ -18,15 +18,20 @@ final class GatewayShard: Sendable {
         var moved: [SessionID: (to: NodeInstance?, version: UInt64, until: UInt64)] = [:]
         /// Sessions whose client is resuming them here (a claim at their home is in flight).
         var claiming: [SessionID: Int] = [:]
+        /// Sessions whose claim here failed with no answer from their home (it may have carried
+        /// the claim out), and until when (monotonic ns): see `claimInDoubt`.
+        var claimsInDoubt: [SessionID: UInt64] = [:]
     }
     private let state: Mutex<State>
     private let clock: EngineClock
     private let movedMemory: UInt64
+    private let resumeWindow: UInt64
 
     init(resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64) {
         state = Mutex(State(table: SessionTable(resumeWindow: resumeWindow)))
         self.clock = clock
         self.movedMemory = movedMemory
+        self.resumeWindow = resumeWindow
     }
 
     struct Opened {
@@ -72,7 +77,24 @@ final class GatewayShard: Sendable {
         }
     }
 
-    func isClaiming(_ id: SessionID) -> Bool { state.withLock { $0.claiming[id] != nil } }
+    /// A claim here failed without an answer from the home: it may have carried it out (the
+    /// home now places the session here) while this gateway never adopted it. For a resume window
+    /// this gateway does not tell the home it is not here — that would remove a session whose
+    /// client is resuming it elsewhere right now (found by Cluster/chaos, netns seed 49); the
+    /// client's claim there moves it on, and if it never comes back the home hears "gone" after.
+    func claimInDoubt(_ id: SessionID) {
+        let until = clock.monotonicNanoseconds() &+ resumeWindow
+        state.withLock { st in
+            st.claimsInDoubt = st.claimsInDoubt.filter { $0.value > until &- resumeWindow }
+            st.claimsInDoubt[id] = until
+        }
+    }
+
+    /// Whether a claim of the session here is in flight, or failed in doubt within the window.
+    func isClaiming(_ id: SessionID) -> Bool {
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { $0.claiming[id] != nil || ($0.claimsInDoubt[id].map { $0 > now } ?? false) }
+    }
 
     /// The outbox of a session here, if it has one.
     func outbox(_ id: SessionID) -> SessionOutbox? { state.withLock { $0.outboxes[id] } }

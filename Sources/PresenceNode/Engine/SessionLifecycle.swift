@@ -64,7 +64,14 @@ struct SessionLifecycle: Sendable {
         let probe = ClusterSessionRef(sessionID: id.description, userID: user, gateway: core.me.id, gatewayBoot: core.me.boot)
         core.gatewayShard(id).claiming(id, true)
         defer { core.gatewayShard(id).claiming(id, false) }
-        let found = try await router.homeCall(user, .claimSession) { $0.session = probe }
+        let found: ClusterHomeResult
+        do {
+            found = try await router.homeCall(user, .claimSession) { $0.session = probe }
+        } catch {
+            // (no answer: the home may have placed the session here all the same)
+            if error.kind == .unavailable { core.gatewayShard(id).claimInDoubt(id) }
+            throw error
+        }
         guard found.found, let (_, record) = found.session?.record else { return nil }
         guard let o = core.gatewayShard(id).adopt(id, user: user, version: record.version, channels: record.channels, watching: Set(record.watching)),
               let s = core.gatewayShard(id).held(id) else {
