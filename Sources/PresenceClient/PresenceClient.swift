@@ -49,14 +49,16 @@ public final class PresenceClient: Sendable {
 
     /// - Parameters:
     ///   - token: an HMAC token for nodes in token mode (empty in open mode).
+    ///   - tls: TLS to the nodes (nil: cleartext h2c), as `TLSContextSource(_:server: false)` makes it:
+    ///     the CA the nodes' certificates chain to, and the name they must carry, if any.
     ///   - group: event loops to use; by default the client starts one of its own.
-    public convenience init(server: HostPort, userID: String, token: String = "", group: EventLoopGroup? = nil) {
-        self.init(servers: [server], userID: userID, token: token, group: group)
+    public convenience init(server: HostPort, userID: String, token: String = "", tls: TLSContextSource? = nil, group: EventLoopGroup? = nil) {
+        self.init(servers: [server], userID: userID, token: token, tls: tls, group: group)
     }
 
     /// A client of a cluster: it opens its session on the first node, and when a node cannot be
     /// reached it resumes the session on the next one (the session keeps its presence and state).
-    public init(servers: [HostPort], userID: String, token: String = "", group: EventLoopGroup? = nil) {
+    public init(servers: [HostPort], userID: String, token: String = "", tls: TLSContextSource? = nil, group: EventLoopGroup? = nil) {
         precondition(!servers.isEmpty, "a client needs at least one server")
         self.userID = userID
         self.token = token
@@ -69,6 +71,7 @@ public final class PresenceClient: Sendable {
             config.http2.keepaliveTimeout = 3_000_000_000
             // token mode: every call carries the user's token (OpenSession carries it in its request too)
             if !token.isEmpty { config.metadata = [("authorization", "Bearer " + token)] }
+            config.tls = tls
             return GRPCClient(configuration: config, group: loops)
         }
         let (events, eventSink) = AsyncStream<PresenceClientEvent>.makeStream(bufferingPolicy: .unbounded)

@@ -49,6 +49,7 @@ struct Arguments {
 
     /// Fails on any option not in `allowed`, so a typo is reported rather than ignored.
     func check(allowed: Set<String>) throws(UsageError) {
+        let allowed = allowed.union(["server", "token", "tls-ca-file"])   // (global options)
         for k in options.keys where !allowed.contains(k) { throw UsageError("unknown option --\(k)") }
         for k in switches where !allowed.contains(k) { throw UsageError("unknown option --\(k)") }
     }

@@ -23,6 +23,7 @@ struct Bench {
         var c = ClientConfiguration(target: ctx.server)
         c.connections = connections
         if !ctx.token.isEmpty { c.metadata = [("authorization", "Bearer " + ctx.token)] }
+        c.tls = ctx.tls
         return GRPCClient(configuration: c, group: EventLoopGroup(count: 1, name: "bench"))
     }
 

@@ -12,6 +12,8 @@ public enum PresenceCtl {
     Usage: presencectl [--server HOST:PORT] [--token TOKEN] COMMAND ...
       --server HOST:PORT   the node (default 127.0.0.1:7400, or $PRESENCECTL_SERVER)
       --token TOKEN        HMAC token for nodes in token mode (or $PRESENCECTL_TOKEN)
+      --tls-ca-file PATH   TLS to the node, whose certificate must chain to this CA and name the
+                           --server host (or $PRESENCECTL_TLS_CA_FILE; default: cleartext h2c)
 
     Commands:
       who CHANNEL [--type message|stream] [--state] [--count]
@@ -52,7 +54,7 @@ public enum PresenceCtl {
         }
     }
 
-    static let valued: Set<String> = ["server", "token", "type", "user", "status", "clients", "duration",
+    static let valued: Set<String> = ["server", "token", "tls-ca-file", "type", "user", "status", "clients", "duration",
                                       "subscribers", "connections", "follow", "rate", "publishers"]
 
     static func run(_ argv: [String]) async throws {
@@ -67,9 +69,19 @@ public enum PresenceCtl {
         let serverText = a.value("server") ?? env["PRESENCECTL_SERVER"] ?? "127.0.0.1:7400"
         guard let server = HostPort(parsing: serverText) else { throw UsageError("--server wants HOST:PORT, got '\(serverText)'") }
         let token = a.value("token") ?? env["PRESENCECTL_TOKEN"] ?? ""
+        var tls: TLSContextSource? = nil
+        if let ca = a.value("tls-ca-file") ?? env["PRESENCECTL_TLS_CA_FILE"] {
+            // (the node's certificate must name the host given; an IP address is checked as the CA alone)
+            let name = server.host.contains(where: { $0.isLetter }) && !server.host.contains(":") ? server.host : nil
+            do {
+                tls = try TLSContextSource(TLSConfiguration(trustedCAFile: ca, serverName: name), server: false)
+            } catch {
+                throw UsageError("--tls-ca-file: \(error)")
+            }
+        }
         let rest = Array(a.positionals.dropFirst())
         let group = EventLoopGroup(count: 1, name: "presencectl")
-        let ctx = Context(server: server, token: token, group: group, args: a)
+        let ctx = Context(server: server, token: token, tls: tls, group: group, args: a)
         switch command {
         case "who": try await ctx.who(rest)
         case "where": try await ctx.whereIs(rest)
@@ -88,6 +100,7 @@ public enum PresenceCtl {
 struct Context: Sendable {
     let server: HostPort
     let token: String
+    let tls: TLSContextSource?
     let group: EventLoopGroup
     let args: Arguments
 
@@ -103,6 +116,7 @@ struct Context: Sendable {
     func rawClient() -> GRPCClient {
         var c = ClientConfiguration(target: server)
         if !token.isEmpty { c.metadata = [("authorization", "Bearer " + token)] }
+        c.tls = tls
         return GRPCClient(configuration: c, group: group)
     }
 
@@ -202,7 +216,7 @@ struct Context: Sendable {
         let channel = rest[0]
         let type = try channelType()
         let initialState = try Self.parsePairs(args.values("state"))
-        let client = PresenceClient(server: server, userID: user, token: token, group: group)
+        let client = PresenceClient(server: server, userID: user, token: token, tls: tls, group: group)
         if let s = args.value("status") { try await client.setStatus(try Self.parseStatus(s)) }
         let json = args.has("json")
         let quiet = args.has("quiet") && !watch

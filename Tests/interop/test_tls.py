@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from conftest import Node, free_port
+from conftest import Node, free_port, presenced_binary
 from test_cluster import alive_everywhere, listing, members, wait_until
 from test_presence import Session
 
@@ -110,6 +110,15 @@ def test_client_port_speaks_grpc_over_tls_with_alpn_h2_and_refuses_cleartext(pki
             hg.HealthStub(wrong).Check(h.HealthCheckRequest(), timeout=3)
         wrong.close()
         assert hg.HealthStub(n.channel).Check(h.HealthCheckRequest(), timeout=5).status == h.HealthCheckResponse.SERVING
+        # the Swift side (presencectl, on the client library's transport) over TLS: the node's
+        # certificate must chain to the CA given and name the host
+        ctl = os.path.join(os.path.dirname(presenced_binary()), "presencectl")
+        ok = subprocess.run([ctl, "--server", f"localhost:{n.port}", "--tls-ca-file", ca.cert, "who", "room"],
+                            capture_output=True, text=True, timeout=20)
+        assert ok.returncode == 0 and "alice" in ok.stdout, ok.stdout + ok.stderr
+        for bad in (["--tls-ca-file", other.cert], []):   # another CA; cleartext to a TLS port
+            r = subprocess.run([ctl, "--server", f"localhost:{n.port}", *bad, "who", "room"], capture_output=True, text=True, timeout=30)
+            assert r.returncode != 0, r.stdout
     finally:
         assert n.stop() == 0, n.output()
 
