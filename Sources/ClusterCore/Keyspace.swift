@@ -22,6 +22,9 @@ public protocol ReplicatedValue: Sendable {
     /// The same copy, no longer marked as a handoff (passed on by a node it was not meant for).
     static func passedOn(_ copy: Copy) -> Copy
     static func term(of copy: Copy) -> UInt64
+    /// Where in its lineage a copy was taken (it only grows), and where this value is.
+    static func version(of copy: Copy) -> UInt64
+    var version: UInt64 { get }
 
     var isEmpty: Bool { get }
     /// Whether the value, empty, still remembers sessions that left: it is kept (for
@@ -458,6 +461,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         // whatever the lineage it held)
         let restored = unconfirmed[key] != nil
         if let held = copies[key], V.term(of: copy) < held.term, !(restored && V.isFull(copy)) { return [] }  // from a superseded owner
+        // a whole copy older than the one held, of the same lineage (relayed pushes overtake each
+        // other): it would bring back what changed since (found by Cluster/chaos, netns seed 50)
+        if let held = copies[key], V.isFull(copy), !restored, V.term(of: copy) == held.term, V.version(of: copy) < held.version { return [] }
         // a change to a key this node holds no copy of (it was not a replica of it a moment ago,
         // by its ring): kept, but a replica must never take over from part of a key, so it asks
         // the owner for all of it

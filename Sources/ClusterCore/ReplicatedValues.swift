@@ -52,6 +52,8 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
         return c
     }
     public static func term(of copy: Copy) -> UInt64 { copy.term }
+    public static func version(of copy: Copy) -> UInt64 { copy.sequence }
+    public var version: UInt64 { sequence }
 
     public var sinks: Set<NodeInstance> { allSinks }
     public var remembersDepartures: Bool { !departed.isEmpty }
@@ -174,6 +176,8 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
     public static func isHandoff(_ copy: HomeCopy) -> Bool { copy.handoff }
     public static func passedOn(_ copy: HomeCopy) -> HomeCopy { HomeCopy(record: copy.record, handoff: false) }
     public static func term(of copy: HomeCopy) -> UInt64 { copy.record.term }
+    public static func version(of copy: HomeCopy) -> UInt64 { copy.record.counterValue }
+    public var version: UInt64 { counterValue }
 
     public var sinks: Set<NodeInstance> { allSinks }
     /// (a record once opened is kept for good: its `isEmpty` already says so)

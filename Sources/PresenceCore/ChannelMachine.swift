@@ -99,6 +99,11 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// skipped: installed, it would bring back a user who had left since (found by Cluster/chaos,
     /// netns: a replica took over and its SNAPSHOT listed a user who had left).
     private var installedAt: [String: UInt64] = [:]
+    /// On a replica: the owner's sequence when the last full copy was taken. A change of the same
+    /// lineage from before it is already in it, also for users it no longer lists (they left:
+    /// found by Cluster/chaos, netns seed 50, a change queued during a partition arrived after the
+    /// full copy sent at the heal and brought back a user who had left).
+    private var fullCopyAt: UInt64 = 0
 
     public init(key: ChannelKey, maxInstantEvents: Int) {
         self.key = key
@@ -484,6 +489,11 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             term = keep.2
         }
         let sameLineage = copy.term == term
+        if copy.full {
+            fullCopyAt = copy.sequence
+        } else if sameLineage, copy.sequence < fullCopyAt {
+            return   // (older than the full copy installed since)
+        }
         for m in copy.members {
             if !copy.full, sameLineage, let at = installedAt[m.userID], copy.sequence < at { continue }  // (older than what is here)
             installedAt[m.userID] = copy.sequence

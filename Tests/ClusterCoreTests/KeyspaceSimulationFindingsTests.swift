@@ -32,6 +32,10 @@
 //      while the owner's ring never changed: nobody sent the copy again, and when the owner
 //      crashed the replica took over from nothing. Copies dropped are now kept a while, and
 //      restored (asking the owner for a whole copy) or taken over from if the ring comes back.
+//  13. (found by Cluster/chaos, netns seed 50) A replica installed a change (ChannelMachine) or a
+//      whole copy (Keyspace: home records are always whole) that arrived after a later one of the
+//      same lineage: a user who had left came back on the replica, and in its SNAPSHOT once it
+//      took over. Older changes and whole copies are now skipped.
 //
 // Outside the cores (PresenceNode, left as it is; the simulation models them, reports what they
 // cause apart as `knownGaps`, and KeyspaceSimulationKnownIssueTests reproduces two):
@@ -202,6 +206,23 @@ import Testing
         #expect(lonely.copies[key] != nil)
         _ = lonely.ringChanged(to: r0.adding("z", boot: 1).removing("z"), now: 4, wall: 7_000)
         #expect(lonely.copies[key] == nil && lonely.unconfirmed.isEmpty)
+    }
+
+    /// (13)
+    @Test func aWholeCopyOlderThanTheOneHeldIsSkipped() {
+        let ring = HashRing(members: ["o", "r"], boots: ["o": 1, "r": 1])
+        let key = key(ownedBy: "o", on: ring)
+        var owner = Machine(key: key, maxInstantEvents: 100)
+        owner.startLineage(now: 1_000)
+        _ = owner.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
+        let before = owner.fullCopies()
+        _ = owner.leave(user: "u", session: s, version: v(1, 2), now: 2_000)
+        _ = owner.join(user: "w", session: SessionID(raw: 9), withPresence: true, sink: b, version: v(1, 1), now: 2_100)
+        let after = owner.fullCopies()
+        var replica = space("r", ring, copies: 2)
+        for c in after { _ = replica.received(c, from: "o", now: 1, wall: 3_000) }
+        for c in before { _ = replica.received(c, from: "o", now: 2, wall: 3_100) }   // late, relayed
+        #expect(replica.copies[key]?.contains(user: "u") == false && replica.copies[key]?.contains(user: "w") == true)
     }
 
     /// (11)

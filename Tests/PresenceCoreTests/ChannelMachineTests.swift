@@ -53,6 +53,20 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(!r.contains(user: "bob"))
     }
 
+    /// Found by Cluster/chaos (netns seed 50): a change queued for a replica during a partition
+    /// arrived after the full copy its owner sent at the heal; the user it listed had left in
+    /// between (the full copy no longer named him), and came back on the replica.
+    @Test func aReplicaSkipsAChangeOlderThanTheFullCopyItInstalledSince() {
+        var r = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        let joined = MemberCopy<String>(userID: "bob", sessions: [.init(id: s2, sink: "gw", withPresence: true, version: 5)], state: [item("k", "v")])
+        let ann = MemberCopy<String>(userID: "ann", sessions: [.init(id: s1, sink: "gw", withPresence: true, version: 1)], state: [])
+        r.install(ChannelCopy(key: lobby, sequence: 20, term: 1, full: true, handoff: false, members: [ann]))   // bob left before 20
+        r.install(ChannelCopy(key: lobby, sequence: 12, term: 1, full: false, handoff: false, members: [joined]))  // late
+        #expect(!r.contains(user: "bob") && r.contains(user: "ann"))
+        r.install(ChannelCopy(key: lobby, sequence: 21, term: 1, full: false, handoff: false, members: [joined]))
+        #expect(r.contains(user: "bob"))
+    }
+
     @Test func aLeaveFromBeforeTheSessionsLatestJoinChangesNothing() {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         _ = m.join(user: "ann", session: s1, withPresence: true, sink: "ann", now: 10)
