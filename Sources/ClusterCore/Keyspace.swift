@@ -328,17 +328,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 settled(key)
-                var value = v
-                value.startLineage(now: wall)
-                if mayServe(key) {
-                    let events = value.tookOver(now: wall)
-                    if !events.isEmpty { out.append(.deliver(events)) }
-                } else {
-                    heldBack.insert(key)
-                }
-                owned[key] = value
-                keep(key, wall: wall)
-                for r in newReplicas { out += sendAll(value, to: r, handoff: false, now: now) }
+                out += takeOver(key, from: v, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
             case .keep:
                 break
             case .drop:
@@ -349,6 +339,24 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         }
         out += ringCameBack(mayServe: mayServe, now: now, wall: wall, skipping: Set(copies.keys))
         findOrphans(now: now)
+        return out
+    }
+
+    /// This node owns `key` now, from a copy: a new lineage, a fresh start for its followers (held
+    /// back while this node may not serve it yet), and the replicas brought up to date.
+    private mutating func takeOver(_ key: V.Key, from copy: V, replicas: [String], mayServe: (V.Key) -> Bool, now: UInt64, wall: Int64) -> [Effect] {
+        var out: [Effect] = []
+        var value = copy
+        value.startLineage(now: wall)
+        if mayServe(key) {
+            let events = value.tookOver(now: wall)
+            if !events.isEmpty { out.append(.deliver(events)) }
+        } else {
+            heldBack.insert(key)
+        }
+        owned[key] = value
+        keep(key, wall: wall)
+        for r in replicas { out += sendAll(value, to: r, handoff: false, now: now) }
         return out
     }
 
@@ -363,17 +371,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             retired[key] = nil
             if owners.first == me {
                 unconfirmed[key] = nil
-                var value = r.value
-                value.startLineage(now: wall)
-                if mayServe(key) {
-                    let events = value.tookOver(now: wall)
-                    if !events.isEmpty { out.append(.deliver(events)) }
-                } else {
-                    heldBack.insert(key)
-                }
-                owned[key] = value
-                keep(key, wall: wall)
-                for rep in owners.dropFirst() { out += sendAll(value, to: rep, handoff: false, now: now) }
+                out += takeOver(key, from: r.value, replicas: Array(owners.dropFirst()), mayServe: mayServe, now: now, wall: wall)
             } else {
                 copies[key] = r.value
                 unconfirmed[key] = r.since

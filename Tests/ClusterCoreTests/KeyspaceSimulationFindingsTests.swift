@@ -83,6 +83,13 @@ import Testing
         (0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first { ring.owner(ofHash: StableHash.of($0)) == owner }!
     }
 
+    /// A key held by `first` on `a` (owner, replica) and by `then` on `b`.
+    func key(replicatedBy first: [String], on a: HashRing, thenBy then: [String], on b: HashRing) -> ChannelKey? {
+        (0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            a.owners(of: $0, count: 2) == first && b.owners(of: $0, count: 2) == then
+        }
+    }
+
     /// (1)
     @Test func aSessionGoneFromOneGatewayIsNotRefusedAtTheNext() {
         var m = Machine(key: key, maxInstantEvents: 100)
@@ -131,9 +138,7 @@ import Testing
     @Test func aReplicaWhoseRingPassesThroughAnotherKeepsItsCopyForWhenItComesBack() throws {
         let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
         let r1 = r0.adding("y", boot: 1)   // y comes back first: for a moment it is the replica
-        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
-            r0.owners(of: $0, count: 2) == ["o", "r"] && r1.owners(of: $0, count: 2) == ["o", "y"]
-        })
+        let key = try #require(self.key(replicatedBy: ["o", "r"], on: r0, thenBy: ["o", "y"], on: r1))
         var owner = Machine(key: key, maxInstantEvents: 100)
         _ = owner.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
         var replica = space("r", r0, copies: 2)
@@ -156,9 +161,7 @@ import Testing
     @Test func aDroppedCopyIsForgottenLaterOrTakenOverFrom() throws {
         let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
         let r1 = r0.adding("y", boot: 1)
-        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
-            r0.owners(of: $0, count: 2) == ["o", "r"] && r1.owners(of: $0, count: 2) == ["o", "y"]
-        })
+        let key = try #require(self.key(replicatedBy: ["o", "r"], on: r0, thenBy: ["o", "y"], on: r1))
         var owner = Machine(key: key, maxInstantEvents: 100)
         _ = owner.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
         var replica = space("r", r0, copies: 2)
@@ -182,9 +185,7 @@ import Testing
     @Test func aRestoredCopyTakesTheOwnersWholeCopyOrGoes() throws {
         let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
         let r1 = r0.adding("y", boot: 1)
-        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
-            r0.owners(of: $0, count: 2) == ["o", "r"] && r1.owners(of: $0, count: 2) == ["o", "y"]
-        })
+        let key = try #require(self.key(replicatedBy: ["o", "r"], on: r0, thenBy: ["o", "y"], on: r1))
         var far = Machine(key: key, maxInstantEvents: 100)   // a lineage numbered above the owner's
         far.startLineage(now: 9_000_000)
         _ = far.join(user: "stale", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
