@@ -183,6 +183,8 @@ actor ChannelShard {
         guard space.isOwner(key) else {
             throw PresenceError(.unavailable, "NOT_SERVING", "NOT_OWNER: \(key) moved to another node; retry")
         }
+        // (nor may a ring change since have started a handoff this key waits for)
+        if let why = fabric.topology.notServing(keyHash: StableHash.of(key)) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
         switch call.op {
         case .join:
             let c = try caller(call)

@@ -94,7 +94,7 @@ struct Router: Sendable {
 
     /// A home call this node must answer as the users' home; users are split over shards.
     func localHome(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
-        if let u = call.userIDs.first, let why = topology.notServing(keyHash: HashRing.hash(ofUser: u)) {
+        if let why = topology.notServing(users: call.userIDs) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
         var groups: [Int: [String]] = [:]

@@ -110,6 +110,8 @@ actor UserHomeShard {
         guard users.allSatisfy({ space.isOwner($0) }) else {
             throw PresenceError(.unavailable, "NOT_SERVING", "NOT_OWNER: these users' home moved to another node; retry")
         }
+        // (nor may a ring change since have started a handoff one of them waits for)
+        if let why = fabric.topology.notServing(users: users) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
         switch call.op {
         case .sessionOpened:
             let (id, sink, version) = try caller(call)

@@ -1,0 +1,36 @@
+import ClusterCore
+@testable import PresenceNode
+import Testing
+
+@Suite struct TopologyTests {
+    /// A node that just joined a five-node ring, having heard "handoff done" from every previous
+    /// owner but `slow`.
+    private func joined(waitingFor slow: String) -> (Topology, HashRing) {
+        let members = ["n1", "n2", "n3", "n4", "n5"]
+        let t = Topology(me: "n4", boot: 9, replicationFactor: 2, handoffLimit: 3_600_000_000_000, ready: false)
+        let ring = HashRing(members: members, boots: Dictionary(uniqueKeysWithValues: members.enumerated().map { ($1, UInt64($0 + 1)) }))
+        _ = t.update(ring: ring)
+        t.settled(ring.fingerprint)
+        t.markReady()
+        for m in members where m != "n4" && m != slow { t.handoffDone(from: m, fingerprint: ring.fingerprint) }
+        return (t, ring)
+    }
+
+    /// Found by Cluster/chaos (netns seed 51): a node back from a crash answered a Watch of several
+    /// users while one of them still waited for its handoff (only the first user was checked). The
+    /// record created from nothing, copied to the replica as a new lineage, replaced its sessions;
+    /// a resume then found none. A call is refused while any of its users waits.
+    @Test func aCallForSeveralUsersIsRefusedWhileAnyOfThemWaitsForItsHandoff() throws {
+        let (t, ring) = joined(waitingFor: "n3")
+        let before = ring.removing("n4")
+        let homedHere = (0..<2_000).map { "u\($0)" }.filter { ring.home(ofUser: $0) == "n4" }
+        let ready = try #require(homedHere.first { before.home(ofUser: $0) == "n1" })
+        let waiting = try #require(homedHere.first { before.home(ofUser: $0) == "n3" })
+        #expect(t.notServing(users: [ready]) == nil)
+        #expect(t.notServing(users: [waiting])?.hasPrefix("HANDOFF_IN_PROGRESS") == true)
+        #expect(t.notServing(users: [ready, waiting])?.hasPrefix("HANDOFF_IN_PROGRESS") == true)
+        #expect(t.notServing(users: [waiting, ready])?.hasPrefix("HANDOFF_IN_PROGRESS") == true)
+        t.handoffDone(from: "n3", fingerprint: ring.fingerprint)
+        #expect(t.notServing(users: [ready, waiting]) == nil)
+    }
+}
