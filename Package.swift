@@ -5,6 +5,8 @@
 //   PresenceWire   Swift value types for the protobuf messages
 //   EventLoop      epoll loops, timers, cross-thread wake-ups
 //   GRPCTransport  HTTP/2 (nghttp2) + gRPC server and client
+//   HTTPFrontDoor  HTTP/1.1 (http-parser) server for browsers, Prometheus and probes (WEB.md)
+//   Metrics        counters, gauges, histograms in Prometheus's text format
 //   PresenceCore   the presence rules as plain state machines (channel, sessions, user home)
 //   ClusterCore    the cluster rules as plain values: consistent-hash ring, SWIM membership
 //   PresenceNode   a node: configuration, shard actors, services, lifecycle
@@ -29,13 +31,16 @@ let package = Package(
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CTLS", pkgConfig: "libssl", providers: [.apt(["libssl-dev"])]),
         .target(name: "CPresenceProto", dependencies: ["CProtobufC"]),
+        .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),
 
         .target(name: "PresenceWire", dependencies: ["CPresenceProto", "CProtobufC"]),
         .target(name: "EventLoop", dependencies: ["CSystemShim"]),
         .target(name: "GRPCTransport", dependencies: ["EventLoop", "CNGHTTP2", "PresenceWire", "CSystemShim", "CTLS"]),
+        .target(name: "HTTPFrontDoor", dependencies: ["EventLoop", "CHTTPParser", "CSystemShim"]),
+        .target(name: "Metrics"),
         .target(name: "PresenceCore", dependencies: ["PresenceWire"]),
         .target(name: "ClusterCore", dependencies: ["PresenceCore", "PresenceWire"]),
-        .target(name: "PresenceNode", dependencies: ["GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop", "CCrypto"]),
+        .target(name: "PresenceNode", dependencies: ["GRPCTransport", "HTTPFrontDoor", "Metrics", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop", "CCrypto"]),
         .executableTarget(name: "presenced", dependencies: ["PresenceNode"]),
         .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
         .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),
@@ -44,6 +49,7 @@ let package = Package(
 
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire", "PresenceCore"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),
+        .testTarget(name: "HTTPFrontDoorTests", dependencies: ["HTTPFrontDoor", "Metrics", "EventLoop"]),
         .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
         .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),
         .testTarget(name: "ClusterCoreTests", dependencies: ["ClusterCore", "PresenceCore", "PresenceWire"]),

@@ -12,6 +12,7 @@ private nonisolated(unsafe) let node: Node = {
     var c = NodeConfiguration(nodeID: "fuzz-1")
     c.listen = HostPort(host: "127.0.0.1", port: 0)
     c.peerListen = HostPort(host: "127.0.0.1", port: 0)
+    c.httpListen = nil
     c.threads = 1
     c.logLevel = .error
     c.presenceTimeout = 0.5

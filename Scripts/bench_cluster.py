@@ -56,7 +56,7 @@ class Cluster:
         cp, pp = self.ports[i]
         self.procs[i] = subprocess.Popen(
             [os.path.join(REL, "presenced"), "--node-id", f"node-{i}", "--listen", f"127.0.0.1:{cp}",
-             "--peer-listen", f"127.0.0.1:{pp}", "--seeds", seeds, "--log-level", "info" if self.logs else "error", *self.extra],
+             "--peer-listen", f"127.0.0.1:{pp}", "--http-listen", "127.0.0.1:0", "--seeds", seeds, "--log-level", "info" if self.logs else "error", *self.extra],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.logs, f"node-{i}.log"), "a") if self.logs else subprocess.DEVNULL)
         wait_for_port(cp, self.procs[i], f"node-{i}")
 

@@ -30,7 +30,7 @@ def start_node(*extra):
     """A release presenced on free loopback ports; returns (process, client port)."""
     port = free_port()
     p = subprocess.Popen([os.path.join(REL, "presenced"), "--node-id", "bench", "--listen", f"127.0.0.1:{port}",
-                          "--peer-listen", f"127.0.0.1:{free_port()}", "--log-level", "error", *extra],
+                          "--peer-listen", f"127.0.0.1:{free_port()}", "--http-listen", "127.0.0.1:0", "--log-level", "error", *extra],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, p, "presenced")
     return p, port

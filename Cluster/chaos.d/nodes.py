@@ -111,6 +111,7 @@ class Node:
                "--listen", f"{self.client[0]}:{self.client[1]}",
                "--peer-listen", f"{self.peer_listen[0]}:{self.peer_listen[1]}",
                "--peer-advertise", f"{self.advertise[0]}:{self.advertise[1]}",
+               "--http-listen", f"{self.client[0]}:0",
                "--seeds", ",".join(seeds), *flags]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]   # ip execs the binary: same pid

@@ -22,3 +22,29 @@ extension EventLoop: SerialExecutor, TaskExecutor {
         precondition(inEventLoop, "not on event loop \(name)")
     }
 }
+
+/// Wraps a loop-confined object so it can be named in a `@Sendable` closure sent to its loop.
+///
+/// `@unchecked Sendable`: the wrapped object is only ever touched through `value`, which asserts
+/// that the caller is on `loop`'s thread; other threads can only carry the box back to the loop.
+public struct LoopBound<Value: AnyObject>: @unchecked Sendable {
+    public let loop: EventLoop
+    private let wrapped: Value
+
+    public init(_ value: Value, loop: EventLoop) {
+        loop.assertInLoop()
+        self.loop = loop
+        self.wrapped = value
+    }
+
+    public var value: Value {
+        loop.assertInLoop()
+        return wrapped
+    }
+
+    /// Runs `body` with the value on its loop.
+    public func execute(_ body: @escaping @Sendable (Value) -> Void) {
+        let box = self
+        loop.execute { body(box.value) }
+    }
+}

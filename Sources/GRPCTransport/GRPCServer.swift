@@ -39,6 +39,9 @@ public struct ServerConfiguration: Sendable {
     /// most (32 MiB); past it the connection is closed: a client that does not read cannot make
     /// the server hold responses for it without bound.
     public var maxQueuedBytesPerConnection = 32 << 20
+    /// Told of every call that ends (its method's path, or "unknown" for a path no method
+    /// serves, the status code, and the time from its headers to its end): for metrics.
+    public var callObserver: (@Sendable (_ path: String, _ code: GRPCStatus.Code, _ nanoseconds: UInt64) -> Void)? = nil
     /// TLS on this port (nil: cleartext HTTP/2 with prior knowledge). With a trusted CA in its
     /// configuration, clients must present a certificate from it (mutual TLS).
     public var tls: TLSContextSource? = nil
@@ -57,23 +60,24 @@ public final class GRPCServer: Sendable {
     private let group: EventLoopGroup
     private let registry: ServiceRegistry
     private let cores = Mutex<[LoopBound<ServerCore>]>([])
-    private let counter: ConnectionCounter
+    private let counter = TrafficCounter()
+    private let limiter: ConnectionLimiter
     private let boundPort = Atomic<Int>(0)
 
     public init(configuration: ServerConfiguration, services: ServiceRegistry, group: EventLoopGroup) {
         self.configuration = configuration
         self.registry = services
         self.group = group
-        self.counter = ConnectionCounter(limit: configuration.maxConnections)
+        self.limiter = ConnectionLimiter(limit: configuration.maxConnections, perAddress: configuration.maxConnectionsPerAddress)
     }
 
     /// The port the server listens on (useful after binding port 0).
     public var port: UInt16 { UInt16(boundPort.load(ordering: .relaxed)) }
 
     /// Connections open now.
-    public var connections: Int { counter.count }
+    public var connections: Int { limiter.count }
     /// Connections accepted since the server started (open or closed since).
-    public var acceptedConnections: Int { counter.accepted }
+    public var acceptedConnections: Int { limiter.accepted }
     /// Requests and bytes this server has received since it started.
     public var traffic: (requests: Int, bytes: Int) { counter.traffic }
 
@@ -87,8 +91,9 @@ public final class GRPCServer: Sendable {
             let config = configuration
             let methods = registry.methods
             let counter = self.counter
+            let limiter = self.limiter
             loop.execute { [self] in
-                let core = ServerCore(loop: loop, listener: listener, configuration: config, methods: methods, counter: counter)
+                let core = ServerCore(loop: loop, listener: listener, configuration: config, methods: methods, counter: counter, limiter: limiter)
                 cores.withLock { $0.append(LoopBound(core, loop: loop)) }
                 ready.signal()
             }
@@ -136,138 +141,46 @@ final class SharedListener: Sendable {
     }
 }
 
-/// Connections open across all loops, against the limit; requests and bytes received.
-final class ConnectionCounter: Sendable {
-    /// Open connections by remote address (raw sockaddr address bytes).
-    private let byAddress = Mutex<[[UInt8]: Int]>([:])
-
-    /// Counts a connection from `address`; false when that address is over `limit` (not counted).
-    func opened(from address: [UInt8], limit: Int) -> Bool {
-        byAddress.withLock { m in
-            let n = m[address, default: 0]
-            guard n < limit else { return false }
-            m[address] = n + 1
-            return true
-        }
-    }
-
-    func closed(from address: [UInt8]) {
-        byAddress.withLock { m in
-            let n = m[address, default: 0] - 1
-            m[address] = n > 0 ? n : nil
-        }
-    }
-
-    private let value = Atomic<Int>(0)
+/// Requests and bytes a server received, across all loops.
+final class TrafficCounter: Sendable {
     private let requests = Atomic<Int>(0)
     private let bytesIn = Atomic<Int>(0)
-    private let everOpened = Atomic<Int>(0)
     func requested() { requests.add(1, ordering: .relaxed) }
     func received(bytes: Int) { bytesIn.add(bytes, ordering: .relaxed) }
     var traffic: (requests: Int, bytes: Int) { (requests.load(ordering: .relaxed), bytesIn.load(ordering: .relaxed)) }
-    let limit: Int
-    init(limit: Int) { self.limit = limit }
-    var count: Int { value.load(ordering: .relaxed) }
-    /// Counts a new connection; false when it is over the limit (it is still counted: call `closed`).
-    func opened() -> Bool {
-        everOpened.add(1, ordering: .relaxed)
-        return value.add(1, ordering: .relaxed).newValue <= limit
-    }
-    var accepted: Int { everOpened.load(ordering: .relaxed) }
-    func closed() { value.subtract(1, ordering: .relaxed) }
 }
 
 /// The server's state on one loop: its listener and its connections. Loop-confined.
-final class ServerCore: FileDescriptorHandler {
+final class ServerCore {
     let loop: EventLoop
     let shared: SharedListener
     var listener: Int32 { shared.fd }
     let configuration: ServerConfiguration
     let methods: [String: ServerMethod]
-    let counter: ConnectionCounter
+    let counter: TrafficCounter
+    let limiter: ConnectionLimiter
     private var connections: [ObjectIdentifier: ServerConnection] = [:]
-    private var listening = false
+    /// Set on the accepting loop only.
+    private var acceptor: Acceptor?
 
-    private static let acceptEvents = UInt32(EPOLLIN.rawValue)
-    /// Set on the accepting loop only: every loop's core, to hand connections to in turn.
-    private var peers: [LoopBound<ServerCore>] = []
-    private var nextPeer = 0
-
-    init(loop: EventLoop, listener: SharedListener, configuration: ServerConfiguration, methods: [String: ServerMethod], counter: ConnectionCounter) {
+    init(loop: EventLoop, listener: SharedListener, configuration: ServerConfiguration, methods: [String: ServerMethod],
+         counter: TrafficCounter, limiter: ConnectionLimiter) {
         self.loop = loop
         self.shared = listener
         self.configuration = configuration
         self.methods = methods
         self.counter = counter
+        self.limiter = limiter
     }
 
     /// Makes this core the acceptor for `all` cores.
     func startAccepting(handingOffTo all: [LoopBound<ServerCore>]) {
-        peers = all
-        listening = true
-        loop.register(fd: listener, events: Self.acceptEvents, handler: self)
-    }
-
-    func handleEvents(_ events: UInt32) {
-        while listening {
-            let fd: Int32?
-            do {
-                fd = try Sockets.accept(listener)
-            } catch {
-                // Out of file descriptors: pause accepting briefly rather than spin.
-                loop.unregister(fd: listener)
-                loop.scheduleTimer(after: 100_000_000) { [weak self] in
-                    guard let self, self.listening else { return }
-                    self.loop.register(fd: self.listener, events: Self.acceptEvents, handler: self)
-                }
-                return
-            }
-            guard let fd else { return }
-            guard counter.opened() else {
-                counter.closed()
-                close(fd)
-                continue
-            }
-            let address = Self.remoteAddress(fd)
-            guard counter.opened(from: address, limit: configuration.maxConnectionsPerAddress) else {
-                counter.closed()
-                close(fd)
-                continue
-            }
-            guard !peers.isEmpty else {
-                close(fd)
-                counter.closed()
-                counter.closed(from: address)
-                return
-            }
-            let target = peers[nextPeer % peers.count]
-            nextPeer &+= 1
-            if target.loop === loop {
-                adopt(fd, from: address)
-            } else {
-                target.execute { $0.adopt(fd, from: address) }
-            }
-        }
-    }
-
-    /// The remote IP address of a connected socket, as bytes (empty if unknown).
-    static func remoteAddress(_ fd: Int32) -> [UInt8] {
-        var storage = sockaddr_storage()
-        var len = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        let rc = withUnsafeMutablePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &len) } }
-        guard rc == 0 else { return [] }
-        switch Int32(storage.ss_family) {
-        case AF_INET:
-            return withUnsafeBytes(of: &storage) { raw in
-                raw.withMemoryRebound(to: sockaddr_in.self) { Array(withUnsafeBytes(of: $0[0].sin_addr) { Array($0) }) }
-            }
-        case AF_INET6:
-            return withUnsafeBytes(of: &storage) { raw in
-                raw.withMemoryRebound(to: sockaddr_in6.self) { Array(withUnsafeBytes(of: $0[0].sin6_addr) { Array($0) }) }
-            }
-        default:
-            return []
-        }
+        let a = Acceptor(loop: loop, fd: listener, limiter: limiter, targets: all.map { core in
+            (loop: core.loop, adopt: { fd, address in core.value.adopt(fd, from: address) })
+        })
+        a.onLoopStopping = { [unowned self] in self.stopAccepting() }
+        acceptor = a
+        a.start()
     }
 
     /// Remote addresses of this loop's connections (to count them down when they close).
@@ -280,8 +193,7 @@ final class ServerCore: FileDescriptorHandler {
         if let tls = configuration.tls {
             guard let pipe = TLSPipe(context: tls.context) else {
                 close(fd)
-                counter.closed()
-                counter.closed(from: address)
+                limiter.release(from: address)
                 return nil
             }
             c.tls = pipe
@@ -293,30 +205,23 @@ final class ServerCore: FileDescriptorHandler {
         return c
     }
 
-    func loopStopping() {
-        peers = []  // the acceptor refers to every core, itself included: break that cycle
-        if listening {
-            listening = false
-            shared.release()
-        }
+    /// (the acceptor refers to every core, itself included: dropping it breaks that cycle)
+    private func stopAccepting() {
+        guard let a = acceptor else { return }
+        acceptor = nil
+        a.stop()
+        shared.release()
     }
 
     func connectionClosed(_ c: ServerConnection) {
-        if connections.removeValue(forKey: ObjectIdentifier(c)) != nil {
-            counter.closed()
-        }
-        if let a = addresses.removeValue(forKey: ObjectIdentifier(c)) { counter.closed(from: a) }
+        connections.removeValue(forKey: ObjectIdentifier(c))
+        if let a = addresses.removeValue(forKey: ObjectIdentifier(c)) { limiter.release(from: a) }
     }
 
     func streamClosed(on c: ServerConnection) {}
 
     func beginShutdown() {
-        peers = []
-        if listening {
-            listening = false
-            loop.unregister(fd: listener)
-            shared.release()
-        }
+        stopAccepting()
         for c in connections.values { c.beginDraining() }
     }
 

@@ -19,6 +19,8 @@ final class ServerStream {
     var messages: [[UInt8]] = []
     var requestComplete = false
     var dispatched = false
+    /// When its headers began (monotonic ns; only kept for a server with a call observer).
+    var startedAt: UInt64 = 0
 
     // response side
     var outbound: [[UInt8]] = []
@@ -117,6 +119,7 @@ final class ServerConnection: HTTP2Connection {
         if streams.isEmpty { idleSpell &+= 1 }  // (no longer idle)
         if streams[streamID] == nil {
             let stream = ServerStream(id: streamID, maxMessageSize: core.configuration.maxReceiveMessageSize)
+            if core.configuration.callObserver != nil { stream.startedAt = MonotonicClock.now() }
             streams[streamID] = stream
             // nghttp2 keeps a pointer to the stream (owned by `streams`) for fast lookups.
             nghttp2_session_set_stream_user_data(session, streamID, Unmanaged.passUnretained(stream).toOpaque())
@@ -220,7 +223,10 @@ final class ServerConnection: HTTP2Connection {
 
     /// The stream ended before its handler: cancel what runs for it.
     private func abandon(_ s: ServerStream, _ status: GRPCStatus) {
-        if s.status == nil { s.status = status }
+        if s.status == nil {
+            s.status = status
+            observe(s, status)
+        }
         s.task?.cancel()
         s.task = nil
         s.writer?.close(status)
@@ -472,6 +478,7 @@ final class ServerConnection: HTTP2Connection {
     private func finish(_ s: ServerStream, _ status: GRPCStatus) {
         guard s.status == nil else { return }
         s.status = status
+        observe(s, status)
         if let t = s.deadlineTimer {
             loop.cancelTimer(t)
             s.deadlineTimer = nil
@@ -489,6 +496,12 @@ final class ServerConnection: HTTP2Connection {
             nghttp2_session_resume_data(session, s.id)
         }
         markDirty()
+    }
+
+    /// Tells the server's call observer that a call ended.
+    private func observe(_ s: ServerStream, _ status: GRPCStatus) {
+        guard let observer = core.configuration.callObserver, s.isGRPC else { return }
+        observer(core.methods[s.path] != nil ? s.path : "unknown", status.code, MonotonicClock.now() &- s.startedAt)
     }
 
     private func submitTrailers(_ s: ServerStream, _ status: GRPCStatus) {

@@ -1,6 +1,7 @@
 import EventLoop
 import Foundation
 import GRPCTransport
+import HTTPFrontDoor
 import ClusterCore
 import PresenceCore
 import PresenceWire
@@ -16,6 +17,10 @@ public final class Node: Sendable {
     public let membership: Membership
     private let server: GRPCServer
     private let peerServer: GRPCServer
+    /// The HTTP/1.1 front door (nil when `--http-listen none`).
+    private let httpServer: HTTPServer?
+    /// What `/metrics` serves.
+    public let metrics: NodeMetrics
     private let clientTLS: TLSContextSource?
     /// What the peer port serves (membership, routed presence calls, pushes, anti-entropy): the
     /// fuzzer calls these handlers directly with hostile messages.
@@ -28,6 +33,8 @@ public final class Node: Sendable {
     public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
         self.configuration = configuration
         self.logger = logger ?? Logger(level: configuration.logLevel, format: configuration.logFormat)
+        let metrics = NodeMetrics()
+        self.metrics = metrics
         let verifier = try configuration.authSecretFile.map { try TokenVerifier(secretFile: $0) }
         // (files are read before any thread starts: a bad one stops the node with nothing to undo)
         clientTLS = try configuration.tlsCertFile.map {
@@ -114,7 +121,18 @@ public final class Node: Sendable {
             clientConfig.refuse = { path, metadata, message in path.hasPrefix(admin) ? membership.refuse(path: path, metadata: metadata, message: message) : nil }
         }
         clientConfig.tls = clientTLS
-        server = GRPCServer(configuration: clientConfig, services: registry, group: group)
+        clientConfig.callObserver = metrics.callObserver
+        let server = GRPCServer(configuration: clientConfig, services: registry, group: group)
+        self.server = server
+        let loops = self.group
+        let httpServer = configuration.httpListen.map { address in
+            HTTPServer(configuration: HTTPServerConfiguration(address: address), group: loops,
+                       handler: FrontDoor(health: health, metrics: metrics).handle)
+        }
+        self.httpServer = httpServer
+        metrics.register(engine: engine, membership: membership, link: link, connections: {
+            [("grpc", server.connections), ("peer", peerServerBox.withLock { $0?.connections } ?? 0), ("http", httpServer?.connections ?? 0)]
+        }, peerTraffic: peerTraffic)
     }
 
     /// Reads the TLS certificates and keys again (SIGHUP): new connections use them, open ones
@@ -140,12 +158,15 @@ public final class Node: Sendable {
     public var clientPort: UInt16 { server.port }
     /// The peer port actually bound.
     public var peerPort: UInt16 { peerServer.port }
+    /// The HTTP/1.1 port actually bound (nil when it is off).
+    public var httpPort: UInt16? { httpServer?.port }
 
     /// Binds and starts serving.
     public func start() throws {
         Sockets.raiseOpenFileLimit()
         try server.start()
         try peerServer.start()
+        try httpServer?.start()
         // the address gossiped to others: --peer-advertise if given, else the one bound
         let advertised = configuration.peerAdvertise ?? HostPort(host: configuration.peerListen.host, port: peerServer.port)
         membership.start(peerAddress: advertised.description,
@@ -157,6 +178,7 @@ public final class Node: Sendable {
             "listen": HostPort(host: configuration.listen.host, port: server.port).description,
             "peer_listen": HostPort(host: configuration.peerListen.host, port: peerServer.port).description,
             "peer_advertise": advertised.description,
+            "http_listen": httpServer.map { HostPort(host: configuration.httpListen!.host, port: $0.port).description } ?? "off",
         ])
         if configuration.clusterSecretFile == nil && configuration.peerTLSCAFile == nil {
             logger.warning("no --cluster-secret-file or --peer-tls-ca-file: any process that reaches the peer port can join this cluster")
@@ -186,6 +208,7 @@ public final class Node: Sendable {
         await peerServer.shutdown(gracePeriod: 200_000_000)
         step("peer server stopped")
         await server.shutdown(gracePeriod: gracePeriod)
+        await httpServer?.shutdown()
         group.shutdown()
         logger.info("stopped", ["node_id": configuration.nodeID])
     }
@@ -199,6 +222,7 @@ extension Node {
         ringChanges.finish()
         ringTask.cancel()
         await engine.stop()
+        await httpServer?.shutdown(gracePeriod: 0)
         group.shutdown()
     }
 }

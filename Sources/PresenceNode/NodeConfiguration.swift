@@ -11,6 +11,8 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var nodeID: String
     public var listen = HostPort(host: "127.0.0.1", port: 7400)
     public var peerListen = HostPort(host: "127.0.0.1", port: 7401)
+    /// The HTTP/1.1 front door (WEB.md: WebSocket, metrics, health); nil turns it off.
+    public var httpListen: HostPort? = HostPort(host: "127.0.0.1", port: 7402)
     /// The peer address gossiped to other nodes, when it differs from the bound one (a proxy, NAT).
     public var peerAdvertise: HostPort? = nil
     public var seeds: [HostPort] = []
@@ -65,6 +67,9 @@ public struct NodeConfiguration: Sendable, Equatable {
         },
         Flag(name: "peer-listen", valueName: "HOST:PORT", help: "address for other nodes (default 127.0.0.1:7401)") { c, v throws(ConfigurationError) in
             c.peerListen = try hostPort("peer-listen", v)
+        },
+        Flag(name: "http-listen", valueName: "HOST:PORT", help: "address for HTTP/1.1: /metrics, /healthz, /readyz (default 127.0.0.1:7402; none turns it off)") { c, v throws(ConfigurationError) in
+            c.httpListen = v == "none" ? nil : try hostPort("http-listen", v)
         },
         Flag(name: "peer-advertise", valueName: "HOST:PORT", help: "peer address other nodes are told to use (default: the bound --peer-listen address)") { c, v throws(ConfigurationError) in
             c.peerAdvertise = try hostPort("peer-advertise", v)

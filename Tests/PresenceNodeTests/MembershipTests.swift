@@ -75,6 +75,7 @@ import Testing
         var c = NodeConfiguration(nodeID: "b")
         c.listen = HostPort(host: "127.0.0.1", port: 0)
         c.peerListen = HostPort(host: "127.0.0.1", port: bPort)
+        c.httpListen = nil
         c.seeds = [HostPort(host: "localhost", port: bPort), HostPort(host: "127.0.0.1", port: a.node.peerPort)]
         c.threads = 1
         c.logLevel = .error

@@ -28,6 +28,7 @@ import Testing
         #expect(c.listen == HostPort(host: "127.0.0.1", port: 7400))
         #expect(c.peerListen == HostPort(host: "127.0.0.1", port: 7401))
         #expect(c.peerAdvertise == nil)
+        #expect(c.httpListen == HostPort(host: "127.0.0.1", port: 7402))
         #expect(c.seeds.isEmpty)
         #expect(c.presenceTimeout == 10)
         #expect(c.maxInstantEvents == 50)
@@ -55,6 +56,13 @@ import Testing
         #expect(c.probeInterval == 0.5)
         #expect(c.authSecretFile == "/dev/null" && c.clusterSecretFile == "/dev/null")
         #expect(c.logLevel == .debug && c.logFormat == .json)
+    }
+
+    @Test func httpListenTakesAnAddressOrNone() throws {
+        #expect(try parse(["--http-listen", "0.0.0.0:8080"]).httpListen == HostPort(host: "0.0.0.0", port: 8080))
+        #expect(try parse(["--http-listen", "none"]).httpListen == nil)
+        #expect(try parse([], env: ["PRESENCED_HTTP_LISTEN": "none"]).httpListen == nil)
+        #expect(throws: ConfigurationError.self) { try parse(["--http-listen", "nowhere"]) }
     }
 
     @Test func peerAdvertise() throws {
@@ -98,6 +106,7 @@ import Testing
         var bad = NodeConfiguration(nodeID: "n")
         bad.listen = HostPort(host: "127.0.0.1", port: 0)
         bad.peerListen = HostPort(host: "127.0.0.1", port: 0)
+        bad.httpListen = nil
         bad.tlsCertFile = "/dev/null"
         bad.tlsKeyFile = "/dev/null"
         do {

@@ -20,6 +20,7 @@ final class TestNode: Sendable {
         var c = NodeConfiguration(nodeID: nodeID)
         c.listen = HostPort(host: "127.0.0.1", port: 0)
         c.peerListen = HostPort(host: "127.0.0.1", port: 0)
+        c.httpListen = HostPort(host: "127.0.0.1", port: 0)
         c.seeds = seeds
         c.replicationFactor = replicationFactor
         c.clusterSecretFile = clusterSecretFile

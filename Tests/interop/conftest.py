@@ -43,14 +43,15 @@ def free_port():
 class Node:
     """A presenced process on loopback ports, stopped at the end of the test."""
 
-    def __init__(self, *args, env=None, node_id="interop-1", port=None, peer_port=None, tls_ca=None):
+    def __init__(self, *args, env=None, node_id="interop-1", port=None, peer_port=None, tls_ca=None, http_port=None):
         self.port = port or free_port()
         self.peer_port = peer_port or free_port()
+        self.http_port = http_port or free_port()
         self.node_id = node_id
         self.log = tempfile.NamedTemporaryFile(prefix=f"presenced-{node_id}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [presenced_binary(), "--node-id", node_id, "--listen", f"127.0.0.1:{self.port}",
-             "--peer-listen", f"127.0.0.1:{self.peer_port}", *args],
+             "--peer-listen", f"127.0.0.1:{self.peer_port}", "--http-listen", f"127.0.0.1:{self.http_port}", *args],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.address = f"127.0.0.1:{self.port}"
         if tls_ca:

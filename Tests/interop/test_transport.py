@@ -135,7 +135,7 @@ def test_env_var_is_read_and_named_in_errors():
 def test_help_lists_every_flag():
     r = subprocess.run([presenced_binary(), "--help"], capture_output=True, text=True, timeout=20)
     assert r.returncode == 0
-    for flag in ["--node-id", "--listen", "--peer-listen", "--seeds", "--presence-timeout", "--max-instant-events",
+    for flag in ["--node-id", "--listen", "--peer-listen", "--http-listen", "--seeds", "--presence-timeout", "--max-instant-events",
                  "--presence-interval", "--replication-factor", "--auth-secret-file", "--cluster-secret-file",
                  "--log-level", "--log-format", "PRESENCED_LISTEN"]:
         assert flag in r.stdout

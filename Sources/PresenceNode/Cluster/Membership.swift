@@ -1,3 +1,4 @@
+import Metrics
 import ClusterCore
 import EventLoop
 import Foundation
@@ -44,6 +45,8 @@ public final class Membership: Sendable {
     /// Derives the ring from SWIM's view (remembers recent deaths for `RingQuorum`).
     private let ringRule: Mutex<MembershipRing>
     private let lastDeath = Atomic<UInt64>(0)
+    /// What SWIM saw since the start (for metrics).
+    public let counters = MembershipCounters()
 
     /// Tells the engine (at most once a second) that others may have taken this node's keys over.
     private func declaredDead(incarnation: UInt64? = nil) {
@@ -176,6 +179,7 @@ public final class Membership: Sendable {
                 for step in steps {
                     guard let old = topology.update(ring: step) else { continue }
                     // the observer only queues the change; calling it under the lock keeps changes in order
+                    counters.ringChanges.add()
                     if let observer = ringObserver.withLock({ $0 }) { observer(old, step) }
                 }
             }
@@ -297,6 +301,7 @@ public final class Membership: Sendable {
                 carryOut(ds)
                 if lastIncarnation.exchange(incarnation, ordering: .relaxed) < incarnation {
                     logger.warning("refuted a suspicion of this node", ["incarnation": String(incarnation)])
+                    counters.refutations.add()
                     refuteObserver.withLock { $0 }?()
                 }
                 scheduleTick()
@@ -374,6 +379,11 @@ public final class Membership: Sendable {
                 declaredDead(incarnation: incarnation)
             case .memberChanged(let u):
                 logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation), "boot": String(u.boot)])
+                switch u.status {
+                case .suspect: counters.suspicions.add()
+                case .dead: counters.deaths.add()
+                case .alive, .left: break
+                }
                 let restarted = knownBoots.withLock { b -> Bool in
                     defer { b[u.id] = u.boot }
                     return b[u.id].map { $0 != u.boot } ?? false
@@ -484,4 +494,14 @@ public final class Membership: Sendable {
         guard Validate.isIdentifier(m.nodeID), !m.address.isEmpty else { return nil }
         return SWIM.Update(id: m.nodeID, address: m.address, status: status, incarnation: m.incarnation, boot: m.boot)
     }
+}
+
+/// Counts of what SWIM saw (for metrics): members suspected and declared dead, refutations of
+/// this node's own suspicion or death, and ring changes.
+public final class MembershipCounters: Sendable {
+    public let suspicions = Counter()
+    public let deaths = Counter()
+    public let refutations = Counter()
+    public let ringChanges = Counter()
+    public init() {}
 }

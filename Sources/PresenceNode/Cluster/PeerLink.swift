@@ -50,6 +50,26 @@ public final class PeerLink: Sendable {
         lossObserver.withLock { $0 }?(node, copies)
     }
 
+    /// What went to each peer since the start (for metrics): items queued, deliveries shed from an
+    /// overfull queue, and batches given up on after failing.
+    public struct PeerCounts: Sendable, Equatable {
+        public var queued = 0
+        public var shed = 0
+        public var failedBatches = 0
+    }
+    private let counts = Mutex<[String: PeerCounts]>([:])
+
+    /// Counts by peer, with each peer's queue now (items and bytes waiting to be sent).
+    public func peerStats() -> [(peer: String, counts: PeerCounts, queuedItems: Int, queuedBytes: Int)] {
+        let depths = queues.withLock { qs in qs.map { ($0.key.id, $0.value.depth) } }
+        var waiting: [String: (Int, Int)] = [:]
+        for (peer, d) in depths { waiting[peer, default: (0, 0)].0 += d.items; waiting[peer, default: (0, 0)].1 += d.bytes }
+        let c = counts.withLock { $0 }
+        return Set(c.keys).union(waiting.keys).sorted().map { p in
+            (p, c[p] ?? PeerCounts(), waiting[p]?.0 ?? 0, waiting[p]?.1 ?? 0)
+        }
+    }
+
     // MARK: Calls
 
     public func channel(_ node: String, _ call: ClusterChannelCall, timeout: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
@@ -97,7 +117,11 @@ public final class PeerLink: Sendable {
             return q
         }
         let (sequence, start, shed) = q.enqueue(bytes: bytes, add)
-        if shed { lost(node.id) }
+        counts.withLock { c in
+            c[node.id, default: PeerCounts()].queued += 1
+            c[node.id, default: PeerCounts()].shed += shed
+        }
+        if shed > 0 { lost(node.id) }
         if start { startSending(q) }
         return Ticket(queue: q, sequence: sequence)
     }
@@ -164,6 +188,7 @@ public final class PeerLink: Sendable {
                     }
                 }
                 if !delivered && (!batch.deliveries.isEmpty || !batch.channels.isEmpty || !batch.users.isEmpty) {
+                    counts.withLock { $0[q.node.id, default: PeerCounts()].failedBatches += 1 }
                     lost(q.node.id, copies: !batch.channels.isEmpty || !batch.users.isEmpty)
                 }
                 q.acked(through: last)
@@ -204,12 +229,15 @@ final class PushQueue: Sendable {
 
     var isCleared: Bool { state.withLock { $0.cleared } }
 
+    /// Items and bytes waiting to be sent.
+    var depth: (items: Int, bytes: Int) { state.withLock { ($0.queued, $0.queuedBytes) } }
+
     /// Adds to the open batch (after everything queued before). Returns the item's sequence
-    /// number, true when a sender must start, and true when deliveries were shed to make room
+    /// number, true when a sender must start, and how many deliveries were shed to make room
     /// (the destination is too slow or unreachable; its followers must start afresh).
-    func enqueue(bytes: Int, _ add: (inout ClusterPushBatch) -> Void) -> (UInt64, Bool, Bool) {
+    func enqueue(bytes: Int, _ add: (inout ClusterPushBatch) -> Void) -> (UInt64, Bool, Int) {
         state.withLock { s in
-            var shed = false
+            var shed = 0
             // over the byte limit: the oldest whole batch of deliveries goes (copies and the rest stay)
             while s.queuedBytes + bytes > maxBytes, s.batches.count > 1, let i = s.batches.indices.first(where: { !s.batches[$0].deliveries.isEmpty && $0 < s.batches.count - 1 }) {
                 let n = s.batches[i].deliveries.count
@@ -217,7 +245,7 @@ final class PushQueue: Sendable {
                 s.queued -= n
                 s.queuedBytes -= s.batchBytes[i]
                 s.batchBytes[i] = 0
-                shed = true
+                shed += n
             }
             if s.batches.isEmpty || s.items >= PeerLink.maxBatchItems || s.bytes >= PeerLink.maxBatchBytes || s.batches[s.batches.count - 1].handoffDone {
                 s.batches.append(ClusterPushBatch())

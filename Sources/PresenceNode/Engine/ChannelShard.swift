@@ -442,6 +442,8 @@ actor ChannelShard {
 
     var channelCount: Int { space.owned.count }
     var copyCount: Int { space.copies.count }
+    /// Users present in the channels this shard owns, summed over them.
+    var membershipCount: Int { space.owned.values.reduce(0) { $0 + $1.occupancy } }
 
     /// Stops the shard's timers (the node is shutting down).
     func stop() {

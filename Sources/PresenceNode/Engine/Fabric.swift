@@ -8,6 +8,12 @@ import Synchronization
 final class LocalGateway: Sendable {
     /// Sessions held here, over every shard.
     var sessionCount: Int { shards.reduce(0) { $0 + $1.count } }
+    var sessionCountsByLiveness: (connected: Int, disconnected: Int) {
+        shards.reduce((0, 0)) { sum, s in
+            let c = s.countsByLiveness
+            return (sum.0 + c.connected, sum.1 + c.disconnected)
+        }
+    }
     let shards: [GatewayShard]
     let subscriptions = Subscriptions()
     private let clock: EngineClock
@@ -17,11 +23,15 @@ final class LocalGateway: Sendable {
     /// Debug logging (nil unless the node logs at debug).
     let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
 
+    /// What the sessions' outboxes did with events.
+    let deliveries = DeliveryCounters()
+
     init(shards: Int, resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64,
          trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil) {
         self.clock = clock
         self.trace = trace
-        self.shards = (0..<max(1, shards)).map { _ in GatewayShard(resumeWindow: resumeWindow, clock: clock, movedMemory: movedMemory) }
+        let deliveries = self.deliveries
+        self.shards = (0..<max(1, shards)).map { _ in GatewayShard(resumeWindow: resumeWindow, clock: clock, movedMemory: movedMemory, counters: deliveries) }
     }
 
     func shard(_ id: SessionID) -> GatewayShard { shards[Int(id.raw % UInt64(shards.count))] }

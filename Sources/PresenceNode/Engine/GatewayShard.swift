@@ -27,8 +27,11 @@ final class GatewayShard: Sendable {
     private let movedMemory: UInt64
     private let resumeWindow: UInt64
 
-    init(resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64) {
+    private let counters: DeliveryCounters
+
+    init(resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64, counters: DeliveryCounters = DeliveryCounters()) {
         state = Mutex(State(table: SessionTable(resumeWindow: resumeWindow)))
+        self.counters = counters
         self.clock = clock
         self.movedMemory = movedMemory
         self.resumeWindow = resumeWindow
@@ -62,7 +65,7 @@ final class GatewayShard: Sendable {
             if let held = st.table[id], held.userID != user { return nil }
             guard case .resumed(_, let generation) = st.table.adopt(id, user: user, version: version, channels: channels, watching: watching) else { return nil }
             st.moved[id] = nil
-            let outbox = st.outboxes[id] ?? SessionOutbox(sessionID: id, userID: user)
+            let outbox = st.outboxes[id] ?? SessionOutbox(sessionID: id, userID: user, counters: counters)
             st.outboxes[id] = outbox
             return Opened(id: id, generation: generation, resumed: true, outbox: outbox)
         }
@@ -124,7 +127,7 @@ final class GatewayShard: Sendable {
 
     func create(_ id: SessionID, user: String) -> Opened {
         let now = clock.monotonicNanoseconds()
-        let outbox = SessionOutbox(sessionID: id, userID: user)
+        let outbox = SessionOutbox(sessionID: id, userID: user, counters: counters)
         state.withLock { st in
             _ = st.table.open(user: user, resume: nil, newID: id, now: now)
             st.outboxes[id] = outbox
@@ -237,4 +240,12 @@ final class GatewayShard: Sendable {
     func allOutboxes() -> [SessionOutbox] { state.withLock { Array($0.outboxes.values) } }
 
     var count: Int { state.withLock { $0.table.count } }
+
+    /// Sessions with a live stream, and those waiting to resume (for metrics).
+    var countsByLiveness: (connected: Int, disconnected: Int) {
+        state.withLock { st in
+            let connected = st.table.sessions.values.reduce(0) { $0 + ($1.liveness == .connected ? 1 : 0) }
+            return (connected, st.table.count - connected)
+        }
+    }
 }

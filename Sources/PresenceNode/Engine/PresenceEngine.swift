@@ -372,6 +372,37 @@ public final class PresenceEngine: Sendable {
         core.gateway.sessionCount
     }
 
+    /// Sessions with a live stream, and sessions waiting to resume (for metrics).
+    public func sessionCountsByLiveness() -> (connected: Int, disconnected: Int) {
+        core.gateway.sessionCountsByLiveness
+    }
+
+    /// User homes this node owns, and replica copies of homes it holds (for metrics).
+    public func homeCounts() async -> (owned: Int, copies: Int) {
+        var owned = 0, copies = 0
+        for s in core.userHomes {
+            let c = await s.counts
+            owned += c.owned
+            copies += c.copies
+        }
+        return (owned, copies)
+    }
+
+    /// What the sessions' outboxes did with events.
+    public var deliveries: DeliveryCounters { core.gateway.deliveries }
+
+    /// Anti-entropy rounds run and repairs they made (for metrics).
+    public var antiEntropyCounts: (rounds: Int, repairs: Int) {
+        (antiEntropy.rounds.load(ordering: .relaxed), antiEntropy.repairs.load(ordering: .relaxed))
+    }
+
+    /// Memberships (a user in a channel) in the channels this node owns.
+    public func membershipCount() async -> Int {
+        var n = 0
+        for s in core.channelShards { n += await s.membershipCount }
+        return n
+    }
+
     /// Channels this node owns, and replica copies it holds (for tests and admin).
     public func channelCounts() async -> (owned: Int, copies: Int) {
         var owned = 0, copies = 0

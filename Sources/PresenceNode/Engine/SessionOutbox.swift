@@ -1,4 +1,5 @@
 import GRPCTransport
+import Metrics
 import PresenceCore
 import PresenceWire
 import Synchronization
@@ -36,32 +37,39 @@ public final class SessionOutbox: Sendable {
         var pendingEnd: StreamEnd? = nil
     }
     private let state = Mutex(State())
+    private let counters: DeliveryCounters
 
-    public init(sessionID: SessionID, userID: String) {
+    public init(sessionID: SessionID, userID: String, counters: DeliveryCounters = DeliveryCounters()) {
         self.sessionID = sessionID
         self.userID = userID
+        self.counters = counters
     }
 
     /// Queues one framed SessionEvent. Never waits.
     public func push(_ framed: [UInt8]) {
-        let tooSlow = state.withLock { s -> Bool in
+        let (tooSlow, dropped) = state.withLock { s -> (Bool, Int) in
             if let w = s.writer {
-                if w.trySend(framed: framed) { return false }
+                if w.trySend(framed: framed) { return (false, 0) }
                 s.lostEvents = true
-                return true
+                return (true, 1)
             }
-            if s.lostEvents { return false }
+            if s.lostEvents { return (false, 1) }
             if s.bufferedBytes + framed.count > Self.maxBufferedBytes {
                 s.lostEvents = true
+                let n = s.buffered.count + 1
                 s.buffered = []
                 s.bufferedBytes = 0
-            } else {
-                s.buffered.append(framed)
-                s.bufferedBytes += framed.count
+                return (false, n)
             }
-            return false
+            s.buffered.append(framed)
+            s.bufferedBytes += framed.count
+            return (false, 0)
         }
-        if tooSlow { end(.slowConsumer) }
+        if dropped == 0 { counters.queued.add() } else { counters.dropped.add(dropped) }
+        if tooSlow {
+            counters.slowConsumers.add()
+            end(.slowConsumer)
+        }
     }
 
     /// Attaches a new stream (after its `opened` message was sent): flushes what was buffered.
@@ -160,4 +168,13 @@ enum EventEncoding {
     static func framed(status userID: String, _ status: UserStatus, at ms: Int64) -> [UInt8] {
         MessageFraming.framed(SessionEvent(event: .status(UserStatusEvent(userID: userID, status: status, timestampMs: ms))))
     }
+}
+
+/// What the outboxes of one node did with events (for metrics): queued to a stream or to a
+/// resume buffer, or dropped (a slow stream cut off, a full buffer; the client gets SNAPSHOTs).
+public final class DeliveryCounters: Sendable {
+    public let queued = Counter()
+    public let dropped = Counter()
+    public let slowConsumers = Counter()
+    public init() {}
 }

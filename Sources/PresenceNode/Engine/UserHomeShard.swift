@@ -300,6 +300,9 @@ actor UserHomeShard {
 
     func digest(of sink: NodeInstance) -> FactDigest { space.digest(of: sink) }
 
+    /// Homes owned and replica copies held (for metrics).
+    var counts: (owned: Int, copies: Int) { (space.owned.count, space.copies.count) }
+
     /// (debug log) Runs `body`, then names each session an owned home lost in it, and why.
     private func tracingRemovals<R, E: Error>(_ cause: String, users: [String]? = nil, _ body: () throws(E) -> R) throws(E) -> R {
         guard let trace = fabric.trace else { return try body() }

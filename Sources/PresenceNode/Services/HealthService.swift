@@ -57,6 +57,9 @@ public final class HealthService: Sendable {
         }
     }
 
+    /// Whether the node has joined and serves (`/readyz`).
+    public var isServing: Bool { status == .serving }
+
     private var status: HealthCheckResponse.ServingStatus {
         serving.load(ordering: .relaxed) && !joining.load(ordering: .relaxed) ? .serving : .notServing
     }
