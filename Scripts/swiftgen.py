@@ -44,7 +44,7 @@ DEFAULTS = {"Bool": "false", "String": '""', "[UInt8]": "[]", "Double": "0", "Fl
 
 # Swift type name prefixes per proto package, so that packages with the same message names
 # (presence.v1.JoinRequest and presence.cluster.v1.JoinRequest) do not collide in one module.
-PACKAGE_PREFIX = {"presence.cluster.v1": "Cluster", "presence.admin.v1": "Admin"}
+PACKAGE_PREFIX = {"presence.cluster.v1": "Cluster", "presence.admin.v1": "Admin", "grpc.reflection.v1": "Reflection"}
 
 SWIFT_KEYWORDS = {"default", "case", "class", "struct", "enum", "protocol", "func", "var", "let",
                   "in", "is", "as", "self", "Self", "type", "init", "return", "repeat", "where"}
@@ -360,6 +360,8 @@ class Gen:
                 w("        (%s, %s) = arena.stringArray(%s)" % (cnt, dst, src))
             elif fd.type in (F.TYPE_UINT32, F.TYPE_UINT64, F.TYPE_INT32, F.TYPE_INT64):
                 w("        (%s, %s) = arena.scalarArray(%s)" % (cnt, dst, src))
+            elif fd.type == F.TYPE_BYTES:
+                w("        (%s, %s) = arena.binaryArray(%s)" % (cnt, dst, src))
             else:
                 raise SystemExit("repeated scalars of this type are not supported: " + fd.name)
             return
@@ -394,9 +396,9 @@ class Gen:
         self.w("public enum %sMethods {" % s.name)
         self.w("    public static let serviceName = \"%s\"" % full)
         for m in s.method:
-            if m.client_streaming:
-                raise SystemExit("client streaming is not supported: " + m.name)
-            kind = ".serverStreaming" if m.server_streaming else ".unary"
+            if m.client_streaming and not m.server_streaming:
+                raise SystemExit("client streaming alone is not supported: " + m.name)
+            kind = ".bidiStreaming" if m.client_streaming else ".serverStreaming" if m.server_streaming else ".unary"
             req = self.types[m.input_type][0]
             resp = self.types[m.output_type][0]
             self.w("    public static let %s = MethodDescriptor<%s, %s>(path: \"/%s/%s\", kind: %s)"

@@ -30,6 +30,8 @@ final class ServerStream {
     var status: GRPCStatus? = nil
     var task: Task<Void, Never>? = nil
     var writer: ServerStreamWriter? = nil
+    /// A bidirectional call's request messages, handed to its handler as they arrive.
+    var requests: RequestMessages? = nil
     var deadlineTimer: TimerID? = nil
     /// Ends the request if its message has not fully arrived in time (`requestTimeout`).
     var requestTimer: TimerID? = nil
@@ -171,7 +173,17 @@ final class ServerConnection: HTTP2Connection {
         // Request bodies are bounded by the message size limit: give the window back at once.
         nghttp2_session_consume(session, streamID, data.count)
         guard let s = stream(streamID), s.status == nil else { return 0 }
-        let failure = s.deframer.append(data) { s.messages.append($0) }
+        let failure: MessageDeframer.Failure?
+        if let requests = s.requests {
+            var overflow = false
+            failure = s.deframer.append(data) { m in if !requests.push(m) { overflow = true } }
+            if overflow {
+                finish(s, GRPCStatus(.resourceExhausted, "TOO_MANY_MESSAGES: more than \(requests.limit) request messages wait unread"))
+                return 0
+            }
+        } else {
+            failure = s.deframer.append(data) { s.messages.append($0) }
+        }
         if let failure {
             switch failure {
             case .tooLarge(let length, let limit):
@@ -190,8 +202,18 @@ final class ServerConnection: HTTP2Connection {
         let endStream = flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
         if type == UInt8(NGHTTP2_HEADERS.rawValue), headersCategory == NGHTTP2_HCAT_REQUEST.rawValue, let s = stream(streamID) {
             requestHeadersDone(s)
+            if s.status == nil, case .bidiStreaming = core.methods[s.path] {
+                // (a bidirectional call starts now; its messages follow as they come)
+                dispatch(s)
+                if endStream { s.requestComplete = true; s.requests?.end(nil) }
+                return 0
+            }
             if endStream, s.status == nil { s.requestComplete = true; dispatch(s) }
             if !s.requestComplete, s.status == nil { armRequestTimer(s) }
+        } else if (type == UInt8(NGHTTP2_DATA.rawValue) || type == UInt8(NGHTTP2_HEADERS.rawValue)), endStream,
+                  let s = stream(streamID), s.status == nil, let requests = s.requests {
+            s.requestComplete = true
+            requests.end(nil)
         } else if type == UInt8(NGHTTP2_DATA.rawValue), endStream, let s = stream(streamID), s.status == nil {
             s.requestComplete = true
             if let t = s.requestTimer { loop.cancelTimer(t); s.requestTimer = nil }
@@ -227,6 +249,7 @@ final class ServerConnection: HTTP2Connection {
             s.status = status
             observe(s, status)
         }
+        s.requests?.end(status)
         s.task?.cancel()
         s.task = nil
         s.writer?.close(status)
@@ -340,6 +363,10 @@ final class ServerConnection: HTTP2Connection {
             finish(s, GRPCStatus(.unimplemented, "UNIMPLEMENTED: method \(s.path) is not served here"))
             return
         }
+        if case .bidiStreaming(let handler) = method {
+            startBidi(s, handler)
+            return
+        }
         guard s.deframer.isIdle, s.messages.count == 1 else {
             let what = s.messages.isEmpty ? "no request message" : "\(s.messages.count) request messages"
             finish(s, GRPCStatus(.internal, "BAD_REQUEST_STREAM: a unary or server-streaming call takes exactly one request message, got \(what)"))
@@ -352,10 +379,7 @@ final class ServerConnection: HTTP2Connection {
             return
         }
         s.checked = true  // (once: a replay window must not see a request waiting for its turn twice)
-        let context = ServerContext(path: s.path, deadline: s.timeout.map { t in
-            let (at, overflow) = MonotonicClock.now().addingReportingOverflow(t)
-            return overflow ? .max : at  // (a huge grpc-timeout is no deadline, not one in the past)
-        }, metadata: s.metadata)
+        let context = self.context(of: s)
         let me = LoopBound(self, loop: loop)
         let id = s.id
         switch method {
@@ -400,9 +424,42 @@ final class ServerConnection: HTTP2Connection {
                 }
                 me.execute { $0.streamingCompleted(streamID: id, status) }
             }
+        case .bidiStreaming:
+            break  // (started when its headers arrived: `startBidi`)
         }
     }
 
+
+    private func context(of s: ServerStream) -> ServerContext {
+        ServerContext(path: s.path, deadline: s.timeout.map { t in
+            let (at, overflow) = MonotonicClock.now().addingReportingOverflow(t)
+            return overflow ? .max : at  // (a huge grpc-timeout is no deadline, not one in the past)
+        }, metadata: s.metadata)
+    }
+
+    /// Starts a bidirectional call's handler (its messages reach it through `s.requests`).
+    private func startBidi(_ s: ServerStream, _ handler: @escaping @Sendable (RequestMessages, ServerContext, ServerStreamWriter) async throws -> Void) {
+        let context = self.context(of: s)
+        let me = LoopBound(self, loop: loop)
+        let id = s.id
+        let requests = RequestMessages()
+        s.requests = requests
+        let writer = ServerStreamWriter(highWaterMark: core.configuration.streamHighWaterMark,
+                                        lowWaterMark: core.configuration.streamLowWaterMark) {
+            me.execute { $0.drainWriter(streamID: id) }
+        }
+        s.writer = writer
+        s.task = Task.immediate(executorPreference: loop) {
+            let status: GRPCStatus
+            do {
+                try await handler(requests, context, writer)
+                status = .ok
+            } catch {
+                status = GRPCStatus(error)
+            }
+            me.execute { $0.streamingCompleted(streamID: id, status) }
+        }
+    }
 
     /// A unary handler ended (answered, failed, or its stream went away): the next waiting runs.
     private func unaryEnded(_ s: ServerStream) {
@@ -479,6 +536,10 @@ final class ServerConnection: HTTP2Connection {
         guard s.status == nil else { return }
         s.status = status
         observe(s, status)
+        if let requests = s.requests {
+            requests.end(status.code == .ok ? GRPCStatus(.cancelled, "the call has ended") : status)
+            s.task?.cancel()
+        }
         if let t = s.deadlineTimer {
             loop.cancelTimer(t)
             s.deadlineTimer = nil

@@ -27,6 +27,85 @@ public enum ServerMethod: Sendable {
     case unary(@Sendable ([UInt8], ServerContext) async throws -> [UInt8])
     /// Runs as a task that sends any number of messages through the writer.
     case serverStreaming(@Sendable ([UInt8], ServerContext, ServerStreamWriter) async throws -> Void)
+    /// Starts when the request's headers arrive; reads the client's messages as they come and
+    /// sends any number back.
+    case bidiStreaming(@Sendable (RequestMessages, ServerContext, ServerStreamWriter) async throws -> Void)
+}
+
+/// The request messages of a bidirectional call, as they arrive; ends when the client half-closes.
+/// Bounded: a client that sends more than `limit` messages the handler has not read yet is
+/// refused (RESOURCE_EXHAUSTED), so a flood cannot grow the queue.
+public final class RequestMessages: AsyncSequence, Sendable {
+    public typealias Element = [UInt8]
+    public static let defaultLimit = 64
+    private struct State {
+        var queue: [[UInt8]] = []
+        var head = 0
+        var ended: GRPCStatus?? = nil   // nil: open; .some(nil): half-closed; .some(status): failed
+        var waiter: CheckedContinuation<[UInt8]?, Error>? = nil
+    }
+    private let state = Mutex(State())
+    public let limit: Int
+
+    init(limit: Int = RequestMessages.defaultLimit) { self.limit = limit }
+
+    /// Loop side: a message arrived; false when too many wait unread.
+    func push(_ message: [UInt8]) -> Bool {
+        let (ok, waiter) = state.withLock { s -> (Bool, CheckedContinuation<[UInt8]?, Error>?) in
+            guard s.ended == nil else { return (true, nil) }
+            if let w = s.waiter {
+                s.waiter = nil
+                return (true, w)
+            }
+            guard s.queue.count - s.head < limit else { return (false, nil) }
+            s.queue.append(message)
+            return (true, nil)
+        }
+        waiter?.resume(returning: message)
+        return ok
+    }
+
+    /// Loop side: the client half-closed (`nil`) or the call ended (`status`).
+    func end(_ status: GRPCStatus?) {
+        let waiter = state.withLock { s -> CheckedContinuation<[UInt8]?, Error>? in
+            if s.ended == nil { s.ended = .some(status) }
+            let w = s.waiter
+            s.waiter = nil
+            return w
+        }
+        if let status { waiter?.resume(throwing: status) } else { waiter?.resume(returning: nil) }
+    }
+
+    /// The next message, nil once the client half-closed; throws when the call ended otherwise.
+    public func next() async throws -> [UInt8]? {
+        try await withCheckedThrowingContinuation { (c: CheckedContinuation<[UInt8]?, Error>) in
+            let outcome = state.withLock { s -> Result<[UInt8]?, Error>? in
+                if s.head < s.queue.count {
+                    let m = s.queue[s.head]
+                    s.head += 1
+                    if s.head > 32, s.head * 2 > s.queue.count {
+                        s.queue.removeFirst(s.head)
+                        s.head = 0
+                    }
+                    return .success(m)
+                }
+                switch s.ended {
+                case .some(nil): return .success(nil)
+                case .some(.some(let status)): return .failure(status)
+                case nil:
+                    s.waiter = c
+                    return nil
+                }
+            }
+            if let outcome { c.resume(with: outcome) }
+        }
+    }
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let source: RequestMessages
+        public mutating func next() async throws -> [UInt8]? { try await source.next() }
+    }
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(source: self) }
 }
 
 /// The methods a server serves, by `:path`. Unknown paths answer `UNIMPLEMENTED`.
@@ -58,6 +137,15 @@ public struct ServiceRegistry: Sendable {
     public mutating func unary<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> Resp) {
         register(path: m.path, .unary { bytes, ctx in
             MessageFraming.framed(try await handler(try Self.decode(Req.self, bytes), ctx))
+        })
+    }
+
+    /// A bidirectional streaming method: requests decoded as they arrive (a malformed one ends
+    /// the call with INVALID_ARGUMENT), responses sent through the writer.
+    public mutating func bidiStreaming<Req, Resp>(_ m: MethodDescriptor<Req, Resp>,
+                                                  _ handler: @escaping @Sendable (AsyncThrowingMapSequence<RequestMessages, Req>, ServerContext, ResponseWriter<Resp>) async throws -> Void) {
+        register(path: m.path, .bidiStreaming { requests, ctx, writer in
+            try await handler(requests.map { try Self.decode(Req.self, $0) }, ctx, ResponseWriter(raw: writer))
         })
     }
 

@@ -111,6 +111,7 @@ public final class Node: Sendable {
         var registry = ServiceRegistry()
         health.register(in: &registry)
         PresenceService(engine: engine, verifier: verifier).register(in: &registry)
+        ReflectionService.register(in: &registry)
         AdminService(membership: membership, engine: engine, peerTraffic: peerTraffic,
                      onClientPort: true, tokenMode: verifier != nil).register(in: &registry)
         var clientConfig = ServerConfiguration(address: configuration.listen)

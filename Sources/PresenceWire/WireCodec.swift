@@ -44,6 +44,8 @@ public enum WireError: Error, Equatable, CustomStringConvertible {
 public enum MethodKind: Sendable {
     case unary
     case serverStreaming
+    /// Client and server stream messages (gRPC server reflection).
+    case bidiStreaming
 }
 
 /// A gRPC method: its `:path` and its request and response types.
@@ -207,6 +209,14 @@ struct CArena {
         let list = raw(MemoryLayout<UnsafeMutablePointer<CChar>?>.stride * items.count, alignment: 8)
             .bindMemory(to: UnsafeMutablePointer<CChar>?.self, capacity: items.count)
         for (i, s) in items.enumerated() { list[i] = cString(s) }
+        return (items.count, list)
+    }
+
+    mutating func binaryArray(_ items: [[UInt8]]) -> (Int, UnsafeMutablePointer<ProtobufCBinaryData>?) {
+        guard !items.isEmpty else { return (0, nil) }
+        let list = raw(MemoryLayout<ProtobufCBinaryData>.stride * items.count, alignment: 8)
+            .bindMemory(to: ProtobufCBinaryData.self, capacity: items.count)
+        for (i, b) in items.enumerated() { list[i] = binary(b) }
         return (items.count, list)
     }
 

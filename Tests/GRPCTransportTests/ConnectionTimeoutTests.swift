@@ -76,6 +76,16 @@ struct RawPeer {
         send(Self.frame(type: 1, flags: 0x4, stream: stream, block) + Self.frame(type: 0, flags: 0x1, stream: stream, framed))
     }
 
+    /// A DATA frame on `stream` holding `messages` (each behind its 5-byte gRPC header).
+    func data(stream: UInt32, _ messages: [[UInt8]], end: Bool) {
+        var payload: [UInt8] = []
+        for m in messages {
+            let n = m.count
+            payload += [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + m
+        }
+        send(Self.frame(type: 0, flags: end ? 0x1 : 0, stream: stream, payload))
+    }
+
     func close() { Glibc.close(fd) }
 }
 
@@ -88,6 +98,43 @@ struct RawPeer {
         let (_, closed) = peer.readFrames(until: t0 + 3_000_000_000)
         let took = MonotonicClock.now() - t0
         #expect(closed && took >= 150_000_000, "closed \(closed) after \(took / 1_000_000) ms")
+        peer.close()
+        await h.stop()
+    }
+
+    /// A bidirectional call (reflection): messages reach the handler as they come, each answer
+    /// goes out, and the half-close ends the handler's loop.
+    @Test func aBidirectionalCallAnswersEachMessageAndEndsAtTheHalfClose() async throws {
+        let h = try Harness()
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        peer.openRequest(path: TestMethods.bidiEcho.path)
+        let item = StateItem(key: "k", value: "v").serializedBytes(prefix: 0)
+        peer.data(stream: 1, [item], end: false)
+        // the first answer comes before the client sends anything more
+        let dataOn1 = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 0 && $0.2 == 1 } }
+        let (first, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: dataOn1)
+        #expect(dataOn1(first))
+        peer.data(stream: 1, [item, item], end: true)
+        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let (rest, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
+        #expect(ended(rest))
+        peer.close()
+        await h.stop()
+    }
+
+    /// A client cannot queue requests without bound for a handler that does not read them.
+    @Test func aBidirectionalCallWhoseHandlerDoesNotReadIsRefusedPastItsQueue() async throws {
+        let h = try Harness()
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        peer.openRequest(path: TestMethods.bidiDeaf.path)
+        let item = StateItem(key: "k", value: "v").serializedBytes(prefix: 0)
+        peer.data(stream: 1, Array(repeating: item, count: RequestMessages.defaultLimit + 1), end: false)
+        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
+        #expect(ended(frames), "the call was not ended: \(frames)")
+        try await eventually("the handler was cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
         peer.close()
         await h.stop()
     }

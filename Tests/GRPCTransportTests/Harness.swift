@@ -19,6 +19,10 @@ enum TestMethods {
     static let barrier = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Barrier", kind: .unary)
     /// Runs for 20 ms, counting how many run at once.
     static let gauge = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Gauge", kind: .unary)
+    /// Echoes each message of a bidirectional call; with key "count", answers how many it read.
+    static let bidiEcho = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Bidi", kind: .bidiStreaming)
+    /// A bidirectional call that never reads its requests (waits until cancelled).
+    static let bidiDeaf = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/BidiDeaf", kind: .bidiStreaming)
     /// Sleeps `value` ms, then echoes.
     static let slow = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Slow", kind: .unary)
 }
@@ -47,6 +51,18 @@ struct Harness {
         self.seen = seen
         var registry = ServiceRegistry()
         registry.unary(TestMethods.echo) { req, _ in req }
+        registry.bidiStreaming(TestMethods.bidiEcho) { requests, _, writer in
+            var n = 0
+            for try await req in requests {
+                n += 1
+                try await writer.send(req)
+            }
+            try await writer.send(StateItem(key: "count", value: String(n)))
+        }
+        registry.bidiStreaming(TestMethods.bidiDeaf) { _, _, _ in
+            while !Task.isCancelled { try? await Task.sleep(nanoseconds: 10_000_000) }
+            seen.cancelledHandlers.add(1, ordering: .relaxed)
+        }
         registry.unaryInline(TestMethods.inlineEcho) { req, _ in
             if req.key == "fail" { throw GRPCStatus(.invalidArgument, "BAD_KEY: ünïcode % message") }
             return req

@@ -18,7 +18,7 @@ def _generate_stubs():
     import grpc_tools
 
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    for proto in ("presence.proto", "health.proto", "cluster.proto", "admin.proto"):
+    for proto in ("presence.proto", "health.proto", "cluster.proto", "admin.proto", "reflection.proto"):
         rc = protoc.main(["protoc", f"-I{os.path.join(ROOT, 'Protos')}", f"-I{well_known}",
                           f"--python_out={GEN}", f"--grpc_python_out={GEN}", proto])
         assert rc == 0, f"protoc failed for {proto}"

@@ -6,4 +6,5 @@
 #include "health.pb-c.h"
 #include "cluster.pb-c.h"
 #include "admin.pb-c.h"
+#include "reflection.pb-c.h"
 #endif
