@@ -306,7 +306,8 @@ final class HTTPConnection: FileDescriptorHandler {
             send(response, for: request)
         case .later(let make):
             let me = LoopBound(self, loop: loop)
-            Task {
+            // (on this loop's executor, like a gRPC handler: not waiting for the shared pool)
+            Task.immediate(executorPreference: loop) {
                 let response = await make()
                 me.execute { $0.send(response, for: request) }
             }

@@ -1,3 +1,4 @@
+import Dispatch
 import EventLoop
 import Glibc
 import HTTPFrontDoor
@@ -22,8 +23,19 @@ struct RawHTTPClient {
 
     func send(_ text: String) { _ = Array(text.utf8).withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
 
+    /// `read`, on a thread of its own: blocking reads on the cooperative pool (two threads on this
+    /// machine) could starve the server's own tasks, which answer the requests read here.
+    func read(for seconds: Double = 5, until done: @escaping @Sendable (String) -> Bool = { _ in false }) async -> (text: String, closed: Bool) {
+        let fd = self.fd
+        return await withCheckedContinuation { c in
+            DispatchQueue.global().async { c.resume(returning: RawHTTPClient(fd: fd).blockingRead(for: seconds, until: done)) }
+        }
+    }
+
+    init(fd: Int32) { self.fd = fd }
+
     /// What arrived until `seconds` passed, `done` said enough, or the server closed.
-    func read(for seconds: Double = 5, until done: (String) -> Bool = { _ in false }) -> (text: String, closed: Bool) {
+    func blockingRead(for seconds: Double, until done: (String) -> Bool) -> (text: String, closed: Bool) {
         let deadline = MonotonicClock.now() + UInt64(seconds * 1e9)
         var got: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
@@ -38,13 +50,9 @@ struct RawHTTPClient {
     }
 
     /// Reads until `count` whole answers (by their content-length) are in.
-    func answers(_ count: Int, within seconds: Double = 5) -> [String] {
-        var out: [String] = []
-        _ = read(for: seconds) { text in
-            out = Self.split(text)
-            return out.count >= count
-        }
-        return out
+    func answers(_ count: Int, within seconds: Double = 5) async -> [String] {
+        let (text, _) = await read(for: seconds) { Self.split($0).count >= count }
+        return Self.split(text)
     }
 
     static func split(_ text: String) -> [String] {
@@ -100,12 +108,12 @@ extension Substring {
             defer { c.close() }
             // pipelined: the second waits for the first, answered by a task
             c.send("GET /later HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
-            let two = c.answers(2)
+            let two = await c.answers(2)
             #expect(two.count == 2)
             #expect(two.first?.hasPrefix("HTTP/1.1 200 OK\r\n") == true && two.first?.hasSuffix("later GET\n") == true)
             #expect(two.last?.hasSuffix("path /b\n") == true)
             c.send("HEAD /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            let (text, closed) = c.read()
+            let (text, closed) = await c.read()
             #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.contains("connection: close\r\n") && text.hasSuffix("\r\n\r\n"))
             #expect(closed)
         }
@@ -116,7 +124,7 @@ extension Substring {
             let c = try RawHTTPClient(port: server.port)
             defer { c.close() }
             c.send("NONSENSE\r\n\r\n")
-            let (text, closed) = c.read()
+            let (text, closed) = await c.read()
             #expect(text.hasPrefix("HTTP/1.1 400 Bad Request\r\n") && closed)
         }
     }
@@ -126,7 +134,7 @@ extension Substring {
             let c = try RawHTTPClient(port: server.port)
             defer { c.close() }
             c.send("GET / HTTP/1.1\r\nX: " + String(repeating: "a", count: 1_000) + "\r\n\r\n")
-            let (text, closed) = c.read()
+            let (text, closed) = await c.read()
             #expect(text.hasPrefix("HTTP/1.1 431 ") && closed)
         }
     }
@@ -136,17 +144,17 @@ extension Substring {
             let trickle = try RawHTTPClient(port: server.port)
             defer { trickle.close() }
             trickle.send("GET / HTTP/1.1\r\nHo")
-            let (text, closed) = trickle.read(for: 5)
+            let (text, closed) = await trickle.read(for: 5)
             #expect(text.hasPrefix("HTTP/1.1 408 ") && closed)
             let silent = try RawHTTPClient(port: server.port)
             defer { silent.close() }
-            let quiet = silent.read(for: 5)
+            let quiet = await silent.read(for: 5)
             #expect(quiet.text.isEmpty && quiet.closed)
             // answered, then idle past the idle timeout: closed
             let idle = try RawHTTPClient(port: server.port)
             defer { idle.close() }
             idle.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
-            let after = idle.read(for: 5)
+            let after = await idle.read(for: 5)
             #expect(after.text.hasPrefix("HTTP/1.1 200 ") && after.closed)
         }
     }
@@ -157,12 +165,12 @@ extension Substring {
             defer { a.close(); b.close() }
             for c in [a, b] {
                 c.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-                #expect(c.answers(1).count == 1)
+                #expect(await c.answers(1).count == 1)
             }
             let third = try RawHTTPClient(port: server.port)
             defer { third.close() }
             third.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-            let (text, closed) = third.read()
+            let (text, closed) = await third.read()
             #expect(text.isEmpty && closed)
             #expect(server.connections == 2)
         }
