@@ -46,6 +46,9 @@ DEFAULTS = {"Bool": "false", "String": '""', "[UInt8]": "[]", "Double": "0", "Fl
 # (presence.v1.JoinRequest and presence.cluster.v1.JoinRequest) do not collide in one module.
 PACKAGE_PREFIX = {"presence.cluster.v1": "Cluster", "presence.admin.v1": "Admin", "grpc.reflection.v1": "Reflection"}
 
+# Files whose messages get canonical JSON coding (the WebSocket API of WEB.md).
+JSON_FILES = {"presence.proto"}
+
 SWIFT_KEYWORDS = {"default", "case", "class", "struct", "enum", "protocol", "func", "var", "let",
                   "in", "is", "as", "self", "Self", "type", "init", "return", "repeat", "where"}
 
@@ -132,6 +135,8 @@ class Gen:
                 self.message(root + "." + m.name, "")
             for s in f.service:
                 self.service(f, s)
+            if f.name in JSON_FILES:
+                self.json_file(f)
         return "\n".join(self.out) + "\n"
 
     # ---- enums -------------------------------------------------------------------------------
@@ -388,6 +393,156 @@ class Gen:
         if kind == "bool":
             return "%s ? 1 : 0" % src
         return src
+
+    # ---- canonical JSON (the WebSocket API, WEB.md) --------------------------------------------
+    def json_enum(self, full):
+        swift, _, _, _, e = self.types[full]
+        self.w("extension %s {" % swift)
+        self.w("    /// The JSON names of the values (protobuf's canonical JSON mapping), by number.")
+        self.w("    public static let jsonNames: [String: Int32] = [%s]" % ", ".join('"%s": %d' % (v.name, v.number) for v in e.value))
+        self.w("    /// This value's JSON name (its number, for one this build does not know).")
+        self.w("    public var json: JSONValue {")
+        self.w("        switch rawValue {")
+        for v in e.value:
+            self.w('        case %d: return .string("%s")' % (v.number, v.name))
+        self.w("        default: return .number(String(rawValue))")
+        self.w("        }")
+        self.w("    }")
+        self.w("}")
+        self.w()
+
+    def json_read(self, fd, v, path):
+        """Swift expression reading one (non-repeated) value `v` of field `fd`."""
+        if fd.type == F.TYPE_MESSAGE:
+            if fd.type_name in WRAPPERS:
+                kind = WRAPPERS[fd.type_name][1]
+                inner = {"bool": "JSONField.bool(%s, %s)", "string": "JSONField.string(%s, %s)"}.get(kind, "JSONField.integer(%s, %s)")
+                return "(%s == .null ? nil : try %s)" % (v, inner % (v, path))
+            return "try %s(json: %s)" % (self.types[fd.type_name][0], v)
+        if fd.type == F.TYPE_ENUM:
+            st = self.types[fd.type_name][0]
+            return "%s(rawValue: try JSONField.enumValue(%s, %s, names: %s.jsonNames))" % (st, v, path, st)
+        if fd.type == F.TYPE_STRING:
+            return "try JSONField.string(%s, %s)" % (v, path)
+        if fd.type == F.TYPE_BOOL:
+            return "try JSONField.bool(%s, %s)" % (v, path)
+        if fd.type == F.TYPE_BYTES:
+            return "try JSONField.bytes(%s, %s)" % (v, path)
+        if fd.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
+            return "%s(try JSONField.double(%s, %s))" % (SCALARS[fd.type], v, path)
+        return "try JSONField.integer(%s, %s, as: %s.self)" % (v, path, SCALARS[fd.type])
+
+    def json_write(self, fd, v):
+        """Swift expression writing one (non-repeated) value `v` of field `fd`."""
+        if fd.type == F.TYPE_MESSAGE:
+            if fd.type_name in WRAPPERS:
+                kind = WRAPPERS[fd.type_name][1]
+                return {"bool": ".bool(%s)", "string": ".string(%s)"}.get(kind, "JSONField.integerValue(%s)") % v
+            return "%s.json()" % v
+        if fd.type == F.TYPE_ENUM:
+            return "%s.json" % v
+        if fd.type == F.TYPE_STRING:
+            return ".string(%s)" % v
+        if fd.type == F.TYPE_BOOL:
+            return ".bool(%s)" % v
+        if fd.type == F.TYPE_BYTES:
+            return ".string(Base64.encode(%s))" % v
+        if fd.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
+            return "JSONField.doubleValue(Double(%s))" % v
+        return "JSONField.integerValue(%s)" % v
+
+    def json_is_default(self, fd, v):
+        st = self.field_swift_type(fd)
+        if fd.label == F.LABEL_REPEATED:
+            return "%s.isEmpty" % v
+        if st.endswith("?"):
+            return "%s == nil" % v
+        if fd.type == F.TYPE_ENUM:
+            return "%s.rawValue == 0" % v
+        if fd.type in (F.TYPE_STRING, F.TYPE_BYTES):
+            return "%s.isEmpty" % v
+        if fd.type == F.TYPE_BOOL:
+            return "!%s" % v
+        return "%s == 0" % v
+
+    def json_message(self, full):
+        swift, _, _, _, m = self.types[full]
+        for n in m.enum_type:
+            self.json_enum(full + "." + n.name)
+        for n in m.nested_type:
+            self.json_message(full + "." + n.name)
+        w = self.w
+        oneofs = {}
+        plain = []
+        for fd in m.field:
+            if fd.HasField("oneof_index") and not fd.proto3_optional:
+                oneofs.setdefault(fd.oneof_index, []).append(fd)
+            else:
+                plain.append(fd)
+        w("extension %s: JSONCodable {" % swift)
+        w("    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;")
+        w("    /// unknown fields are ignored; null is the default).")
+        w("    public init(json: JSONValue) throws(JSONError) {")
+        w("        self.init()")
+        w("        guard case .object(let members) = json else { throw JSONError(\"%s: an object expected\") }" % m.name)
+        if m.field:
+            w("        for (key, value) in members {")
+            w("            switch key {")
+            for fd in plain:
+                name = "self." + swift_ident(lower_camel(fd.name))
+                path = '"%s.%s"' % (m.name, fd.json_name)
+                labels = '"%s"' % fd.json_name + (', "%s"' % fd.name if fd.name != fd.json_name else "")
+                if fd.label == F.LABEL_REPEATED:
+                    w("            case %s: %s = try JSONField.array(value, %s).map { (v) throws(JSONError) in %s }" % (labels, name, path, self.json_read(fd, "v", path)))
+                else:
+                    w("            case %s: %s = %s" % (labels, name, self.json_read(fd, "value", path)))
+            for idx, fds in oneofs.items():
+                oname = m.oneof_decl[idx].name
+                for fd in fds:
+                    path = '"%s.%s"' % (m.name, fd.json_name)
+                    labels = '"%s"' % fd.json_name + (', "%s"' % fd.name if fd.name != fd.json_name else "")
+                    w("            case %s: if value != .null { self.%s = .%s(%s) }" % (labels, swift_ident(lower_camel(oname)), swift_ident(lower_camel(fd.name)), self.json_read(fd, "value", path)))
+            w("            default: break")
+            w("            }")
+            w("        }")
+        else:
+            w("        _ = members")
+        w("    }")
+        w()
+        w("    /// The canonical JSON form (fields at their default are left out).")
+        w("    public func json() -> JSONValue {")
+        if not m.field:
+            w("        .object([])")
+        else:
+            w("        var members: [(String, JSONValue)] = []")
+            for fd in plain:
+                name = "self." + swift_ident(lower_camel(fd.name))
+                if fd.label == F.LABEL_REPEATED:
+                    w('        if !%s.isEmpty { members.append(("%s", .array(%s.map { %s }))) }' % (name, fd.json_name, name, self.json_write(fd, "$0")))
+                elif self.field_swift_type(fd).endswith("?"):
+                    w('        if let v = %s { members.append(("%s", %s)) }' % (name, fd.json_name, self.json_write(fd, "v")))
+                else:
+                    w('        if !(%s) { members.append(("%s", %s)) }' % (self.json_is_default(fd, name), fd.json_name, self.json_write(fd, name)))
+            for idx, fds in oneofs.items():
+                oname = m.oneof_decl[idx].name
+                w("        switch self.%s {" % swift_ident(lower_camel(oname)))
+                w("        case nil: break")
+                for fd in fds:
+                    w('        case .%s(let v)?: members.append(("%s", %s))' % (swift_ident(lower_camel(fd.name)), fd.json_name, self.json_write(fd, "v")))
+                w("        }")
+            w("        return .object(members)")
+        w("    }")
+        w("}")
+        w()
+
+    def json_file(self, f):
+        root = "." + f.package if f.package else ""
+        self.w("// MARK: - Canonical JSON (the WebSocket API)")
+        self.w()
+        for e in f.enum_type:
+            self.json_enum(root + "." + e.name)
+        for m in f.message_type:
+            self.json_message(root + "." + m.name)
 
     # ---- services ----------------------------------------------------------------------------
     def service(self, f, s):

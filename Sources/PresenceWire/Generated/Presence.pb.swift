@@ -1551,3 +1551,814 @@ public enum PresenceMethods {
     public static let allPaths: [String] = ["/presence.v1.Presence/OpenSession", "/presence.v1.Presence/CloseSession", "/presence.v1.Presence/Join", "/presence.v1.Presence/Leave", "/presence.v1.Presence/GetOnlineUsers", "/presence.v1.Presence/GetUserChannels", "/presence.v1.Presence/SetState", "/presence.v1.Presence/GetState", "/presence.v1.Presence/RemoveState", "/presence.v1.Presence/SetStatus", "/presence.v1.Presence/GetUserStatuses", "/presence.v1.Presence/Watch"]
 }
 
+// MARK: - Canonical JSON (the WebSocket API)
+
+extension ChannelType {
+    /// The JSON names of the values (protobuf's canonical JSON mapping), by number.
+    public static let jsonNames: [String: Int32] = ["CHANNEL_TYPE_UNSPECIFIED": 0, "CHANNEL_TYPE_MESSAGE": 1, "CHANNEL_TYPE_STREAM": 2]
+    /// This value's JSON name (its number, for one this build does not know).
+    public var json: JSONValue {
+        switch rawValue {
+        case 0: return .string("CHANNEL_TYPE_UNSPECIFIED")
+        case 1: return .string("CHANNEL_TYPE_MESSAGE")
+        case 2: return .string("CHANNEL_TYPE_STREAM")
+        default: return .number(String(rawValue))
+        }
+    }
+}
+
+extension PresenceEventType {
+    /// The JSON names of the values (protobuf's canonical JSON mapping), by number.
+    public static let jsonNames: [String: Int32] = ["PRESENCE_EVENT_TYPE_UNSPECIFIED": 0, "PRESENCE_EVENT_TYPE_SNAPSHOT": 1, "PRESENCE_EVENT_TYPE_INTERVAL": 2, "PRESENCE_EVENT_TYPE_REMOTE_JOIN": 3, "PRESENCE_EVENT_TYPE_REMOTE_LEAVE": 4, "PRESENCE_EVENT_TYPE_REMOTE_TIMEOUT": 5, "PRESENCE_EVENT_TYPE_REMOTE_STATE_CHANGED": 6]
+    /// This value's JSON name (its number, for one this build does not know).
+    public var json: JSONValue {
+        switch rawValue {
+        case 0: return .string("PRESENCE_EVENT_TYPE_UNSPECIFIED")
+        case 1: return .string("PRESENCE_EVENT_TYPE_SNAPSHOT")
+        case 2: return .string("PRESENCE_EVENT_TYPE_INTERVAL")
+        case 3: return .string("PRESENCE_EVENT_TYPE_REMOTE_JOIN")
+        case 4: return .string("PRESENCE_EVENT_TYPE_REMOTE_LEAVE")
+        case 5: return .string("PRESENCE_EVENT_TYPE_REMOTE_TIMEOUT")
+        case 6: return .string("PRESENCE_EVENT_TYPE_REMOTE_STATE_CHANGED")
+        default: return .number(String(rawValue))
+        }
+    }
+}
+
+extension UserStatus {
+    /// The JSON names of the values (protobuf's canonical JSON mapping), by number.
+    public static let jsonNames: [String: Int32] = ["USER_STATUS_UNKNOWN": 0, "USER_STATUS_ONLINE": 1, "USER_STATUS_AWAY": 2, "USER_STATUS_BUSY": 3, "USER_STATUS_OFFLINE": 4]
+    /// This value's JSON name (its number, for one this build does not know).
+    public var json: JSONValue {
+        switch rawValue {
+        case 0: return .string("USER_STATUS_UNKNOWN")
+        case 1: return .string("USER_STATUS_ONLINE")
+        case 2: return .string("USER_STATUS_AWAY")
+        case 3: return .string("USER_STATUS_BUSY")
+        case 4: return .string("USER_STATUS_OFFLINE")
+        default: return .number(String(rawValue))
+        }
+    }
+}
+
+extension StateItem: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("StateItem: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "key": self.key = try JSONField.string(value, "StateItem.key")
+            case "value": self.value = try JSONField.string(value, "StateItem.value")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.key.isEmpty) { members.append(("key", .string(self.key))) }
+        if !(self.value.isEmpty) { members.append(("value", .string(self.value))) }
+        return .object(members)
+    }
+}
+
+extension UserState: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("UserState: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "userId", "user_id": self.userID = try JSONField.string(value, "UserState.userId")
+            case "states": self.states = try JSONField.array(value, "UserState.states").map { (v) throws(JSONError) in try StateItem(json: v) }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.userID.isEmpty) { members.append(("userId", .string(self.userID))) }
+        if !self.states.isEmpty { members.append(("states", .array(self.states.map { $0.json() }))) }
+        return .object(members)
+    }
+}
+
+extension ChannelInfo: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("ChannelInfo: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "ChannelInfo.channelName")
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "ChannelInfo.channelType", names: ChannelType.jsonNames))
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        return .object(members)
+    }
+}
+
+extension OpenSessionRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("OpenSessionRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "userId", "user_id": self.userID = try JSONField.string(value, "OpenSessionRequest.userId")
+            case "token": self.token = try JSONField.string(value, "OpenSessionRequest.token")
+            case "resumeSessionId", "resume_session_id": self.resumeSessionID = try JSONField.string(value, "OpenSessionRequest.resumeSessionId")
+            case "initialStatus", "initial_status": self.initialStatus = UserStatus(rawValue: try JSONField.enumValue(value, "OpenSessionRequest.initialStatus", names: UserStatus.jsonNames))
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.userID.isEmpty) { members.append(("userId", .string(self.userID))) }
+        if !(self.token.isEmpty) { members.append(("token", .string(self.token))) }
+        if !(self.resumeSessionID.isEmpty) { members.append(("resumeSessionId", .string(self.resumeSessionID))) }
+        if !(self.initialStatus.rawValue == 0) { members.append(("initialStatus", self.initialStatus.json)) }
+        return .object(members)
+    }
+}
+
+extension SessionOpened: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("SessionOpened: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "SessionOpened.sessionId")
+            case "nodeId", "node_id": self.nodeID = try JSONField.string(value, "SessionOpened.nodeId")
+            case "resumed": self.resumed = try JSONField.bool(value, "SessionOpened.resumed")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        if !(self.nodeID.isEmpty) { members.append(("nodeId", .string(self.nodeID))) }
+        if !(!self.resumed) { members.append(("resumed", .bool(self.resumed))) }
+        return .object(members)
+    }
+}
+
+extension IntervalInfo: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("IntervalInfo: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "joinUserIds", "join_user_ids": self.joinUserIDs = try JSONField.array(value, "IntervalInfo.joinUserIds").map { (v) throws(JSONError) in try JSONField.string(v, "IntervalInfo.joinUserIds") }
+            case "leaveUserIds", "leave_user_ids": self.leaveUserIDs = try JSONField.array(value, "IntervalInfo.leaveUserIds").map { (v) throws(JSONError) in try JSONField.string(v, "IntervalInfo.leaveUserIds") }
+            case "timeoutUserIds", "timeout_user_ids": self.timeoutUserIDs = try JSONField.array(value, "IntervalInfo.timeoutUserIds").map { (v) throws(JSONError) in try JSONField.string(v, "IntervalInfo.timeoutUserIds") }
+            case "userStates", "user_states": self.userStates = try JSONField.array(value, "IntervalInfo.userStates").map { (v) throws(JSONError) in try UserState(json: v) }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !self.joinUserIDs.isEmpty { members.append(("joinUserIds", .array(self.joinUserIDs.map { .string($0) }))) }
+        if !self.leaveUserIDs.isEmpty { members.append(("leaveUserIds", .array(self.leaveUserIDs.map { .string($0) }))) }
+        if !self.timeoutUserIDs.isEmpty { members.append(("timeoutUserIds", .array(self.timeoutUserIDs.map { .string($0) }))) }
+        if !self.userStates.isEmpty { members.append(("userStates", .array(self.userStates.map { $0.json() }))) }
+        return .object(members)
+    }
+}
+
+extension PresenceEvent: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("PresenceEvent: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "type": self.`type` = PresenceEventType(rawValue: try JSONField.enumValue(value, "PresenceEvent.type", names: PresenceEventType.jsonNames))
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "PresenceEvent.channelType", names: ChannelType.jsonNames))
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "PresenceEvent.channelName")
+            case "publisher": self.publisher = try JSONField.string(value, "PresenceEvent.publisher")
+            case "states": self.states = try JSONField.array(value, "PresenceEvent.states").map { (v) throws(JSONError) in try StateItem(json: v) }
+            case "interval": self.interval = try IntervalInfo(json: value)
+            case "snapshot": self.snapshot = try JSONField.array(value, "PresenceEvent.snapshot").map { (v) throws(JSONError) in try UserState(json: v) }
+            case "timestampMs", "timestamp_ms": self.timestampMs = try JSONField.integer(value, "PresenceEvent.timestampMs", as: Int64.self)
+            case "sequence": self.sequence = try JSONField.integer(value, "PresenceEvent.sequence", as: UInt64.self)
+            case "snapshotContinues", "snapshot_continues": self.snapshotContinues = try JSONField.bool(value, "PresenceEvent.snapshotContinues")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.`type`.rawValue == 0) { members.append(("type", self.`type`.json)) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.publisher.isEmpty) { members.append(("publisher", .string(self.publisher))) }
+        if !self.states.isEmpty { members.append(("states", .array(self.states.map { $0.json() }))) }
+        if let v = self.interval { members.append(("interval", v.json())) }
+        if !self.snapshot.isEmpty { members.append(("snapshot", .array(self.snapshot.map { $0.json() }))) }
+        if !(self.timestampMs == 0) { members.append(("timestampMs", JSONField.integerValue(self.timestampMs))) }
+        if !(self.sequence == 0) { members.append(("sequence", JSONField.integerValue(self.sequence))) }
+        if !(!self.snapshotContinues) { members.append(("snapshotContinues", .bool(self.snapshotContinues))) }
+        return .object(members)
+    }
+}
+
+extension UserStatusEvent: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("UserStatusEvent: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "userId", "user_id": self.userID = try JSONField.string(value, "UserStatusEvent.userId")
+            case "status": self.status = UserStatus(rawValue: try JSONField.enumValue(value, "UserStatusEvent.status", names: UserStatus.jsonNames))
+            case "timestampMs", "timestamp_ms": self.timestampMs = try JSONField.integer(value, "UserStatusEvent.timestampMs", as: Int64.self)
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.userID.isEmpty) { members.append(("userId", .string(self.userID))) }
+        if !(self.status.rawValue == 0) { members.append(("status", self.status.json)) }
+        if !(self.timestampMs == 0) { members.append(("timestampMs", JSONField.integerValue(self.timestampMs))) }
+        return .object(members)
+    }
+}
+
+extension SessionEvent: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("SessionEvent: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "opened": if value != .null { self.event = .opened(try SessionOpened(json: value)) }
+            case "presence": if value != .null { self.event = .presence(try PresenceEvent(json: value)) }
+            case "status": if value != .null { self.event = .status(try UserStatusEvent(json: value)) }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        switch self.event {
+        case nil: break
+        case .opened(let v)?: members.append(("opened", v.json()))
+        case .presence(let v)?: members.append(("presence", v.json()))
+        case .status(let v)?: members.append(("status", v.json()))
+        }
+        return .object(members)
+    }
+}
+
+extension CloseSessionRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("CloseSessionRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "CloseSessionRequest.sessionId")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        return .object(members)
+    }
+}
+
+extension CloseSessionResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("CloseSessionResponse: an object expected") }
+        _ = members
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        .object([])
+    }
+}
+
+extension JoinRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("JoinRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "JoinRequest.sessionId")
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "JoinRequest.channelName")
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "JoinRequest.channelType", names: ChannelType.jsonNames))
+            case "withPresence", "with_presence": self.withPresence = try JSONField.bool(value, "JoinRequest.withPresence")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        if !(!self.withPresence) { members.append(("withPresence", .bool(self.withPresence))) }
+        return .object(members)
+    }
+}
+
+extension JoinResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("JoinResponse: an object expected") }
+        _ = members
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        .object([])
+    }
+}
+
+extension LeaveRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("LeaveRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "LeaveRequest.sessionId")
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "LeaveRequest.channelName")
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "LeaveRequest.channelType", names: ChannelType.jsonNames))
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        return .object(members)
+    }
+}
+
+extension LeaveResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("LeaveResponse: an object expected") }
+        _ = members
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        .object([])
+    }
+}
+
+extension GetOnlineUsersRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetOnlineUsersRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "GetOnlineUsersRequest.channelName")
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "GetOnlineUsersRequest.channelType", names: ChannelType.jsonNames))
+            case "includeUserId", "include_user_id": self.includeUserID = (value == .null ? nil : try JSONField.bool(value, "GetOnlineUsersRequest.includeUserId"))
+            case "includeState", "include_state": self.includeState = try JSONField.bool(value, "GetOnlineUsersRequest.includeState")
+            case "page": self.page = try JSONField.string(value, "GetOnlineUsersRequest.page")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        if let v = self.includeUserID { members.append(("includeUserId", .bool(v))) }
+        if !(!self.includeState) { members.append(("includeState", .bool(self.includeState))) }
+        if !(self.page.isEmpty) { members.append(("page", .string(self.page))) }
+        return .object(members)
+    }
+}
+
+extension GetOnlineUsersResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetOnlineUsersResponse: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "totalOccupancy", "total_occupancy": self.totalOccupancy = try JSONField.integer(value, "GetOnlineUsersResponse.totalOccupancy", as: UInt32.self)
+            case "users": self.users = try JSONField.array(value, "GetOnlineUsersResponse.users").map { (v) throws(JSONError) in try UserState(json: v) }
+            case "nextPage", "next_page": self.nextPage = try JSONField.string(value, "GetOnlineUsersResponse.nextPage")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.totalOccupancy == 0) { members.append(("totalOccupancy", JSONField.integerValue(self.totalOccupancy))) }
+        if !self.users.isEmpty { members.append(("users", .array(self.users.map { $0.json() }))) }
+        if !(self.nextPage.isEmpty) { members.append(("nextPage", .string(self.nextPage))) }
+        return .object(members)
+    }
+}
+
+extension GetUserChannelsRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetUserChannelsRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "userId", "user_id": self.userID = try JSONField.string(value, "GetUserChannelsRequest.userId")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.userID.isEmpty) { members.append(("userId", .string(self.userID))) }
+        return .object(members)
+    }
+}
+
+extension GetUserChannelsResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetUserChannelsResponse: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "channels": self.channels = try JSONField.array(value, "GetUserChannelsResponse.channels").map { (v) throws(JSONError) in try ChannelInfo(json: v) }
+            case "totalChannel", "total_channel": self.totalChannel = try JSONField.integer(value, "GetUserChannelsResponse.totalChannel", as: UInt32.self)
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !self.channels.isEmpty { members.append(("channels", .array(self.channels.map { $0.json() }))) }
+        if !(self.totalChannel == 0) { members.append(("totalChannel", JSONField.integerValue(self.totalChannel))) }
+        return .object(members)
+    }
+}
+
+extension SetStateRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("SetStateRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "SetStateRequest.sessionId")
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "SetStateRequest.channelName")
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "SetStateRequest.channelType", names: ChannelType.jsonNames))
+            case "items": self.items = try JSONField.array(value, "SetStateRequest.items").map { (v) throws(JSONError) in try StateItem(json: v) }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        if !self.items.isEmpty { members.append(("items", .array(self.items.map { $0.json() }))) }
+        return .object(members)
+    }
+}
+
+extension SetStateResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("SetStateResponse: an object expected") }
+        _ = members
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        .object([])
+    }
+}
+
+extension GetStateRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetStateRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "GetStateRequest.channelName")
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "GetStateRequest.channelType", names: ChannelType.jsonNames))
+            case "userId", "user_id": self.userID = try JSONField.string(value, "GetStateRequest.userId")
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        if !(self.userID.isEmpty) { members.append(("userId", .string(self.userID))) }
+        return .object(members)
+    }
+}
+
+extension GetStateResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetStateResponse: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "state": self.state = try UserState(json: value)
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if let v = self.state { members.append(("state", v.json())) }
+        return .object(members)
+    }
+}
+
+extension RemoveStateRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("RemoveStateRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "RemoveStateRequest.sessionId")
+            case "channelName", "channel_name": self.channelName = try JSONField.string(value, "RemoveStateRequest.channelName")
+            case "channelType", "channel_type": self.channelType = ChannelType(rawValue: try JSONField.enumValue(value, "RemoveStateRequest.channelType", names: ChannelType.jsonNames))
+            case "keys": self.keys = try JSONField.array(value, "RemoveStateRequest.keys").map { (v) throws(JSONError) in try JSONField.string(v, "RemoveStateRequest.keys") }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        if !(self.channelName.isEmpty) { members.append(("channelName", .string(self.channelName))) }
+        if !(self.channelType.rawValue == 0) { members.append(("channelType", self.channelType.json)) }
+        if !self.keys.isEmpty { members.append(("keys", .array(self.keys.map { .string($0) }))) }
+        return .object(members)
+    }
+}
+
+extension RemoveStateResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("RemoveStateResponse: an object expected") }
+        _ = members
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        .object([])
+    }
+}
+
+extension SetStatusRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("SetStatusRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "SetStatusRequest.sessionId")
+            case "status": self.status = UserStatus(rawValue: try JSONField.enumValue(value, "SetStatusRequest.status", names: UserStatus.jsonNames))
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        if !(self.status.rawValue == 0) { members.append(("status", self.status.json)) }
+        return .object(members)
+    }
+}
+
+extension SetStatusResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("SetStatusResponse: an object expected") }
+        _ = members
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        .object([])
+    }
+}
+
+extension UserStatusEntry: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("UserStatusEntry: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "userId", "user_id": self.userID = try JSONField.string(value, "UserStatusEntry.userId")
+            case "status": self.status = UserStatus(rawValue: try JSONField.enumValue(value, "UserStatusEntry.status", names: UserStatus.jsonNames))
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.userID.isEmpty) { members.append(("userId", .string(self.userID))) }
+        if !(self.status.rawValue == 0) { members.append(("status", self.status.json)) }
+        return .object(members)
+    }
+}
+
+extension GetUserStatusesRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetUserStatusesRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "userIds", "user_ids": self.userIDs = try JSONField.array(value, "GetUserStatusesRequest.userIds").map { (v) throws(JSONError) in try JSONField.string(v, "GetUserStatusesRequest.userIds") }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !self.userIDs.isEmpty { members.append(("userIds", .array(self.userIDs.map { .string($0) }))) }
+        return .object(members)
+    }
+}
+
+extension GetUserStatusesResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("GetUserStatusesResponse: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "statuses": self.statuses = try JSONField.array(value, "GetUserStatusesResponse.statuses").map { (v) throws(JSONError) in try UserStatusEntry(json: v) }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !self.statuses.isEmpty { members.append(("statuses", .array(self.statuses.map { $0.json() }))) }
+        return .object(members)
+    }
+}
+
+extension WatchRequest: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("WatchRequest: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "sessionId", "session_id": self.sessionID = try JSONField.string(value, "WatchRequest.sessionId")
+            case "userIds", "user_ids": self.userIDs = try JSONField.array(value, "WatchRequest.userIds").map { (v) throws(JSONError) in try JSONField.string(v, "WatchRequest.userIds") }
+            case "unwatchUserIds", "unwatch_user_ids": self.unwatchUserIDs = try JSONField.array(value, "WatchRequest.unwatchUserIds").map { (v) throws(JSONError) in try JSONField.string(v, "WatchRequest.unwatchUserIds") }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !(self.sessionID.isEmpty) { members.append(("sessionId", .string(self.sessionID))) }
+        if !self.userIDs.isEmpty { members.append(("userIds", .array(self.userIDs.map { .string($0) }))) }
+        if !self.unwatchUserIDs.isEmpty { members.append(("unwatchUserIds", .array(self.unwatchUserIDs.map { .string($0) }))) }
+        return .object(members)
+    }
+}
+
+extension WatchResponse: JSONCodable {
+    /// Reads the canonical JSON form (field names as lowerCamelCase or as in the .proto;
+    /// unknown fields are ignored; null is the default).
+    public init(json: JSONValue) throws(JSONError) {
+        self.init()
+        guard case .object(let members) = json else { throw JSONError("WatchResponse: an object expected") }
+        for (key, value) in members {
+            switch key {
+            case "statuses": self.statuses = try JSONField.array(value, "WatchResponse.statuses").map { (v) throws(JSONError) in try UserStatusEntry(json: v) }
+            default: break
+            }
+        }
+    }
+
+    /// The canonical JSON form (fields at their default are left out).
+    public func json() -> JSONValue {
+        var members: [(String, JSONValue)] = []
+        if !self.statuses.isEmpty { members.append(("statuses", .array(self.statuses.map { $0.json() }))) }
+        return .object(members)
+    }
+}
+
