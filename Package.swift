@@ -5,7 +5,7 @@
 //   PresenceWire   Swift value types for the protobuf messages
 //   EventLoop      epoll loops, timers, cross-thread wake-ups
 //   GRPCTransport  HTTP/2 (nghttp2) + gRPC server and client
-//   HTTPFrontDoor  HTTP/1.1 (http-parser) server for browsers, Prometheus and probes (WEB.md)
+//   HTTPFrontDoor  HTTP/1.1 (http-parser) and WebSocket (wslay) server for browsers, Prometheus and probes (WEB.md)
 //   Metrics        counters, gauges, histograms in Prometheus's text format
 //   PresenceCore   the presence rules as plain state machines (channel, sessions, user home)
 //   ClusterCore    the cluster rules as plain values: consistent-hash ring, SWIM membership
@@ -32,11 +32,12 @@ let package = Package(
         .systemLibrary(name: "CTLS", pkgConfig: "libssl", providers: [.apt(["libssl-dev"])]),
         .target(name: "CPresenceProto", dependencies: ["CProtobufC"]),
         .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),
+        .systemLibrary(name: "CWSLay", providers: [.apt(["libwslay-dev"])]),
 
         .target(name: "PresenceWire", dependencies: ["CPresenceProto", "CProtobufC"]),
         .target(name: "EventLoop", dependencies: ["CSystemShim"]),
         .target(name: "GRPCTransport", dependencies: ["EventLoop", "CNGHTTP2", "PresenceWire", "CSystemShim", "CTLS"]),
-        .target(name: "HTTPFrontDoor", dependencies: ["EventLoop", "CHTTPParser", "CSystemShim"]),
+        .target(name: "HTTPFrontDoor", dependencies: ["EventLoop", "CHTTPParser", "CWSLay", "CCrypto", "CSystemShim"]),
         .target(name: "Metrics"),
         .target(name: "PresenceCore", dependencies: ["PresenceWire"]),
         .target(name: "ClusterCore", dependencies: ["PresenceCore", "PresenceWire"]),

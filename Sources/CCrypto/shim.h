@@ -3,4 +3,5 @@
 #include <openssl/hmac.h>
 #include <openssl/evp.h>
 #include <openssl/crypto.h>
+#include <openssl/sha.h>
 #endif

@@ -205,7 +205,10 @@ public final class ServerStreamWriter: Sendable {
     public let lowWaterMark: Int
     public let hardLimit: Int
 
-    init(highWaterMark: Int = defaultHighWaterMark, lowWaterMark: Int = defaultLowWaterMark,
+    /// A writer drained by something other than an HTTP/2 stream (the WebSocket front door):
+    /// `scheduleDrain` asks it to come and `takePending()`, and it reports each message it wrote
+    /// with `drained(_:)`, which is what frees room and wakes a waiting sender.
+    public init(highWaterMark: Int = defaultHighWaterMark, lowWaterMark: Int = defaultLowWaterMark,
          hardLimit: Int = defaultHardLimit, scheduleDrain: @escaping @Sendable () -> Void) {
         self.highWaterMark = highWaterMark
         self.lowWaterMark = lowWaterMark
@@ -258,7 +261,7 @@ public final class ServerStreamWriter: Sendable {
     }
 
     /// Loop side: the messages handed over since the last drain.
-    func takePending() -> [[UInt8]] {
+    public func takePending() -> [[UInt8]] {
         state.withLock { s in
             s.hopScheduled = false
             defer { s.pending = [] }
@@ -276,7 +279,7 @@ public final class ServerStreamWriter: Sendable {
     public var closedStatus: GRPCStatus? { state.withLock { $0.closed } }
 
     /// The connection wrote `count` bytes of this stream.
-    func drained(_ count: Int) {
+    public func drained(_ count: Int) {
         let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
             s.queuedBytes -= count
             if s.queuedBytes <= lowWaterMark, let w = s.waiter {
@@ -289,7 +292,7 @@ public final class ServerStreamWriter: Sendable {
     }
 
     /// The call is over: pending and later sends fail with `status`.
-    func close(_ status: GRPCStatus) {
+    public func close(_ status: GRPCStatus) {
         let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
             if s.closed == nil { s.closed = status }
             s.scheduleDrain = nil

@@ -73,6 +73,13 @@ public struct UpgradedSocket: @unchecked Sendable {
     /// Bytes that came after the upgrade request, already the new protocol's.
     public let leftover: [UInt8]
     public let release: @Sendable () -> Void
+
+    public init(fd: Int32, loop: EventLoop, leftover: [UInt8], release: @escaping @Sendable () -> Void) {
+        self.fd = fd
+        self.loop = loop
+        self.leftover = leftover
+        self.release = release
+    }
 }
 
 /// Settings of the HTTP/1.1 front door.

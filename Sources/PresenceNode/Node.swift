@@ -126,13 +126,15 @@ public final class Node: Sendable {
         let server = GRPCServer(configuration: clientConfig, services: registry, group: group)
         self.server = server
         let loops = self.group
+        let webSocket = WebSocketAPI(registry: registry)
         let httpServer = configuration.httpListen.map { address in
             HTTPServer(configuration: HTTPServerConfiguration(address: address), group: loops,
-                       handler: FrontDoor(health: health, metrics: metrics).handle)
+                       handler: FrontDoor(health: health, metrics: metrics, webSocket: webSocket).handle)
         }
         self.httpServer = httpServer
         metrics.register(engine: engine, membership: membership, link: link, connections: {
-            [("grpc", server.connections), ("peer", peerServerBox.withLock { $0?.connections } ?? 0), ("http", httpServer?.connections ?? 0)]
+            [("grpc", server.connections), ("peer", peerServerBox.withLock { $0?.connections } ?? 0),
+             ("http", (httpServer?.connections ?? 0) - webSocket.openSockets), ("websocket", webSocket.openSockets)]
         }, peerTraffic: peerTraffic)
     }
 

@@ -1,15 +1,17 @@
 import HTTPFrontDoor
 import Metrics
 
-/// The routes of the HTTP/1.1 front door (WEB.md): liveness, readiness and metrics, for load
-/// balancers, Kubernetes probes and Prometheus.
+/// The routes of the HTTP/1.1 front door (WEB.md): the WebSocket API for browsers; liveness,
+/// readiness and metrics for load balancers, Kubernetes probes and Prometheus.
 struct FrontDoor: Sendable {
     let health: HealthService
     let metrics: NodeMetrics
+    let webSocket: WebSocketAPI
 
     func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
-        guard Self.routes.contains(path) else { return .now(.text(404, "no such route: try /healthz, /readyz or /metrics\n")) }
+        if path == "/v1/ws" { return webSocket.upgrade(request) }
+        guard Self.routes.contains(path) else { return .now(.text(404, "no such route: try /v1/ws, /healthz, /readyz or /metrics\n")) }
         guard request.method == "GET" || request.method == "HEAD" else {
             var r = HTTPResponse.text(405, "only GET is served here\n")
             r.headers.append(("allow", "GET, HEAD"))

@@ -36,7 +36,7 @@ public final class NodeMetrics: Sendable {
                   peerTraffic: @escaping @Sendable () -> (requests: Int, bytes: Int)) {
         let p = Self.prefix
         let r = registry
-        r.computed(p + "connections", "Open connections, by port (grpc: clients; peer: other nodes; http: the front door, WebSockets included)", labels: ["port"]) {
+        r.computed(p + "connections", "Open connections, by kind (grpc: clients; peer: other nodes; http: plain HTTP/1.1 on the front door; websocket)", labels: ["port"]) {
             connections().map { Sample([$0.port], Double($0.count)) }
         }
         r.computed(p + "sessions", "Sessions this node is the gateway of, by state (connected: a live stream; disconnected: waiting to resume)", labels: ["state"]) {

@@ -1,0 +1,293 @@
+import CCrypto
+import CSystemShim
+import CWSLay
+import EventLoop
+import Glibc
+
+/// Settings of the WebSocket side of the front door (WEB.md).
+public struct WebSocketSettings: Sendable {
+    /// Largest message a client may send (64 KiB; a bigger one closes with 1009).
+    public var maxMessageBytes = 64 * 1024
+    /// Bytes queued for a client that does not read, at most (4 MiB); past it the socket closes
+    /// with 1008, as a slow gRPC stream is cut off.
+    public var maxQueuedBytes = 4 * 1024 * 1024
+    /// A ping after this long with nothing read (15 s); closed if nothing arrives within
+    /// `keepaliveTimeout` after it.
+    public var keepaliveInterval: UInt64 = 15_000_000_000
+    public var keepaliveTimeout: UInt64 = 15_000_000_000
+    public init() {}
+}
+
+/// The opening handshake (RFC 6455, section 4.2): checks an upgrade request and makes the
+/// `101 Switching Protocols` answer. A plain function of the request.
+public enum WebSocketHandshake {
+    static let guid = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+    /// The 101 answer, or why the request is not a WebSocket opening handshake (400, or 426
+    /// for another protocol version).
+    public static func accept(_ request: HTTPRequest) -> Result<HTTPResponse, HTTPResponseError> {
+        guard request.method == "GET" else { return .failure(.init(405, "a WebSocket opens with GET")) }
+        guard request.isUpgrade, request.headerLists("connection", "upgrade"), request.headerLists("upgrade", "websocket") else {
+            return .failure(.init(426, "this route takes a WebSocket (Connection: Upgrade, Upgrade: websocket)"))
+        }
+        guard request.header("sec-websocket-version") == "13" else {
+            return .failure(.init(426, "Sec-WebSocket-Version 13 is the one served here", headers: [("sec-websocket-version", "13")]))
+        }
+        guard let key = request.header("sec-websocket-key"), key.utf8.count == 24 else {
+            return .failure(.init(400, "Sec-WebSocket-Key must be 16 bytes in base64"))
+        }
+        return .success(HTTPResponse(status: 101, headers: [("upgrade", "websocket"), ("connection", "Upgrade"),
+                                                            ("sec-websocket-accept", acceptValue(for: key))]))
+    }
+
+    /// base64(SHA-1(key + GUID)).
+    public static func acceptValue(for key: String) -> String {
+        var digest = [UInt8](repeating: 0, count: Int(SHA_DIGEST_LENGTH))
+        let input = Array((key + guid).utf8)
+        _ = input.withUnsafeBufferPointer { SHA1($0.baseAddress, $0.count, &digest) }
+        var out = [UInt8](repeating: 0, count: 32)
+        let n = EVP_EncodeBlock(&out, digest, Int32(digest.count))
+        return String(decoding: out[0..<Int(n)], as: UTF8.self)
+    }
+}
+
+/// An answer that refuses a request (status, text, extra headers).
+public struct HTTPResponseError: Error, Sendable {
+    public let response: HTTPResponse
+    public init(_ status: Int, _ text: String, headers: [(name: String, value: String)] = []) {
+        var r = HTTPResponse.text(status, text + "\n")
+        r.headers += headers
+        response = r
+    }
+}
+
+/// What a WebSocket connection tells its owner (on the connection's loop).
+public protocol WebSocketDelegate: AnyObject {
+    /// A whole text message (valid UTF-8: wslay checks it).
+    func webSocket(_ socket: WebSocketConnection, received text: [UInt8])
+    /// The connection is closed (`code` from the client's close frame, if it sent one).
+    func webSocketClosed(_ socket: WebSocketConnection, code: UInt16?)
+    /// Queued bytes went out: there may be room for more.
+    func webSocketDrained(_ socket: WebSocketConnection)
+}
+
+/// One WebSocket connection on one loop, after the handshake: wslay does the protocol (framing,
+/// masking, fragments, ping/pong, the closing handshake); this class the I/O, the output bound and
+/// the keepalive. Loop-confined.
+public final class WebSocketConnection: FileDescriptorHandler {
+    public let loop: EventLoop
+    private let fd: Int32
+    private let settings: WebSocketSettings
+    private var context: OpaquePointer?
+    private let release: @Sendable () -> Void
+    /// Bytes that came with the upgrade request, read before the socket.
+    private var leftover: [UInt8]
+    private var keepalive: KeepaliveStateMachine
+    private var keepaliveTimer: TimerID?
+    private var watchingWritable = false
+    /// Text queued in wslay and not yet written, in bytes (wslay copies each message).
+    public private(set) var queuedBytes = 0
+    private var queuedSizes: [Int] = []
+    private var writtenOfHead = 0
+    public private(set) var isClosed = false
+    private var closeCode: UInt16?
+    /// Held until the connection closes (the delegate usually holds the connection too: the
+    /// close breaks that cycle).
+    public var delegate: WebSocketDelegate?
+
+    public init(socket: UpgradedSocket, settings: WebSocketSettings = WebSocketSettings()) {
+        loop = socket.loop
+        fd = socket.fd
+        self.settings = settings
+        release = socket.release
+        leftover = socket.leftover
+        keepalive = KeepaliveStateMachine(interval: settings.keepaliveInterval, timeout: settings.keepaliveTimeout, now: MonotonicClock.now())
+    }
+
+    /// Starts reading (after the delegate is set).
+    public func start() {
+        var callbacks = wslay_event_callbacks()
+        callbacks.recv_callback = { _, buf, len, _, user in WebSocketConnection.from(user).receive(into: buf!, max: len) }
+        callbacks.send_callback = { _, data, len, _, user in WebSocketConnection.from(user).transmit(data!, len) }
+        callbacks.on_msg_recv_callback = { _, arg, user in WebSocketConnection.from(user).message(arg!.pointee) }
+        wslay_event_context_server_init(&context, &callbacks, Unmanaged.passUnretained(self).toOpaque())
+        wslay_event_config_set_max_recv_msg_length(context, UInt64(settings.maxMessageBytes))
+        loop.register(fd: fd, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue), handler: self)
+        scheduleKeepalive()
+        pump()
+    }
+
+    private static func from(_ user: UnsafeMutableRawPointer?) -> WebSocketConnection {
+        Unmanaged<WebSocketConnection>.fromOpaque(user!).takeUnretainedValue()
+    }
+
+    /// Queues a text message; false (nothing queued) when the socket is closed or the client has
+    /// more than `maxQueuedBytes` waiting: the caller then closes with 1008.
+    @discardableResult
+    public func send(text: [UInt8]) -> Bool {
+        guard !isClosed, queuedBytes <= settings.maxQueuedBytes else { return false }
+        let rc = text.withUnsafeBufferPointer { b -> Int32 in
+            var msg = wslay_event_msg(opcode: UInt8(WSLAY_TEXT_FRAME.rawValue), msg: b.baseAddress, msg_length: b.count)
+            return wslay_event_queue_msg(context, &msg)
+        }
+        guard rc == 0 else { return false }
+        queuedBytes += text.count
+        queuedSizes.append(text.count)
+        pump()
+        return true
+    }
+
+    /// Starts the closing handshake (the socket closes once the client answers or goes away).
+    public func close(code: UInt16, reason: String) {
+        guard !isClosed else { return }
+        let r = Array(reason.utf8.prefix(120))
+        _ = r.withUnsafeBufferPointer { wslay_event_queue_close(context, code, $0.baseAddress, $0.count) }
+        pump()
+    }
+
+    public func handleEvents(_ events: UInt32) {
+        if isClosed { return }
+        if events & (UInt32(EPOLLERR.rawValue) | UInt32(EPOLLHUP.rawValue)) != 0 && events & UInt32(EPOLLIN.rawValue) == 0 {
+            finish()
+            return
+        }
+        pump()
+    }
+
+    public func loopStopping() { finish() }
+
+    /// Lets wslay read and write what it can, then closes if it wants neither any more.
+    private func pump() {
+        guard !isClosed, let context else { return }
+        if wslay_event_want_read(context) != 0, wslay_event_recv(context) != 0 {
+            finish()
+            return
+        }
+        if isClosed { return }
+        if wslay_event_want_write(context) != 0, wslay_event_send(context) != 0 {
+            finish()
+            return
+        }
+        if wslay_event_want_read(context) == 0 && wslay_event_want_write(context) == 0 {
+            finish()
+            return
+        }
+        if drainedSome {
+            drainedSome = false
+            delegate?.webSocketDrained(self)
+            if isClosed { return }
+        }
+        let wantWrite = wslay_event_want_write(context) != 0
+        if wantWrite != watchingWritable {
+            watchingWritable = wantWrite
+            loop.modify(fd: fd, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue) | (wantWrite ? UInt32(EPOLLOUT.rawValue) : 0))
+        }
+    }
+
+    // MARK: wslay callbacks
+
+    private func receive(into buf: UnsafeMutablePointer<UInt8>, max: Int) -> Int {
+        if !leftover.isEmpty {
+            let n = min(max, leftover.count)
+            leftover.withUnsafeBufferPointer { buf.update(from: $0.baseAddress!, count: n) }
+            leftover.removeFirst(n)
+            keepalive.bytesRead(now: MonotonicClock.now())
+            return n
+        }
+        while true {
+            let n = read(fd, buf, max)
+            if n > 0 {
+                keepalive.bytesRead(now: MonotonicClock.now())
+                return n
+            }
+            if n == 0 {
+                wslay_event_set_error(context, Int32(WSLAY_ERR_CALLBACK_FAILURE.rawValue))
+                return -1
+            }
+            if errno == EINTR { continue }
+            wslay_event_set_error(context, Int32(errno == EAGAIN || errno == EWOULDBLOCK ? WSLAY_ERR_WOULDBLOCK.rawValue : WSLAY_ERR_CALLBACK_FAILURE.rawValue))
+            return -1
+        }
+    }
+
+    private func transmit(_ data: UnsafePointer<UInt8>, _ len: Int) -> Int {
+        while true {
+            let n = Glibc.send(fd, data, len, Int32(MSG_NOSIGNAL))
+            if n >= 0 {
+                written(n)
+                return n
+            }
+            if errno == EINTR { continue }
+            wslay_event_set_error(context, Int32(errno == EAGAIN || errno == EWOULDBLOCK ? WSLAY_ERR_WOULDBLOCK.rawValue : WSLAY_ERR_CALLBACK_FAILURE.rawValue))
+            return -1
+        }
+    }
+
+    /// Counts written bytes against the queued messages (frame headers make the count a little
+    /// high, so a message is let go slightly early; the bound stays a bound).
+    private func written(_ n: Int) {
+        var left = n
+        while left > 0, let head = queuedSizes.first {
+            let take = min(left, head - writtenOfHead)
+            writtenOfHead += take
+            left -= take
+            if writtenOfHead >= head {
+                queuedSizes.removeFirst()
+                queuedBytes -= head
+                writtenOfHead = 0
+                drainedSome = true
+            }
+        }
+    }
+    private var drainedSome = false
+
+    private func message(_ arg: wslay_event_on_msg_recv_arg) {
+        switch arg.opcode {
+        case UInt8(WSLAY_TEXT_FRAME.rawValue):
+            delegate?.webSocket(self, received: Array(UnsafeBufferPointer(start: arg.msg, count: arg.msg_length)))
+        case UInt8(WSLAY_BINARY_FRAME.rawValue):
+            close(code: 1003, reason: "this API speaks JSON in text messages")
+        case UInt8(WSLAY_CONNECTION_CLOSE.rawValue):
+            closeCode = arg.status_code
+        default:
+            break  // (pongs; pings are answered by wslay)
+        }
+    }
+
+    // MARK: Keepalive and the end
+
+    private func scheduleKeepalive() {
+        keepaliveTimer = loop.scheduleTimer(at: keepalive.nextDeadline) { [weak self] in self?.keepaliveFired() }
+    }
+
+    private func keepaliveFired() {
+        guard !isClosed else { return }
+        switch keepalive.timerFired(now: MonotonicClock.now()) {
+        case .sendPing:
+            var msg = wslay_event_msg(opcode: UInt8(WSLAY_PING.rawValue), msg: nil, msg_length: 0)
+            _ = wslay_event_queue_msg(context, &msg)
+            pump()
+        case .closeConnection:
+            finish()
+            return
+        case .none:
+            break
+        }
+        scheduleKeepalive()
+    }
+
+    private func finish() {
+        guard !isClosed else { return }
+        isClosed = true
+        if let t = keepaliveTimer { loop.cancelTimer(t) }
+        loop.unregister(fd: fd)
+        Glibc.close(fd)
+        if let c = context {
+            context = nil
+            wslay_event_context_free(c)
+        }
+        release()
+        delegate?.webSocketClosed(self, code: closeCode)
+        delegate = nil
+    }
+}
