@@ -10,8 +10,9 @@ from conftest import ROOT
 def test_generated_files_are_fresh():
     out = tempfile.mkdtemp(prefix="presenced-gen-")
     subprocess.run([os.path.join(ROOT, "Scripts", "generate-protos"), out], check=True, timeout=300)
+    subprocess.run([os.path.join(ROOT, "Scripts", "generate-web"), out], check=True, timeout=60)
     stale = []
-    for sub in ("Sources/CPresenceProto", "Sources/PresenceWire/Generated"):
+    for sub in ("Sources/CPresenceProto", "Sources/PresenceWire/Generated", "Sources/PresenceNode/Web"):
         fresh_dir = os.path.join(out, sub)
         for dirpath, _, files in os.walk(fresh_dir):
             for f in files:

@@ -22,6 +22,10 @@ struct FrontDoor: Sendable {
             return .now(.text(200, "ok\n"))
         case "/readyz":
             return .now(health.isServing ? .text(200, "ready\n") : .text(503, "not ready: joining the cluster or shutting down\n"))
+        case "/", "/index.html":
+            return .now(Self.asset(WebAssets.indexHTML, WebAssets.indexHTMLContentType))
+        case "/presence.js":
+            return .now(Self.asset(WebAssets.presenceJS, WebAssets.presenceJSContentType))
         case "/metrics":
             let registry = metrics.registry
             return .later { .text(200, await registry.render(), contentType: Exposition.contentType) }
@@ -30,5 +34,10 @@ struct FrontDoor: Sendable {
         }
     }
 
-    static let routes: Set<String> = ["/healthz", "/readyz", "/metrics"]
+    static let routes: Set<String> = ["/healthz", "/readyz", "/metrics", "/", "/index.html", "/presence.js"]
+
+    private static func asset(_ text: String, _ contentType: String) -> HTTPResponse {
+        HTTPResponse(status: 200, headers: [("content-type", contentType), ("cache-control", "no-cache"),
+                                            ("x-content-type-options", "nosniff")], body: Array(text.utf8))
+    }
 }
