@@ -512,6 +512,14 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return next
     }
 
+    /// This node was declared dead and is back (cut off, or frozen): how long it counted other
+    /// processes as gone meant nothing — it was the one gone, and may have counted the whole
+    /// time. Each such count starts again now, so a session is timed out only after a presence
+    /// timeout of absence seen from here since the return (found by Cluster/chaos, netns seed 52).
+    public mutating func returnedFromDeath(now: UInt64) {
+        for sink in goneSince.keys { goneSince[sink] = now }
+    }
+
     /// Times out the sessions of processes gone for a presence timeout (unless they came back or
     /// moved meanwhile); their replicas learn it.
     public mutating func sweep(now: UInt64, wall: Int64) -> [Effect] {

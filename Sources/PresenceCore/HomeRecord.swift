@@ -101,10 +101,17 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     private mutating func change(_ body: (inout HomeRecord) -> Void) -> StatusChange? {
         let before = visibleStatus
         body(&self)
+        revised()
         let after = visibleStatus
         guard before != after else { return nil }
         return StatusChange(userID: userID, status: after, watchers: watchers.mapValues(\.sink))
     }
+
+    /// Every change takes the counter up, so the counter orders the record's copies: a replica can
+    /// tell an older whole copy that arrives late (a delayed push) from a newer one and skip it
+    /// (found by Cluster/chaos, netns seed 52: a copy from before a session opened arrived after
+    /// the one that had it, and the replica that then took over had lost the session).
+    private mutating func revised() { _ = nextVersion() }
 
     private mutating func nextVersion() -> UInt64 {
         if counter < .max { counter += 1 }
@@ -167,6 +174,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         s.version = SessionVersion.nextEpoch(s.version)
         s.sink = sink
         sessions[session] = s
+        revised()
         return (s, previous)
     }
 
@@ -230,6 +238,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         s.channels[channel] = withPresence
         s.version = max(s.version, version)
         sessions[session] = s
+        revised()
         return nil
     }
 
@@ -242,6 +251,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         s.channels[channel] = nil
         s.version = max(s.version, version)
         sessions[session] = s
+        revised()
         return nil
     }
 
@@ -249,7 +259,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @discardableResult
     public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
+        guard sessions[session] != nil else { return nil }
         sessions[session]?.watching = watching
+        revised()
         return nil
     }
 
@@ -269,6 +281,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         if let w = watchers[session], SessionVersion.epoch(w.version) > SessionVersion.epoch(version) { return nil }
         let before = watchers[session]
         watchers[session] = Watcher(sink: sink, version: max(before?.version ?? 0, version))
+        revised()
         guard let before, before.sink != sink else { return nil }
         return StatusChange(userID: userID, status: visibleStatus, watchers: [session: sink])
     }
@@ -285,6 +298,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public mutating func unwatch(by session: SessionID, at sink: Sink? = nil) {
         guard let w = watchers[session], sink == nil || w.sink == sink else { return }
         watchers[session] = nil
+        revised()
     }
 
     // MARK: Gateways gone

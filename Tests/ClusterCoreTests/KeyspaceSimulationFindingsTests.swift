@@ -36,6 +36,17 @@
 //      whole copy (Keyspace: home records are always whole) that arrived after a later one of the
 //      same lineage: a user who had left came back on the replica, and in its SNAPSHOT once it
 //      took over. Older changes and whole copies are now skipped.
+//  14. (found by Cluster/chaos, netns seed 52: a session lost) A node cut off by a partition
+//      declared the others dead (before it saw it was the minority) and counted how long their
+//      processes had been gone from then on. Back from the partition, it took the handoff of a
+//      key whose session lived at one of them, and timed it out at once — "gone" for longer than
+//      the presence timeout by its own stale count — before it heard that process was alive. A
+//      node back from death now starts every such count again.
+//  15. (found by Cluster/chaos, netns seed 52: a session lost) A home record's counter, which
+//      orders its copies, went up only on some changes (a status choice), not on a session
+//      opened: a whole copy from before the session opened, delayed on the way, was not seen as
+//      older than the one that had it, replaced it on the replica, and the replica took over
+//      from it when the home was cut off. Every change now takes the counter up.
 //
 // Outside the cores (PresenceNode, left as it is; the simulation models them, reports what they
 // cause apart as `knownGaps`, and KeyspaceSimulationKnownIssueTests reproduces two):
@@ -397,6 +408,72 @@ import Testing
         }
         for case .send(let c, "b", _, _) in owner.replicate(owner[owned: key]!.delta(users: ["u3"])) { _ = replica.received(c, now: 5, wall: 9_500) }
         #expect(replica.copies[key]?.contains(user: "u3") == true)
+    }
+
+    /// (14)
+    @Test func aNodeBackFromDeathDoesNotTimeOutSessionsByWhatItCountedWhileCutOff() {
+        let five = HashRing(members: ["a", "b", "c", "d", "e"], boots: ["a": 1, "b": 1, "c": 1, "d": 1, "e": 1])
+        let key = key(ownedBy: "e", on: five)
+        let atC = NodeInstance("c", boot: 1)
+        var cutOff = space("e", five, copies: 2)
+        // cut off at 0 s, e's view drops c (then it sees it is the minority and keeps that ring)
+        _ = cutOff.ringChanged(to: five.removing("c"), now: 0, wall: 0)
+        // at 6 s the partition heals; e learns it was declared dead
+        cutOff.returnedFromDeath(now: 6 * second)
+        // the owner that stood in for it meanwhile hands the key back: a session at c (a
+        // client moved there while e was gone), c being alive all along
+        var standIn = Machine(key: key, maxInstantEvents: 100)
+        _ = standIn.join(user: "u", session: s, withPresence: true, sink: atC, version: v(2, 1), now: 5_000)
+        _ = cutOff.received(standIn.fullCopies(handoff: true)[0], from: "b", now: 6 * second + 1, wall: 6_000)
+        _ = cutOff.sweep(now: 6 * second + 2, wall: 6_001)
+        #expect(cutOff[owned: key]?.contains(user: "u", session: s) == true, "the session was timed out on a stale count")
+        // c is seen alive a moment later: the session stays for good
+        _ = cutOff.ringChanged(to: five, now: 6 * second + 3, wall: 6_002)
+        _ = cutOff.sweep(now: 20 * second, wall: 20_000)
+        #expect(cutOff[owned: key]?.contains(user: "u", session: s) == true)
+        // (had c really been gone, its sessions would still go, a presence timeout after the return)
+        var other = space("e", five, copies: 2)
+        _ = other.ringChanged(to: five.removing("c"), now: 0, wall: 0)
+        other.returnedFromDeath(now: 6 * second)
+        _ = other.received(standIn.fullCopies(handoff: true)[0], from: "b", now: 6 * second + 1, wall: 6_000)
+        _ = other.sweep(now: 11 * second + 1, wall: 11_001)
+        #expect(other[owned: key]?.contains(user: "u") != true)
+    }
+
+    /// (15)
+    @Test func aReplicaSkipsAnOlderWholeHomeCopyThatArrivesLate() throws {
+        typealias Record = HomeRecord<NodeInstance>
+        let ring = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
+        let user = (0..<10_000).lazy.map { "u\($0)" }.first { ring.home(ofUser: $0) == "a" }!
+        var home = Keyspace<Record>(me: "a", replicationFactor: 2, presenceTimeout: 5 * second, ring: ring) { Record(userID: $0) }
+        var replica = Keyspace<Record>(me: "b", replicationFactor: 2, presenceTimeout: 5 * second, ring: ring) { Record(userID: $0) }
+        let d1 = SessionID(raw: 1), d0 = SessionID(raw: 2)
+        _ = try home.withOwned(user, create: true, now: 1_000) { r in _ = r.sessionOpened(session: d1, sink: b, initial: .unknown) }
+        let before = HomeCopy(record: home[owned: user]!, handoff: false)   // (delayed on the way)
+        _ = try home.withOwned(user, create: false, now: 2_000) { r in _ = r.sessionOpened(session: d0, sink: a, initial: .unknown) }
+        let after = HomeCopy(record: home[owned: user]!, handoff: false)
+        _ = replica.received(after, from: "a", now: 1, wall: 2_001)
+        _ = replica.received(before, from: "a", now: 2, wall: 2_002)
+        #expect(replica.copies[user]?.sessions[d0] != nil, "the older copy replaced the newer one")
+        // every kind of change orders the copies
+        var r = Record(userID: user)
+        var last = r.counterValue
+        let steps: [(inout Record) -> Void] = [
+            { _ = $0.sessionOpened(session: d1, sink: self.b, initial: .unknown) },
+            { _ = $0.sessionJoined(session: d1, channel: self.key, withPresence: true) },
+            { _ = $0.sessionLeft(session: d1, channel: self.key) },
+            { _ = $0.sessionWatching(session: d1, watching: ["x"]) },
+            { _ = $0.watch(by: d0, sink: self.a) },
+            { $0.unwatch(by: d0) },
+            { _ = $0.claim(session: d1, sink: self.a) },
+            { _ = $0.setStatus(.away) },
+            { _ = $0.sessionEnded(session: d1) },
+        ]
+        for (i, step) in steps.enumerated() {
+            step(&r)
+            #expect(r.counterValue > last, "change \(i) left the counter at \(last)")
+            last = r.counterValue
+        }
     }
 
     /// (10)

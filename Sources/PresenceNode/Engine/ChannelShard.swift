@@ -319,6 +319,11 @@ actor ChannelShard {
     }
 
     /// Pushes to `node` may have been lost: its followers get fresh SNAPSHOTs.
+    /// This node was declared dead and is back: its counts of how long others were gone restart.
+    func returnedFromDeath() {
+        space.returnedFromDeath(now: now)
+    }
+
     func restart(followersAt node: String) {
         cause = "restart followers"
         defer { cause = "call" }

@@ -58,6 +58,12 @@ final class RingCoordinator: Sendable {
     /// over and hold later versions) and asks every member to say when it has handed back.
     func returnedFromDeath() {
         core.topology.returnedFromDeath()
+        // (what it counted as gone while it was the one cut off counts for nothing: seed 52)
+        let core = self.core
+        core.background.run {
+            for s in core.channelShards { await s.returnedFromDeath() }
+            for s in core.userHomes { await s.returnedFromDeath() }
+        }
         guard let link = core.link else { return }
         let ring = core.topology.ring
         for node in ring.members where node != core.topology.me {

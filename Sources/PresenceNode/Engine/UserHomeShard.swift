@@ -271,6 +271,11 @@ actor UserHomeShard {
     }
 
     /// Pushes to `node` may have been lost: its watchers are told the current statuses.
+    /// This node was declared dead and is back: its counts of how long others were gone restart.
+    func returnedFromDeath() {
+        space.returnedFromDeath(now: now)
+    }
+
     func restart(followersAt node: String) {
         carryOut(space.restart(followersAt: node, wall: wall, mayServe: mayServe))
     }
