@@ -54,6 +54,6 @@ let package = Package(
         .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
         .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),
         .testTarget(name: "ClusterCoreTests", dependencies: ["ClusterCore", "PresenceCore", "PresenceWire"]),
-        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop"]),
+        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "PresenceCtl", "GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop"]),
     ]
 )

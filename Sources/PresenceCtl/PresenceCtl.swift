@@ -32,6 +32,9 @@ public enum PresenceCtl {
       members              the cluster members this node knows: id, peer address, status, incarnation
       ring [CHANNEL] [--type T] [--user U]
                            ring members; with CHANNEL its owner and replicas, with --user the user's home
+      top [--http HOST:PORT,...] [--interval S] [--count N]
+                           a live view of nodes from their /metrics (default 127.0.0.1:7402): members,
+                           sessions, channels, calls/s, events/s, peer traffic, memory, CPU
       bench setstate|online-users|fanout [--clients N] [--duration S] [--subscribers N] [--connections N]
                            load tests (see BENCHMARKS.md)
       help                 this text
@@ -55,7 +58,7 @@ public enum PresenceCtl {
     }
 
     static let valued: Set<String> = ["server", "token", "tls-ca-file", "type", "user", "status", "clients", "duration",
-                                      "subscribers", "connections", "follow", "rate", "publishers"]
+                                      "subscribers", "connections", "follow", "rate", "publishers", "http", "interval", "count"]
 
     static func run(_ argv: [String]) async throws {
         // `--state` is a switch for `who` (show state) and takes k=v for `join`.
@@ -80,6 +83,16 @@ public enum PresenceCtl {
             }
         }
         let rest = Array(a.positionals.dropFirst())
+        if command == "top" {
+            let targets = (a.value("http") ?? env["PRESENCECTL_HTTP"] ?? "127.0.0.1:7402").split(separator: ",").map(String.init)
+            guard let interval = Double(a.value("interval") ?? "2"), interval >= 0.1, interval <= 3600 else { throw UsageError("--interval wants seconds from 0.1 to 3600") }
+            let count = try a.value("count").map { v throws -> Int in
+                guard let n = Int(v), n >= 1 else { throw UsageError("--count wants a whole number of refreshes, at least 1") }
+                return n
+            }
+            try await Top(targets: targets, interval: interval, count: count).run()
+            return
+        }
         let group = EventLoopGroup(count: 1, name: "presencectl")
         let ctx = Context(server: server, token: token, tls: tls, group: group, args: a)
         switch command {

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import Node, free_port
+from conftest import Node, free_port, presenced_binary
 from test_cluster import Cluster, wait_until
 from test_presence import Session
 
@@ -171,6 +171,14 @@ def test_prometheus_scrapes_a_three_node_cluster_under_load():
         # members alive, as each node sees them
         wait_until("three members alive on every node",
                    lambda: sorted(prom.query('presenced_members{status="alive"}').values()) == [3, 3, 3], 20)
+        # presencectl top reads the same metrics: a row per node, its sessions, and the total
+        ctl = os.path.join(os.path.dirname(presenced_binary()), "presencectl")
+        out = subprocess.run([ctl, "top", "--http", ",".join(f"127.0.0.1:{n.http_port}" for n in nodes), "--interval", "0.3", "--count", "1"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[2:]}
+        assert {"node-0", "node-1", "node-2", "total"} <= set(rows), out.stdout
+        assert rows["node-0"][1] == "3" and rows["node-0"][2] == "2" and rows["total"][1] == "6", out.stdout
         # the latency histograms arrive whole (a quantile can be computed from them)
         wait_until("every SetState timed", lambda: prom.query(
             'sum(presenced_grpc_call_duration_seconds_bucket{method="presence.v1.Presence/SetState",le="+Inf"})') == {(): 120.0}, 20)

@@ -36,6 +36,8 @@ public final class NodeMetrics: Sendable {
                   peerTraffic: @escaping @Sendable () -> (requests: Int, bytes: Int)) {
         let p = Self.prefix
         let r = registry
+        let nodeID = engine.settings.nodeID
+        r.computed(p + "node_info", "This node: its id (the value is always 1)", labels: ["node_id"]) { [Sample([nodeID], 1)] }
         r.computed(p + "connections", "Open connections, by kind (grpc: clients; peer: other nodes; http: plain HTTP/1.1 on the front door; websocket)", labels: ["port"]) {
             connections().map { Sample([$0.port], Double($0.count)) }
         }
