@@ -15,6 +15,9 @@ public struct WebSocketSettings: Sendable {
     /// `keepaliveTimeout` after it.
     public var keepaliveInterval: UInt64 = 15_000_000_000
     public var keepaliveTimeout: UInt64 = 15_000_000_000
+    /// After this node sends its close frame, how long the client has to answer before the
+    /// connection is dropped anyway (5 s).
+    public var closeTimeout: UInt64 = 5_000_000_000
     public init() {}
 }
 
@@ -84,6 +87,7 @@ public final class WebSocketConnection: FileDescriptorHandler {
     private var leftover: [UInt8]
     private var keepalive: KeepaliveStateMachine
     private var keepaliveTimer: TimerID?
+    private var closeTimer: TimerID?
     private var watchingWritable = false
     /// Text queued in wslay and not yet written, in bytes (wslay copies each message).
     public private(set) var queuedBytes = 0
@@ -142,6 +146,13 @@ public final class WebSocketConnection: FileDescriptorHandler {
         guard !isClosed else { return }
         let r = Array(reason.utf8.prefix(120))
         _ = r.withUnsafeBufferPointer { wslay_event_queue_close(context, code, $0.baseAddress, $0.count) }
+        // (a client that never answers the close, or never reads it, does not keep the socket)
+        if closeTimer == nil {
+            closeTimer = loop.scheduleTimer(after: settings.closeTimeout) { [weak self] in
+                self?.closeTimer = nil
+                self?.finish()
+            }
+        }
         pump()
     }
 
@@ -280,6 +291,7 @@ public final class WebSocketConnection: FileDescriptorHandler {
         guard !isClosed else { return }
         isClosed = true
         if let t = keepaliveTimer { loop.cancelTimer(t) }
+        if let t = closeTimer { loop.cancelTimer(t) }
         loop.unregister(fd: fd)
         Glibc.close(fd)
         if let c = context {

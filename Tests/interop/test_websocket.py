@@ -195,3 +195,67 @@ def test_token_mode(token_node):
     assert e.value.code == "PERMISSION_DENIED"
     ws.call("CloseSession")
     g.cancel()
+
+
+def test_a_socket_that_does_not_read_is_cut_off_with_1008_and_its_resume_gets_a_snapshot(node):
+    ws = WS(node)   # it will not read: the kernel's buffers fill, then the server's bounds
+    ws.open(userId="slow")
+    sid = ws.session_id
+    ws.call("Join", channelName="flood", channelType=MSG, withPresence=True)
+    stub = pg.PresenceStub(node.channel)
+    pub = Session(stub, "publisher")
+    stub.Join(p.JoinRequest(session_id=pub.id, channel_name="flood", channel_type=p.CHANNEL_TYPE_MESSAGE), timeout=5)
+    big = [p.StateItem(key=f"k{i}", value="x" * 1000) for i in range(32)]
+    # ~33 KB per event; the socket's budget, the writer's bound and the kernel buffers fill up
+    deadline = time.monotonic() + 30
+    cut = False
+    rounds = 0
+    while time.monotonic() < deadline and not cut:
+        for i in range(20):
+            big[0].value = f"{rounds}-{i}".ljust(1000, "x")
+            stub.SetState(p.SetStateRequest(session_id=pub.id, channel_name="flood", channel_type=p.CHANNEL_TYPE_MESSAGE, items=big), timeout=5)
+        rounds += 1
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/metrics", timeout=5) as r:
+            cut = any(line.startswith("presenced_slow_consumers_total ") and float(line.split()[1]) >= 1
+                      for line in r.read().decode().splitlines())
+    assert cut, "the slow socket was never cut off"
+    # the session may resume at once, and starts from a fresh SNAPSHOT of the channel
+    again = WS(node)
+    opened = again.open(userId="slow", resumeSessionId=sid)
+    assert opened.get("resumed") is True, opened
+    e = again.next_presence()
+    assert e["type"] == "PRESENCE_EVENT_TYPE_SNAPSHOT" and e["channelName"] == "flood"
+    again.call("CloseSession")
+    pub.cancel()
+    # and the old socket, read to its end, was closed with 1008
+    assert raw_close_code(ws.sock.sock) == 1008
+
+
+def raw_close_code(sock, timeout=20):
+    """The close code at the end of a server's frames, read in large chunks straight off the socket."""
+    sock.settimeout(timeout)
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # frames from the server are unmasked: opcode, 7-bit length (126: 16-bit, 127: 64-bit follows)
+        while len(buf) >= 2:
+            op, n, head = buf[0] & 0x0F, buf[1] & 0x7F, 2
+            if n == 126:
+                if len(buf) < 4:
+                    break
+                n, head = int.from_bytes(buf[2:4], "big"), 4
+            elif n == 127:
+                if len(buf) < 10:
+                    break
+                n, head = int.from_bytes(buf[2:10], "big"), 10
+            if len(buf) < head + n:
+                break
+            if op == 8:
+                return int.from_bytes(buf[head:head + 2], "big")
+            buf = buf[head + n:]
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            return None
+        buf += chunk
+    return None
