@@ -147,6 +147,10 @@ def test_refusals_are_clear_and_keep_the_socket_when_they_can(node):
     err = ws.recv()
     assert err["error"]["code"] == "INVALID_ARGUMENT" and "OPEN_FIRST" in err["error"]["message"]
     assert ws.close_code() == 4400
+    # the client never answers the close frame: the server drops the connection anyway (5 s)
+    ws.sock.sock.settimeout(10)
+    started = time.monotonic()
+    assert ws.sock.sock.recv(1) == b"" and time.monotonic() - started < 9
     ws = WS(node)
     refused = ws.open(userId="not a valid id!")
     assert refused["error"]["code"] == "INVALID_ARGUMENT"
