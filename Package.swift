@@ -44,7 +44,7 @@ let package = Package(
         .target(name: "PresenceNode", dependencies: ["GRPCTransport", "HTTPFrontDoor", "Metrics", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop", "CCrypto"]),
         .executableTarget(name: "presenced", dependencies: ["PresenceNode"]),
         .target(name: "PresenceClient", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop"]),
-        .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop"]),
+        .target(name: "PresenceCtl", dependencies: ["PresenceClient", "GRPCTransport", "PresenceWire", "EventLoop", "HTTPFrontDoor"]),
         .executableTarget(name: "presencectl", dependencies: ["PresenceCtl", "EventLoop"]),
         .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire", "EventLoop", "ClusterCore"]),
 

@@ -49,8 +49,16 @@ public enum WebSocketHandshake {
         let input = Array((key + guid).utf8)
         _ = input.withUnsafeBufferPointer { SHA1($0.baseAddress, $0.count, &digest) }
         var out = [UInt8](repeating: 0, count: 32)
-        let n = EVP_EncodeBlock(&out, digest, Int32(digest.count))
-        return String(decoding: out[0..<Int(n)], as: UTF8.self)
+        let n = CCryptoBase64.encode(digest, into: &out)
+        return String(decoding: out[0..<n], as: UTF8.self)
+    }
+}
+
+/// libcrypto's base64 (the handshake's key and accept value).
+enum CCryptoBase64 {
+    /// Writes base64 of `bytes` into `out` (at least 4/3 of the input plus 1); returns its length.
+    static func encode(_ bytes: [UInt8], into out: inout [UInt8]) -> Int {
+        Int(EVP_EncodeBlock(&out, bytes, Int32(bytes.count)))
     }
 }
 
@@ -99,7 +107,11 @@ public final class WebSocketConnection: FileDescriptorHandler {
     /// close breaks that cycle).
     public var delegate: WebSocketDelegate?
 
-    public init(socket: UpgradedSocket, settings: WebSocketSettings = WebSocketSettings()) {
+    /// The client end of a connection masks what it sends (benchmarks and tests use it).
+    private let isClient: Bool
+
+    public init(socket: UpgradedSocket, settings: WebSocketSettings = WebSocketSettings(), client: Bool = false) {
+        isClient = client
         loop = socket.loop
         fd = socket.fd
         self.settings = settings
@@ -114,7 +126,16 @@ public final class WebSocketConnection: FileDescriptorHandler {
         callbacks.recv_callback = { _, buf, len, _, user in WebSocketConnection.from(user).receive(into: buf!, max: len) }
         callbacks.send_callback = { _, data, len, _, user in WebSocketConnection.from(user).transmit(data!, len) }
         callbacks.on_msg_recv_callback = { _, arg, user in WebSocketConnection.from(user).message(arg!.pointee) }
-        wslay_event_context_server_init(&context, &callbacks, Unmanaged.passUnretained(self).toOpaque())
+        if isClient {
+            callbacks.genmask_callback = { _, buf, len, _ in
+                var rng = SystemRandomNumberGenerator()
+                for i in 0..<len { buf![i] = UInt8.random(in: 0...255, using: &rng) }
+                return 0
+            }
+            wslay_event_context_client_init(&context, &callbacks, Unmanaged.passUnretained(self).toOpaque())
+        } else {
+            wslay_event_context_server_init(&context, &callbacks, Unmanaged.passUnretained(self).toOpaque())
+        }
         wslay_event_config_set_max_recv_msg_length(context, UInt64(settings.maxMessageBytes))
         loop.register(fd: fd, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue), handler: self)
         scheduleKeepalive()

@@ -9,12 +9,15 @@ struct Bench {
     let ctx: Context
 
     func run(_ rest: [String]) async throws {
-        try ctx.args.check(allowed: ["server", "token", "clients", "duration", "subscribers", "connections", "rate", "publishers", "channel"])
-        guard let what = rest.first else { throw UsageError("bench wants setstate, online-users or fanout") }
+        try ctx.args.check(allowed: ["server", "token", "clients", "duration", "subscribers", "connections", "rate", "publishers", "channel", "http", "sockets"])
+        guard let what = rest.first else { throw UsageError("bench wants setstate, online-users, fanout, ws-setstate, ws-fanout or ws-idle") }
         switch what {
         case "setstate": try await setState()
         case "online-users": try await onlineUsers()
         case "fanout": try await fanout()
+        case "ws-setstate": try await wsSetState()
+        case "ws-fanout": try await wsFanout()
+        case "ws-idle": try await wsIdle()
         default: throw UsageError("unknown bench '\(what)'")
         }
     }

@@ -36,7 +36,8 @@ public enum PresenceCtl {
                            a live view of nodes from their /metrics (default 127.0.0.1:7402): members,
                            sessions, channels, calls/s, events/s, peer traffic, memory, CPU
       bench setstate|online-users|fanout [--clients N] [--duration S] [--subscribers N] [--connections N]
-                           load tests (see BENCHMARKS.md)
+      bench ws-setstate|ws-fanout|ws-idle [--http HOST:PORT] [--clients N] [--subscribers N] [--sockets N]
+                           load tests (see BENCHMARKS.md); ws-* go over the WebSocket API
       help                 this text
     """
 
@@ -58,7 +59,7 @@ public enum PresenceCtl {
     }
 
     static let valued: Set<String> = ["server", "token", "tls-ca-file", "type", "user", "status", "clients", "duration",
-                                      "subscribers", "connections", "follow", "rate", "publishers", "http", "interval", "count"]
+                                      "subscribers", "connections", "follow", "rate", "publishers", "http", "interval", "count", "sockets"]
 
     static func run(_ argv: [String]) async throws {
         // `--state` is a switch for `who` (show state) and takes k=v for `join`.
