@@ -18,6 +18,7 @@ struct Bench {
         case "ws-setstate": try await wsSetState()
         case "ws-fanout": try await wsFanout()
         case "ws-idle": try await wsIdle()
+        case "idle": try await wsIdle(grpcPeer: true)
         default: throw UsageError("unknown bench '\(what)'")
         }
     }

@@ -1,4 +1,5 @@
 import EventLoop
+import GRPCTransport
 import Foundation
 import HTTPFrontDoor
 import PresenceWire
@@ -175,9 +176,10 @@ extension Bench {
         for (_, st) in pubs { st.cancel() }
     }
 
-    /// The node's resident memory per idle WebSocket session (from its /metrics, before and after
-    /// opening `sockets` sessions that joined nothing).
-    func wsIdle() async throws {
+    /// The node's resident memory per idle session (from its /metrics, before and after opening
+    /// `sockets` sessions that joined nothing): over WebSocket, or (`grpc`) one gRPC stream each,
+    /// 100 streams per HTTP/2 connection.
+    func wsIdle(grpcPeer: Bool = false) async throws {
         let sockets = try ctx.args.int("sockets", default: 2000)
         let http = try httpTarget
         func rss() throws -> Double {
@@ -186,6 +188,22 @@ extension Bench {
                 throw UsageError("no presenced_process_resident_memory_bytes at \(http)")
             }
             return v
+        }
+        if grpcPeer {
+            let grpc = client(connections: max(1, sockets / 100))
+            let warm = try await sessions(grpc, count: 50, prefix: "gidle-w", channel: "bench-idle-warm", withPresence: false)
+            try await Task.sleep(nanoseconds: 500_000_000)
+            let before = try rss()
+            var open: [(String, RawServerStreamingCall)] = []
+            for batch in stride(from: 0, to: sockets, by: 200) {
+                open += try await openOnly(grpc, count: min(200, sockets - batch), prefix: "gidle-\(batch)-")
+            }
+            try await Task.sleep(nanoseconds: 1_000_000_000)
+            let after = try rss()
+            Output.line(String(format: "bench=grpc-idle sessions=%d rss_before_mib=%.1f rss_after_mib=%.1f bytes_per_session=%.0f",
+                               sockets, before / 1_048_576, after / 1_048_576, (after - before) / Double(sockets)))
+            for (_, st) in warm + open { st.cancel() }
+            return
         }
         let group = EventLoopGroup(count: 1, name: "ws-bench")
         // (a few sessions first: the node's one-time allocations are not counted per socket)
@@ -202,5 +220,25 @@ extension Bench {
                            sockets, before / 1_048_576, after / 1_048_576, (after - before) / Double(sockets)))
         (warm + open).forEach { $0.0.close() }
         try await Task.sleep(nanoseconds: 500_000_000)
+    }
+
+    /// Opens `count` gRPC sessions that join nothing.
+    func openOnly(_ grpc: GRPCClient, count: Int, prefix: String) async throws -> [(String, RawServerStreamingCall)] {
+        try await withThrowingTaskGroup(of: (String, RawServerStreamingCall).self) { g in
+            for i in 0..<count {
+                g.addTask {
+                    let req = MessageFraming.framed(OpenSessionRequest(userID: "\(prefix)\(i)", token: ctx.token))
+                    let stream = grpc.serverStreaming(path: PresenceMethods.openSession.path, framedRequest: req)
+                    var it = stream.makeAsyncIterator()
+                    guard let first = try await it.next(), case .opened(let o)? = try SessionEvent(serializedBytes: first).event else {
+                        throw GRPCStatus(.internal, "no opened message")
+                    }
+                    return (o.sessionID, stream)
+                }
+            }
+            var out: [(String, RawServerStreamingCall)] = []
+            for try await s in g { out.append(s) }
+            return out
+        }
     }
 }
