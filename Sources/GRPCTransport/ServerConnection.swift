@@ -178,7 +178,7 @@ final class ServerConnection: HTTP2Connection {
             var overflow = false
             failure = s.deframer.append(data) { m in if !requests.push(m) { overflow = true } }
             if overflow {
-                finish(s, GRPCStatus(.resourceExhausted, "TOO_MANY_MESSAGES: more than \(requests.limit) request messages wait unread"))
+                finish(s, GRPCStatus(.resourceExhausted, "TOO_MANY_MESSAGES: more than \(requests.limit) request messages (or \(requests.byteLimit) bytes) wait unread"))
                 return 0
             }
         } else {
@@ -213,6 +213,10 @@ final class ServerConnection: HTTP2Connection {
         } else if (type == UInt8(NGHTTP2_DATA.rawValue) || type == UInt8(NGHTTP2_HEADERS.rawValue)), endStream,
                   let s = stream(streamID), s.status == nil, let requests = s.requests {
             s.requestComplete = true
+            guard s.deframer.isIdle else {
+                finish(s, GRPCStatus(.internal, "BAD_REQUEST_STREAM: the request stream ended inside a message"))
+                return 0
+            }
             requests.end(nil)
         } else if type == UInt8(NGHTTP2_DATA.rawValue), endStream, let s = stream(streamID), s.status == nil {
             s.requestComplete = true

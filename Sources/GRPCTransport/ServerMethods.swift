@@ -33,21 +33,28 @@ public enum ServerMethod: Sendable {
 }
 
 /// The request messages of a bidirectional call, as they arrive; ends when the client half-closes.
-/// Bounded: a client that sends more than `limit` messages the handler has not read yet is
-/// refused (RESOURCE_EXHAUSTED), so a flood cannot grow the queue.
+/// Bounded: a client that sends more than `limit` messages, or more than `byteLimit` bytes past
+/// the first, that the handler has not read yet is refused (RESOURCE_EXHAUSTED), so a flood cannot
+/// grow the queue.
 public final class RequestMessages: AsyncSequence, Sendable {
     public typealias Element = [UInt8]
     public static let defaultLimit = 64
+    public static let defaultByteLimit = 1 << 20
     private struct State {
         var queue: [[UInt8]] = []
         var head = 0
+        var queuedBytes = 0
         var ended: GRPCStatus?? = nil   // nil: open; .some(nil): half-closed; .some(status): failed
         var waiter: CheckedContinuation<[UInt8]?, Error>? = nil
     }
     private let state = Mutex(State())
     public let limit: Int
+    public let byteLimit: Int
 
-    init(limit: Int = RequestMessages.defaultLimit) { self.limit = limit }
+    init(limit: Int = RequestMessages.defaultLimit, byteLimit: Int = RequestMessages.defaultByteLimit) {
+        self.limit = limit
+        self.byteLimit = byteLimit
+    }
 
     /// Loop side: a message arrived; false when too many wait unread.
     func push(_ message: [UInt8]) -> Bool {
@@ -57,8 +64,10 @@ public final class RequestMessages: AsyncSequence, Sendable {
                 s.waiter = nil
                 return (true, w)
             }
-            guard s.queue.count - s.head < limit else { return (false, nil) }
+            let waiting = s.queue.count - s.head
+            guard waiting < limit, waiting == 0 || s.queuedBytes + message.count <= byteLimit else { return (false, nil) }
             s.queue.append(message)
+            s.queuedBytes += message.count
             return (true, nil)
         }
         waiter?.resume(returning: message)
@@ -83,6 +92,7 @@ public final class RequestMessages: AsyncSequence, Sendable {
                 if s.head < s.queue.count {
                     let m = s.queue[s.head]
                     s.head += 1
+                    s.queuedBytes -= m.count
                     if s.head > 32, s.head * 2 > s.queue.count {
                         s.queue.removeFirst(s.head)
                         s.head = 0

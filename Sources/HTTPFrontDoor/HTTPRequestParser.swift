@@ -213,6 +213,11 @@ public final class HTTPRequestParser {
         headers = []
         body = []
         headerBytes = 0
+        // (chunked trailers end no header block: whatever of them is pending is dropped here,
+        // not carried into the next request's headers)
+        field = []
+        value = []
+        inValue = false
         complete = true
         // one request at a time: the connection answers it before the next is read
         if parser.pointee.upgrade == 0 { http_parser_pause(parser, 1) }

@@ -228,6 +228,10 @@ final class HTTPConnection: FileDescriptorHandler {
     private var outboundOffset = 0
     private var watchingWritable = false
     private var closeAfterWrite = false
+    /// The client sent its end of the connection (FIN).
+    private var readShut = false
+    /// Closes a connection whose client does not take what is written to it.
+    private var writeTimer: TimerID?
     private var answering = false
     private var upgrade: ((UpgradedSocket) -> Void)? = nil
     private(set) var isClosed = false
@@ -272,8 +276,15 @@ final class HTTPConnection: FileDescriptorHandler {
                 timer.bytesArrived(now: MonotonicClock.now())
                 if n < buffer.count { break }
             } else if n == 0 {
-                // the client is done sending; an answer in progress still goes out
-                if answering { closeAfterWrite = true; loop.modify(fd: fd, events: watchingWritable ? UInt32(EPOLLOUT.rawValue) : 0) } else { close() }
+                // the client is done sending; an answer in progress, or one still being written,
+                // goes out first (and the end is not read again meanwhile)
+                if answering || hasOutput {
+                    closeAfterWrite = true
+                    readShut = true
+                    watch()
+                } else {
+                    close()
+                }
                 break
             } else {
                 if errno == EINTR { continue }
@@ -286,7 +297,9 @@ final class HTTPConnection: FileDescriptorHandler {
 
     /// Reads the next whole request out of `inbound` and answers it (one at a time).
     private func parseNext() {
-        while !answering && !isClosed && !inbound.isEmpty && !closeAfterWrite {
+        // (one answer at a time, and the next request waits until the last answer is written:
+        // a client that pipelines without reading cannot pile answers up here)
+        while !answering && !hasOutput && !isClosed && !inbound.isEmpty && !closeAfterWrite {
             let outcome = inbound.withUnsafeBytes { parser.parse($0) }
             switch outcome {
             case .needMore:
@@ -362,7 +375,12 @@ final class HTTPConnection: FileDescriptorHandler {
             } else if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
                 if !watchingWritable {
                     watchingWritable = true
-                    loop.modify(fd: fd, events: Self.readEvents | UInt32(EPOLLOUT.rawValue))
+                    watch()
+                    // (a client that does not take its answer does not hold the connection)
+                    writeTimer = loop.scheduleTimer(after: core.configuration.timeouts.request) { [weak self] in
+                        self?.writeTimer = nil
+                        self?.close()
+                    }
                 }
                 return
             } else {
@@ -372,13 +390,28 @@ final class HTTPConnection: FileDescriptorHandler {
         }
         outbound.removeAll(keepingCapacity: outbound.capacity <= 64 * 1024)
         outboundOffset = 0
+        if let t = writeTimer {
+            loop.cancelTimer(t)
+            writeTimer = nil
+        }
         if watchingWritable {
             watchingWritable = false
-            loop.modify(fd: fd, events: Self.readEvents)
+            watch()
         }
         if closeAfterWrite {
             if let upgrade { handOver(upgrade) } else { close() }
+            return
         }
+        // a request that waited for this answer to be written
+        if !answering && !inbound.isEmpty { parseNext() }
+    }
+
+    private var hasOutput: Bool { outboundOffset < outbound.count }
+
+    /// Watches for reading (unless the client has finished sending) and, while output waits, writing.
+    private func watch() {
+        guard !isClosed else { return }
+        loop.modify(fd: fd, events: (readShut ? 0 : Self.readEvents) | (watchingWritable ? UInt32(EPOLLOUT.rawValue) : 0))
     }
 
     /// After `101 Switching Protocols`: the socket and what came after the request go to the
@@ -386,6 +419,7 @@ final class HTTPConnection: FileDescriptorHandler {
     private func handOver(_ adopt: (UpgradedSocket) -> Void) {
         isClosed = true
         if let t = timerID { loop.cancelTimer(t) }
+        if let t = writeTimer { loop.cancelTimer(t) }
         loop.unregister(fd: fd)
         core.connectionEnded(self, handedOver: true)
         let (limiter, address) = (core.limiter, self.address)
@@ -410,13 +444,14 @@ final class HTTPConnection: FileDescriptorHandler {
 
     /// Closes a connection with no request in progress (shutdown).
     func closeIfIdle() {
-        if !answering && inbound.isEmpty { close() } else { closeAfterWrite = true }
+        if !answering && inbound.isEmpty && !hasOutput { close() } else { closeAfterWrite = true }
     }
 
     func close() {
         guard !isClosed else { return }
         isClosed = true
         if let t = timerID { loop.cancelTimer(t) }
+        if let t = writeTimer { loop.cancelTimer(t) }
         loop.unregister(fd: fd)
         Glibc.close(fd)
         core.connectionEnded(self, handedOver: false)

@@ -96,7 +96,6 @@ public final class WebSocketConnection: FileDescriptorHandler {
     private var keepalive: KeepaliveStateMachine
     private var keepaliveTimer: TimerID?
     private var closeTimer: TimerID?
-    private var watchingWritable = false
     /// Text queued in wslay and not yet written, in bytes (wslay copies each message).
     public private(set) var queuedBytes = 0
     private var queuedSizes: [Int] = []
@@ -163,18 +162,37 @@ public final class WebSocketConnection: FileDescriptorHandler {
     }
 
     /// Starts the closing handshake (the socket closes once the client answers or goes away).
+    /// The close frame goes after what was queued before it (wslay sends control frames first: a
+    /// refusal's error message would be lost behind its own close).
     public func close(code: UInt16, reason: String) {
-        guard !isClosed else { return }
-        let r = Array(reason.utf8.prefix(120))
-        _ = r.withUnsafeBufferPointer { wslay_event_queue_close(context, code, $0.baseAddress, $0.count) }
-        // (a client that never answers the close, or never reads it, does not keep the socket)
-        if closeTimer == nil {
-            closeTimer = loop.scheduleTimer(after: settings.closeTimeout) { [weak self] in
-                self?.closeTimer = nil
-                self?.finish()
-            }
-        }
+        guard !isClosed, pendingClose == nil else { return }
+        pendingClose = (code, Self.closeReason(reason))
+        armCloseTimer()
         pump()
+    }
+
+    /// A close asked for, waiting for the messages queued before it to go out.
+    private var pendingClose: (code: UInt16, reason: [UInt8])?
+
+    /// A close frame's reason: whole characters only, within the 123 bytes a control frame leaves
+    /// (a character cut in two would make a browser fail the connection instead of reading the code).
+    static func closeReason(_ reason: String) -> [UInt8] {
+        var out: [UInt8] = []
+        for c in reason {
+            let bytes = Array(String(c).utf8)
+            guard out.count + bytes.count <= 123 else { break }
+            out += bytes
+        }
+        return out
+    }
+
+    /// (a client that never answers a close, or never reads it, does not keep the socket)
+    private func armCloseTimer() {
+        guard closeTimer == nil, !isClosed else { return }
+        closeTimer = loop.scheduleTimer(after: settings.closeTimeout) { [weak self] in
+            self?.closeTimer = nil
+            self?.finish()
+        }
     }
 
     public func handleEvents(_ events: UInt32) {
@@ -188,47 +206,90 @@ public final class WebSocketConnection: FileDescriptorHandler {
 
     public func loopStopping() { finish() }
 
+    /// Inside `wslay_event_recv`/`send`: wslay calls back from there (a message arrives, the delegate
+    /// answers or closes). Those calls only queue; wslay is never entered again, nor its context freed,
+    /// until the outer call has returned.
+    private var pumping = false
+    private var pumpAgain = false
+    private var finishRequested = false
+    /// Bytes one pump may still read (a client that sends without end does not hold the loop).
+    private var readBudget = 0
+    private static let readBudgetPerPump = 256 * 1024
+    /// Pings read since the socket last had nothing left to write: wslay queues a pong for each,
+    /// outside any bound of ours, so past a few reading stops until they went out.
+    private var pingsUnanswered = 0
+    private static let maxPingsUnanswered = 256
+    private var watchedEvents = UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue)
+
     /// Lets wslay read and write what it can, then closes if it wants neither any more.
     private func pump() {
+        if pumping {
+            pumpAgain = true
+            return
+        }
         guard !isClosed, let context else { return }
-        if wslay_event_want_read(context) != 0, wslay_event_recv(context) != 0 {
+        pumping = true
+        var failed = false
+        if wslay_event_want_read(context) != 0 && pingsUnanswered < Self.maxPingsUnanswered {
+            readBudget = Self.readBudgetPerPump
+            failed = wslay_event_recv(context) != 0
+        }
+        while !failed {
+            pumpAgain = false
+            if let c = pendingClose, wslay_event_get_queued_msg_count(context) == 0 {
+                pendingClose = nil
+                _ = c.reason.withUnsafeBufferPointer { wslay_event_queue_close(context, c.code, $0.baseAddress, $0.count) }
+            }
+            if wslay_event_want_write(context) != 0, wslay_event_send(context) != 0 {
+                failed = true
+                break
+            }
+            let closeReady = pendingClose != nil && wslay_event_get_queued_msg_count(context) == 0
+            if !pumpAgain && !closeReady { break }
+        }
+        pumping = false
+        let wantRead = wslay_event_want_read(context) != 0, wantWrite = wslay_event_want_write(context) != 0
+        if failed || finishRequested || (!wantRead && !wantWrite) {
             finish()
             return
         }
-        if isClosed { return }
-        if wslay_event_want_write(context) != 0, wslay_event_send(context) != 0 {
-            finish()
-            return
-        }
-        if wslay_event_want_read(context) == 0 && wslay_event_want_write(context) == 0 {
-            finish()
-            return
-        }
+        if !wantWrite { pingsUnanswered = 0 }
+        // (reading is over: the close handshake has started, from either side)
+        if !wantRead { armCloseTimer() }
         if drainedSome {
             drainedSome = false
             delegate?.webSocketDrained(self)
             if isClosed { return }
         }
-        let wantWrite = wslay_event_want_write(context) != 0
-        if wantWrite != watchingWritable {
-            watchingWritable = wantWrite
-            loop.modify(fd: fd, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue) | (wantWrite ? UInt32(EPOLLOUT.rawValue) : 0))
+        // read only while wslay wants to and pongs are not piling up; write while it has output
+        let read = wantRead && pingsUnanswered < Self.maxPingsUnanswered
+        let events = (read ? UInt32(EPOLLIN.rawValue) | UInt32(EPOLLRDHUP.rawValue) : 0) | (wantWrite ? UInt32(EPOLLOUT.rawValue) : 0)
+        if events != watchedEvents {
+            watchedEvents = events
+            loop.modify(fd: fd, events: events)
         }
     }
 
     // MARK: wslay callbacks
 
-    private func receive(into buf: UnsafeMutablePointer<UInt8>, max: Int) -> Int {
+    private func receive(into buf: UnsafeMutablePointer<UInt8>, max wanted: Int) -> Int {
+        guard readBudget > 0 else {
+            wslay_event_set_error(context, Int32(WSLAY_ERR_WOULDBLOCK.rawValue))
+            return -1
+        }
+        let max = min(wanted, readBudget)
         if !leftover.isEmpty {
             let n = min(max, leftover.count)
             leftover.withUnsafeBufferPointer { buf.update(from: $0.baseAddress!, count: n) }
             leftover.removeFirst(n)
+            readBudget -= n
             keepalive.bytesRead(now: MonotonicClock.now())
             return n
         }
         while true {
             let n = read(fd, buf, max)
             if n > 0 {
+                readBudget -= n
                 keepalive.bytesRead(now: MonotonicClock.now())
                 return n
             }
@@ -281,8 +342,10 @@ public final class WebSocketConnection: FileDescriptorHandler {
             close(code: 1003, reason: "this API speaks JSON in text messages")
         case UInt8(WSLAY_CONNECTION_CLOSE.rawValue):
             closeCode = arg.status_code
+        case UInt8(WSLAY_PING.rawValue):
+            pingsUnanswered += 1   // (wslay queues the pong)
         default:
-            break  // (pongs; pings are answered by wslay)
+            break  // (pongs)
         }
     }
 
@@ -310,6 +373,10 @@ public final class WebSocketConnection: FileDescriptorHandler {
 
     private func finish() {
         guard !isClosed else { return }
+        if pumping {
+            finishRequested = true
+            return
+        }
         isClosed = true
         if let t = keepaliveTimer { loop.cancelTimer(t) }
         if let t = closeTimer { loop.cancelTimer(t) }

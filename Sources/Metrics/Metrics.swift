@@ -235,26 +235,21 @@ public enum Exposition {
         return "\(v)"
     }
 
-    public static func escapeLabel(_ s: String) -> String {
-        var out = ""
-        for c in s {
-            switch c {
-            case "\\": out += "\\\\"
-            case "\"": out += "\\\""
-            case "\n": out += "\\n"
-            default: out.append(c)
+    /// Backslash, double quote and line feed escaped (by Unicode scalar: "\r\n" is one Character).
+    public static func escapeLabel(_ s: String) -> String { escape(s, quote: true) }
+
+    static func escapeHelp(_ s: String) -> String { escape(s, quote: false) }
+
+    private static func escape(_ s: String, quote: Bool) -> String {
+        var out = String.UnicodeScalarView()
+        for u in s.unicodeScalars {
+            switch u {
+            case "\\": out.append(contentsOf: "\\\\".unicodeScalars)
+            case "\"" where quote: out.append(contentsOf: "\\\"".unicodeScalars)
+            case "\n": out.append(contentsOf: "\\n".unicodeScalars)
+            default: out.append(u)
             }
         }
-        return out
-    }
-
-    static func escapeHelp(_ s: String) -> String {
-        s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\n", with: "\\n")
-    }
-}
-
-extension String {
-    fileprivate func replacingOccurrences(of a: String, with b: String) -> String {
-        split(separator: Character(a), omittingEmptySubsequences: false).joined(separator: b)
+        return String(out)
     }
 }

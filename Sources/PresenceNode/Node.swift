@@ -126,7 +126,7 @@ public final class Node: Sendable {
         let server = GRPCServer(configuration: clientConfig, services: registry, group: group)
         self.server = server
         let loops = self.group
-        let webSocket = WebSocketAPI(registry: registry)
+        let webSocket = WebSocketAPI(registry: registry, callObserver: metrics.webSocketCallObserver)
         let httpServer = configuration.httpListen.map { address in
             HTTPServer(configuration: HTTPServerConfiguration(address: address), group: loops,
                        handler: FrontDoor(health: health, metrics: metrics, webSocket: webSocket).handle)

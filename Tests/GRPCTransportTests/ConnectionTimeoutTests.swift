@@ -123,6 +123,49 @@ struct RawPeer {
         await h.stop()
     }
 
+    /// Nor by size: past a megabyte unread (beyond one message) the call is refused too.
+    @Test func aBidirectionalCallIsBoundedInBytesToo() async throws {
+        let h = try Harness()
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        peer.send(RawPeer.frame(type: 4, flags: 0x1, stream: 0, []))   // SETTINGS ACK: the server's 1 MiB stream window holds
+        peer.openRequest(path: TestMethods.bidiDeaf.path)
+        let big = StateItem(key: "k", value: String(repeating: "v", count: 500_000)).serializedBytes(prefix: 0)
+        let n = big.count
+        let one = [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + big
+        // four messages of 500 KB, in 16 KiB frames, pausing for the server's window updates (the
+        // stream's window is 1 MiB; this peer does not count them)
+        for _ in 0..<4 {
+            var offset = 0
+            while offset < one.count {
+                let k = min(16_384, one.count - offset)
+                peer.send(RawPeer.frame(type: 0, flags: 0, stream: 1, Array(one[offset..<(offset + k)])))
+                offset += k
+            }
+            try await Task.sleep(nanoseconds: 100_000_000)
+        }
+        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
+        #expect(ended(frames), "the call was not ended: \(frames)")
+        peer.close()
+        await h.stop()
+    }
+
+    /// A request stream that ends inside a message is an error, not a clean half-close.
+    @Test func aBidirectionalCallThatEndsInsideAMessageFails() async throws {
+        let h = try Harness()
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        peer.openRequest(path: TestMethods.bidiEcho.path)
+        peer.send(RawPeer.frame(type: 0, flags: 0x1, stream: 1, [0, 0, 0, 0, 9, 1, 2]))   // 2 of 9 bytes, END_STREAM
+        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
+        // ended by trailers alone (no answer message, no "count" the handler would send at a clean end)
+        #expect(ended(frames) && !frames.contains { $0.0 == 0 && $0.2 == 1 }, "\(frames)")
+        peer.close()
+        await h.stop()
+    }
+
     /// A client cannot queue requests without bound for a handler that does not read them.
     @Test func aBidirectionalCallWhoseHandlerDoesNotReadIsRefusedPastItsQueue() async throws {
         let h = try Harness()

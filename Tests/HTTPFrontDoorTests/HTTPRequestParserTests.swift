@@ -44,6 +44,19 @@ import Testing
         }
     }
 
+    @Test func chunkedTrailersDoNotLeakIntoTheNextRequest() throws {
+        let first = "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Evil: 1\r\n\r\n"
+        let second = "GET /b HTTP/1.1\r\nHost: x\r\n\r\n"
+        let p = HTTPRequestParser()
+        var bytes = Array((first + second).utf8)
+        guard case .request(let used) = bytes.withUnsafeBytes({ p.parse($0) }) else { Issue.record("no first request"); return }
+        #expect(p.takeRequest()?.body == Array("abc".utf8))
+        bytes.removeFirst(used)
+        guard case .request = bytes.withUnsafeBytes({ p.parse($0) }) else { Issue.record("no second request"); return }
+        let b = try #require(p.takeRequest())
+        #expect(b.path == "/b" && b.headers.map(\.name) == ["host"])
+    }
+
     @Test func http10ClosesUnlessKeptAlive() {
         #expect(parse("GET / HTTP/1.0\r\n\r\n").1?.keepAlive == false)
         #expect(parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").1?.keepAlive == true)

@@ -40,6 +40,15 @@ import Testing
         #expect(text.contains(#"c_total{v="a\"b\\c\nd"} 1"#))
     }
 
+    @Test func aCarriageReturnAndLineFeedIsEscapedToo() async {
+        // ("\r\n" is one Character in Swift: escaping goes by Unicode scalar)
+        #expect(Exposition.escapeLabel("a\r\nb") == "a\r\\nb")
+        let r = MetricsRegistry()
+        r.counter("c_total", "Two\r\nlines", labels: ["v"]).with("x\r\ny").add()
+        let text = await r.render()
+        #expect(text.split(separator: "\n").count == 3, "\(text.debugDescription)")
+    }
+
     @Test func numbersAreSpelledAsPrometheusReadsThem() {
         #expect(Exposition.number(3) == "3")
         #expect(Exposition.number(0.25) == "0.25")

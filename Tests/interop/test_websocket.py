@@ -263,3 +263,53 @@ def raw_close_code(sock, timeout=20):
             return None
         buf += chunk
     return None
+
+
+def frames(*parts):
+    """Masked client frames (opcode, payload) back to back, for one write."""
+    return b"".join(websocket.ABNF.create_frame(payload, opcode).format() for opcode, payload in parts)
+
+
+def test_several_frames_in_one_write_that_each_get_an_answer_or_a_close(node):
+    # the answer to the first is written from inside wslay's read of the second: nothing may break
+    ws = WS(node)
+    ws.sock.sock.sendall(frames((websocket.ABNF.OPCODE_TEXT, "x"), (websocket.ABNF.OPCODE_TEXT, "{}"),
+                                (websocket.ABNF.OPCODE_TEXT, "[1"), (websocket.ABNF.OPCODE_TEXT, '{"open": 5}')))
+    first = ws.recv()
+    assert first["error"]["code"] == "INVALID_ARGUMENT"
+    assert ws.close_code() == 4400
+    ws = WS(node)
+    ws.open(userId="frames")
+    ws.sock.sock.sendall(frames((websocket.ABNF.OPCODE_TEXT, "{bad"), (websocket.ABNF.OPCODE_TEXT, json.dumps({"id": 1, "method": "Nope"})),
+                                (websocket.ABNF.OPCODE_BINARY, b"\x01"), (websocket.ABNF.OPCODE_TEXT, "{}")))
+    got = [ws.recv(), ws.recv()]
+    assert got[0]["error"]["code"] == "INVALID_ARGUMENT" and got[1]["error"]["code"] == "UNIMPLEMENTED"
+    assert ws.close_code() == 1003
+    # the node is fine
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/healthz", timeout=5) as r:
+        assert r.status == 200
+
+
+def test_websocket_calls_are_counted_in_the_metrics(node):
+    ws = WS(node)
+    ws.open(userId="counted")
+    ws.call("Join", channelName="m", channelType=MSG)
+    with pytest.raises(CallError):
+        ws.call("Join", channelName="", channelType=MSG)
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'presenced_websocket_calls_total{method="presence.v1.Presence/Join",code="OK"} 1' in text
+    assert 'presenced_websocket_calls_total{method="presence.v1.Presence/Join",code="INVALID_ARGUMENT"} 1' in text
+    assert 'presenced_connections{port="websocket"} 1' in text
+    ws.call("CloseSession")
+
+
+def test_a_socket_that_never_opens_a_session_is_closed(node):
+    ws = WS(node, timeout=15)
+    started = time.monotonic()
+    err = ws.recv()   # nothing sent: the open deadline (10 s) passes
+    assert err["error"]["code"] == "DEADLINE_EXCEEDED" and "OPEN_TIMEOUT" in err["error"]["message"]
+    assert ws.close_code(timeout=5) == 4408
+    assert 9 < time.monotonic() - started < 14

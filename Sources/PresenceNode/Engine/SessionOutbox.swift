@@ -47,25 +47,27 @@ public final class SessionOutbox: Sendable {
 
     /// Queues one framed SessionEvent. Never waits.
     public func push(_ framed: [UInt8]) {
-        let (tooSlow, dropped) = state.withLock { s -> (Bool, Int) in
+        // (counted as queued once on a stream; buffered ones when the resume flushes them)
+        let (tooSlow, queued, dropped) = state.withLock { s -> (Bool, Int, Int) in
             if let w = s.writer {
-                if w.trySend(framed: framed) { return (false, 0) }
+                if w.trySend(framed: framed) { return (false, 1, 0) }
                 s.lostEvents = true
-                return (true, 1)
+                return (true, 0, 1)
             }
-            if s.lostEvents { return (false, 1) }
+            if s.lostEvents { return (false, 0, 1) }
             if s.bufferedBytes + framed.count > Self.maxBufferedBytes {
                 s.lostEvents = true
                 let n = s.buffered.count + 1
                 s.buffered = []
                 s.bufferedBytes = 0
-                return (false, n)
+                return (false, 0, n)
             }
             s.buffered.append(framed)
             s.bufferedBytes += framed.count
-            return (false, 0)
+            return (false, 0, 0)
         }
-        if dropped == 0 { counters.queued.add() } else { counters.dropped.add(dropped) }
+        if queued > 0 { counters.queued.add(queued) }
+        if dropped > 0 { counters.dropped.add(dropped) }
         if tooSlow {
             counters.slowConsumers.add()
             end(.slowConsumer)
@@ -82,7 +84,12 @@ public final class SessionOutbox: Sendable {
             s.writer = writer
             s.generation = generation
             var lost = s.lostEvents
-            for b in s.buffered where !writer.trySend(framed: b) { lost = true }
+            var flushed = 0
+            for b in s.buffered {
+                if writer.trySend(framed: b) { flushed += 1 } else { lost = true }
+            }
+            counters.queued.add(flushed)
+            counters.dropped.add(s.buffered.count - flushed)
             s.buffered = []
             s.bufferedBytes = 0
             s.lostEvents = false

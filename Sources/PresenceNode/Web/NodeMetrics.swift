@@ -9,6 +9,8 @@ public final class NodeMetrics: Sendable {
     public static let prefix = "presenced_"
     private let calls: CounterFamily
     private let latency: HistogramFamily
+    private let wsCalls: CounterFamily
+    private let wsLatency: HistogramFamily
 
     /// Latency buckets, seconds: 100 µs to 10 s.
     static let latencyBuckets: [Double] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
@@ -18,6 +20,19 @@ public final class NodeMetrics: Sendable {
         calls = registry.counter(p + "grpc_calls_total", "Client gRPC calls that ended, by method and status code", labels: ["method", "code"])
         latency = registry.histogram(p + "grpc_call_duration_seconds", "Time from a client call's headers to its end (streams: their whole life), by method",
                                      labels: ["method"], buckets: Self.latencyBuckets)
+        wsCalls = registry.counter(p + "websocket_calls_total", "WebSocket API calls answered, by method and status code", labels: ["method", "code"])
+        wsLatency = registry.histogram(p + "websocket_call_duration_seconds", "Time from a WebSocket call's message to its answer, by method",
+                                       labels: ["method"], buckets: Self.latencyBuckets)
+    }
+
+    /// For the WebSocket API: a call answered (method path, code, time taken).
+    public var webSocketCallObserver: @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
+        let (calls, latency) = (self.wsCalls, self.wsLatency)
+        return { path, code, ns in
+            let method = path.hasPrefix("/") ? String(path.dropFirst()) : path
+            calls.with(method, code.name).add()
+            latency.with(method).observe(nanoseconds: ns)
+        }
     }
 
     /// For `ServerConfiguration.callObserver` of the client port.

@@ -14,11 +14,19 @@ public final class WebSocketAPI: Sendable {
     let settings: WebSocketSettings
     /// Calls one socket may have in flight at once; more are refused with RESOURCE_EXHAUSTED.
     static let maxCallsInFlight = 32
+    /// A socket whose first message has not opened a session within this is closed (4408), like a
+    /// gRPC connection that never completes its handshake.
+    let openTimeout: UInt64
+    /// Told of every call answered (for metrics).
+    let callObserver: (@Sendable (String, GRPCStatus.Code, UInt64) -> Void)?
     private let open = Atomic<Int>(0)
 
-    init(registry: ServiceRegistry, settings: WebSocketSettings = WebSocketSettings()) {
+    init(registry: ServiceRegistry, settings: WebSocketSettings = WebSocketSettings(), openTimeout: UInt64 = 10_000_000_000,
+         callObserver: (@Sendable (String, GRPCStatus.Code, UInt64) -> Void)? = nil) {
         self.registry = registry
         self.settings = settings
+        self.openTimeout = openTimeout
+        self.callObserver = callObserver
     }
 
     /// WebSockets open now (for metrics).
@@ -39,6 +47,7 @@ public final class WebSocketAPI: Sendable {
                 let session = WebSocketSession(socket: ws, api: self)
                 ws.delegate = session
                 ws.start()
+                socket.loop.scheduleTimer(after: openTimeout) { [weak session] in session?.openDeadlinePassed() }
             }
         }
     }
@@ -155,6 +164,12 @@ final class WebSocketSession: WebSocketDelegate {
 
     // MARK: The session
 
+    /// No session was opened in time: the socket goes.
+    func openDeadlinePassed() {
+        guard phase == .waitingForOpen else { return }
+        fail(GRPCStatus(.deadlineExceeded, "OPEN_TIMEOUT: the first message must open or resume a session"))
+    }
+
     /// Refuses the open message: the error, then a close with the code WEB.md gives it.
     private func fail(_ status: GRPCStatus) {
         error(id: nil, status)
@@ -165,6 +180,7 @@ final class WebSocketSession: WebSocketDelegate {
         case .invalidArgument: code = 4400
         case .notFound: code = 4404
         case .resourceExhausted: code = 4429
+        case .deadlineExceeded: code = 4408
         default: code = 1011
         }
         phase = .closed
@@ -277,12 +293,22 @@ final class WebSocketSession: WebSocketDelegate {
         callsInFlight += 1
         let me = LoopBound(self, loop: loop)
         let context = ServerContext(path: method.path, deadline: nil, metadata: metadata)
+        let observer = api.callObserver
+        let started = MonotonicClock.now()
         Task.immediate(executorPreference: loop) {
             let outcome: Result<JSONValue, GRPCStatus>
             do {
                 outcome = .success(try method.response(try await method.handler(bytes, context)))
             } catch {
                 outcome = .failure(GRPCStatus(error))
+            }
+            if let observer {
+                let code: GRPCStatus.Code
+                switch outcome {
+                case .success: code = .ok
+                case .failure(let s): code = s.code
+                }
+                observer(method.path, code, MonotonicClock.now() &- started)
             }
             me.execute { $0.answered(id: id, outcome) }
         }
