@@ -48,6 +48,9 @@ import Testing
         }
         #expect(throws: JSONError.self) { try PresenceEvent(json: try JSONParser.parse(#"{"sequence": "-1"}"#)) }
         #expect(throws: JSONError.self) { try PresenceEvent(json: try JSONParser.parse(#"{"sequence": 1.5}"#)) }
+        #expect(throws: JSONError.self) { try PresenceEvent(json: try JSONParser.parse(#"{"sequence": "9007199254740993.0"}"#)) }
+        #expect(try PresenceEvent(json: try JSONParser.parse(#"{"sequence": "9007199254740993"}"#)).sequence == 9_007_199_254_740_993)
+        #expect(try PresenceEvent(json: try JSONParser.parse(#"{"sequence": 1e3}"#)).sequence == 1000)
     }
 
     @Test func theParserIsStrictAndBounded() throws {
