@@ -36,7 +36,7 @@ import Testing
         #expect(r.json()["includeUserId"] == .bool(true))
     }
 
-    @Test func wrongTypesAreErrorsThatNameTheField() {
+    @Test func wrongTypesAreErrorsThatNameTheField() throws {
         for (text, field) in [(#"{"channelName": 5}"#, "JoinRequest.channelName"), (#"{"channelType": "CHANNEL_TYPE_NOPE"}"#, "JoinRequest.channelType"),
                               (#"{"withPresence": "yes"}"#, "JoinRequest.withPresence"), (#"[1]"#, "JoinRequest")] {
             do {
