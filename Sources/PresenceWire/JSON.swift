@@ -308,7 +308,7 @@ public enum JSONField {
         if let n = T(text) { return n }
         // (an integral value written with a fraction or exponent, 1.0 or 1e3, where a double holds
         // it exactly: past 2^53 such a spelling may round)
-        if let d = Double(text), d.rounded() == d, abs(d) <= 9_007_199_254_740_992, let n = T(exactly: d) { return n }
+        if let d = Double(text), d.rounded() == d, abs(d) < 9_007_199_254_740_992, let n = T(exactly: d) { return n }
         throw JSONError("\(field): \(text.prefix(40)) is not an integer in range")
     }
 
