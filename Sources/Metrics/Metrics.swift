@@ -8,16 +8,18 @@ public final class MetricsRegistry: Sendable {
 
     public init() {}
 
-    /// A counter family; `labels` are the label names its children are told apart by.
-    public func counter(_ name: String, _ help: String, labels: [String] = []) -> CounterFamily {
-        let f = CounterFamily(name: name, help: help, labels: labels)
+    /// A counter family; `labels` are the label names its children are told apart by. With
+    /// `hideZero`, children still at zero are left out (children made up front, for a lookup-free
+    /// hot path, then show only once counted).
+    public func counter(_ name: String, _ help: String, labels: [String] = [], hideZero: Bool = false) -> CounterFamily {
+        let f = CounterFamily(name: name, help: help, labels: labels, hideZero: hideZero)
         add(.counter(f))
         return f
     }
 
     /// A histogram family with the given bucket upper bounds (`+Inf` is added).
-    public func histogram(_ name: String, _ help: String, labels: [String] = [], buckets: [Double]) -> HistogramFamily {
-        let f = HistogramFamily(name: name, help: help, labels: labels, buckets: buckets.sorted())
+    public func histogram(_ name: String, _ help: String, labels: [String] = [], buckets: [Double], hideZero: Bool = false) -> HistogramFamily {
+        let f = HistogramFamily(name: name, help: help, labels: labels, buckets: buckets.sorted(), hideZero: hideZero)
         add(.histogram(f))
         return f
     }
@@ -101,12 +103,14 @@ public final class CounterFamily: Sendable {
     public let name: String
     public let help: String
     public let labels: [String]
+    public let hideZero: Bool
     private let children = Mutex<[[String]: Counter]>([:])
 
-    init(name: String, help: String, labels: [String]) {
+    init(name: String, help: String, labels: [String], hideZero: Bool = false) {
         self.name = name
         self.help = help
         self.labels = labels
+        self.hideZero = hideZero
     }
 
     /// The counter for these label values (made on first use).
@@ -127,7 +131,7 @@ public final class CounterFamily: Sendable {
 
     func render(into out: inout String) {
         Exposition.head(&out, name, help, "counter")
-        for (values, c) in children.withLock({ $0 }).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+        for (values, c) in children.withLock({ $0 }).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) where !hideZero || c.count > 0 {
             Exposition.line(&out, name, labels, values, Double(c.count))
         }
     }
@@ -171,13 +175,15 @@ public final class HistogramFamily: Sendable {
     public let help: String
     public let labels: [String]
     public let buckets: [Double]
+    public let hideZero: Bool
     private let children = Mutex<[[String]: Histogram]>([:])
 
-    init(name: String, help: String, labels: [String], buckets: [Double]) {
+    init(name: String, help: String, labels: [String], buckets: [Double], hideZero: Bool = false) {
         self.name = name
         self.help = help
         self.labels = labels
         self.buckets = buckets
+        self.hideZero = hideZero
     }
 
     public func with(_ values: String...) -> Histogram { child(values) }
@@ -196,6 +202,7 @@ public final class HistogramFamily: Sendable {
         Exposition.head(&out, name, help, "histogram")
         for (values, h) in children.withLock({ $0 }).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
             let s = h.snapshot
+            if hideZero && s.count == 0 { continue }
             for (bound, n) in zip(buckets, s.cumulative) {
                 Exposition.line(&out, name + "_bucket", labels + ["le"], values + [Exposition.number(bound)], Double(n))
             }

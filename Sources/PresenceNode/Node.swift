@@ -122,11 +122,11 @@ public final class Node: Sendable {
             clientConfig.refuse = { path, metadata, message in path.hasPrefix(admin) ? membership.refuse(path: path, metadata: metadata, message: message) : nil }
         }
         clientConfig.tls = clientTLS
-        clientConfig.callObserver = metrics.callObserver
+        clientConfig.callObserver = metrics.callObserver(paths: Array(registry.methods.keys))
         let server = GRPCServer(configuration: clientConfig, services: registry, group: group)
         self.server = server
         let loops = self.group
-        let webSocket = WebSocketAPI(registry: registry, callObserver: metrics.webSocketCallObserver)
+        let webSocket = WebSocketAPI(registry: registry, callObserver: metrics.webSocketCallObserver(paths: Array(registry.methods.keys)))
         let httpServer = configuration.httpListen.map { address in
             HTTPServer(configuration: HTTPServerConfiguration(address: address), group: loops,
                        handler: FrontDoor(health: health, metrics: metrics, webSocket: webSocket).handle)

@@ -23,15 +23,20 @@ final class LocalGateway: Sendable {
     /// Debug logging (nil unless the node logs at debug).
     let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
 
-    /// What the sessions' outboxes did with events.
-    let deliveries = DeliveryCounters()
+    /// What the sessions' outboxes did with events, one set of counters per shard (a count shared
+    /// by every loop would bounce between cores on each delivery), summed when read.
+    private let shardDeliveries: [DeliveryCounters]
+    var deliveries: (queued: Int, dropped: Int, slowConsumers: Int) {
+        shardDeliveries.reduce((0, 0, 0)) { ($0.0 + $1.queued.count, $0.1 + $1.dropped.count, $0.2 + $1.slowConsumers.count) }
+    }
 
     init(shards: Int, resumeWindow: UInt64, clock: EngineClock, movedMemory: UInt64,
          trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil) {
         self.clock = clock
         self.trace = trace
-        let deliveries = self.deliveries
-        self.shards = (0..<max(1, shards)).map { _ in GatewayShard(resumeWindow: resumeWindow, clock: clock, movedMemory: movedMemory, counters: deliveries) }
+        let counters = (0..<max(1, shards)).map { _ in DeliveryCounters() }
+        shardDeliveries = counters
+        self.shards = counters.map { GatewayShard(resumeWindow: resumeWindow, clock: clock, movedMemory: movedMemory, counters: $0) }
     }
 
     func shard(_ id: SessionID) -> GatewayShard { shards[Int(id.raw % UInt64(shards.count))] }

@@ -388,8 +388,8 @@ public final class PresenceEngine: Sendable {
         return (owned, copies)
     }
 
-    /// What the sessions' outboxes did with events.
-    public var deliveries: DeliveryCounters { core.gateway.deliveries }
+    /// What the sessions' outboxes did with events: queued, dropped, streams cut off as too slow.
+    public var deliveries: (queued: Int, dropped: Int, slowConsumers: Int) { core.gateway.deliveries }
 
     /// Anti-entropy rounds run and repairs they made (for metrics).
     public var antiEntropyCounts: (rounds: Int, repairs: Int) {

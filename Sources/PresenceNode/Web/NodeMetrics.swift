@@ -17,32 +17,44 @@ public final class NodeMetrics: Sendable {
 
     public init() {
         let p = Self.prefix
-        calls = registry.counter(p + "grpc_calls_total", "Client gRPC calls that ended, by method and status code", labels: ["method", "code"])
+        calls = registry.counter(p + "grpc_calls_total", "Client gRPC calls that ended, by method and status code", labels: ["method", "code"], hideZero: true)
         latency = registry.histogram(p + "grpc_call_duration_seconds", "Time from a client call's headers to its end (streams: their whole life), by method",
-                                     labels: ["method"], buckets: Self.latencyBuckets)
-        wsCalls = registry.counter(p + "websocket_calls_total", "WebSocket API calls answered, by method and status code", labels: ["method", "code"])
+                                     labels: ["method"], buckets: Self.latencyBuckets, hideZero: true)
+        wsCalls = registry.counter(p + "websocket_calls_total", "WebSocket API calls answered, by method and status code", labels: ["method", "code"], hideZero: true)
         wsLatency = registry.histogram(p + "websocket_call_duration_seconds", "Time from a WebSocket call's message to its answer, by method",
-                                       labels: ["method"], buckets: Self.latencyBuckets)
+                                       labels: ["method"], buckets: Self.latencyBuckets, hideZero: true)
+    }
+
+    /// One method's counters by status code and its latency histogram, made up front: the
+    /// observer of a call is a dictionary read and a few atomic adds, no lock.
+    private struct MethodMetrics: Sendable {
+        let byCode: [Counter]
+        let latency: Histogram
+    }
+
+    private static func observer(_ calls: CounterFamily, _ latency: HistogramFamily, paths: [String]) -> @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
+        var table: [String: MethodMetrics] = [:]
+        for path in Set(paths).union(["unknown"]) {
+            let method = path.hasPrefix("/") ? String(path.dropFirst()) : path
+            table[path] = MethodMetrics(byCode: GRPCStatus.Code.allCases.map { calls.with(method, $0.name) }, latency: latency.with(method))
+        }
+        let fixed = table
+        let unknown = fixed["unknown"]!
+        return { path, code, ns in
+            let m = fixed[path] ?? unknown
+            if code.rawValue < m.byCode.count { m.byCode[code.rawValue].add() }
+            m.latency.observe(nanoseconds: ns)
+        }
+    }
+
+    /// For `ServerConfiguration.callObserver` of the client port, whose methods are `paths`.
+    public func callObserver(paths: [String]) -> @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
+        Self.observer(calls, latency, paths: paths)
     }
 
     /// For the WebSocket API: a call answered (method path, code, time taken).
-    public var webSocketCallObserver: @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
-        let (calls, latency) = (self.wsCalls, self.wsLatency)
-        return { path, code, ns in
-            let method = path.hasPrefix("/") ? String(path.dropFirst()) : path
-            calls.with(method, code.name).add()
-            latency.with(method).observe(nanoseconds: ns)
-        }
-    }
-
-    /// For `ServerConfiguration.callObserver` of the client port.
-    public var callObserver: @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
-        let (calls, latency) = (self.calls, self.latency)
-        return { path, code, ns in
-            let method = path.hasPrefix("/") ? String(path.dropFirst()) : path
-            calls.with(method, code.name).add()
-            latency.with(method).observe(nanoseconds: ns)
-        }
+    public func webSocketCallObserver(paths: [String]) -> @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
+        Self.observer(wsCalls, wsLatency, paths: paths)
     }
 
     /// Registers what is read at scrape time.
@@ -71,15 +83,14 @@ public final class NodeMetrics: Sendable {
             let c = await engine.homeCounts()
             return [Sample(["owner"], Double(c.owned)), Sample(["replica"], Double(c.copies))]
         }
-        let deliveries = engine.deliveries
-        r.computed(p + "events_queued_total", "Events queued to a session's stream (or to its buffer while it may resume)", kind: .counter) {
-            [Sample([], Double(deliveries.queued.count))]
+        r.computed(p + "events_queued_total", "Events queued to a session's stream (buffered ones once the resume flushes them)", kind: .counter) {
+            [Sample([], Double(engine.deliveries.queued))]
         }
         r.computed(p + "events_dropped_total", "Events dropped for slow or long-gone readers (they get fresh SNAPSHOTs instead)", kind: .counter) {
-            [Sample([], Double(deliveries.dropped.count))]
+            [Sample([], Double(engine.deliveries.dropped))]
         }
         r.computed(p + "slow_consumers_total", "Event streams cut off because their client read too slowly", kind: .counter) {
-            [Sample([], Double(deliveries.slowConsumers.count))]
+            [Sample([], Double(engine.deliveries.slowConsumers))]
         }
         r.computed(p + "members", "Cluster members this node knows, by SWIM status", labels: ["status"]) {
             var by: [String: Int] = ["alive": 0, "suspect": 0, "dead": 0, "left": 0]
