@@ -87,9 +87,10 @@ public struct HTTPServerConfiguration: Sendable {
     public var address: HostPort
     public var limits = HTTPLimits()
     public var timeouts = HTTPConnectionTimer.Timeouts()
-    /// Connections at once (10,000), and from one remote address (1,000).
-    public var maxConnections = 10_000
-    public var maxConnectionsPerAddress = 1_000
+    /// Connections at once (200,000: WebSockets are long-lived), and from one remote address
+    /// (20,000: many browsers share an address behind NAT), as on the gRPC port.
+    public var maxConnections = 200_000
+    public var maxConnectionsPerAddress = 20_000
 
     public init(address: HostPort) { self.address = address }
 }
