@@ -107,9 +107,13 @@ final class WebSocketSession: WebSocketDelegate {
     /// writer, whose bound then cuts a slow reader off exactly as on gRPC.
     private static let socketBudget = 256 * 1024
 
+    /// The JSON of recent events on this socket's loop (shared by its sessions).
+    private let textCache: EventTextCache
+
     init(socket: WebSocketConnection, api: WebSocketAPI) {
         self.socket = socket
         self.api = api
+        textCache = EventTextCache.forLoop(socket.loop)
     }
 
     private func reply(_ members: [(String, JSONValue)]) {
@@ -226,15 +230,28 @@ final class WebSocketSession: WebSocketDelegate {
         while !pending.isEmpty, socket.queuedBytes < Self.socketBudget {
             let framed = pending.removeFirst()
             handed += framed.count
-            guard let event = try? SessionEvent(serializedBytes: Array(framed.dropFirst(5))) else { continue }
-            if case .opened(let o)? = event.event { sessionID = o.sessionID }
-            guard socket.send(text: Array(JSONValue.object([("event", event.json())]).text.utf8)) else {
+            let text: [UInt8]
+            if sessionID.isEmpty {
+                // (the first event, `opened`, names the session)
+                guard let event = try? SessionEvent(serializedBytes: Array(framed.dropFirst(5))) else { continue }
+                if case .opened(let o)? = event.event { sessionID = o.sessionID }
+                text = Self.eventText(event)
+            } else {
+                // an event goes to every socket that follows its channel: its JSON is made once
+                guard let t = textCache.text(for: framed, make: {
+                    (try? SessionEvent(serializedBytes: Array(framed.dropFirst(5)))).map(Self.eventText)
+                }) else { continue }
+                text = t
+            }
+            guard socket.send(text: text) else {
                 socket.close(code: 1008, reason: "SLOW_CONSUMER")
                 return
             }
         }
         if handed > 0 { writer.drained(handed) }
     }
+
+    static func eventText(_ event: SessionEvent) -> [UInt8] { Array(JSONValue.object([("event", event.json())]).text.utf8) }
 
     /// OpenSession's handler ended: the socket closes, with a code that says why.
     private func streamEnded(_ status: GRPCStatus) {
@@ -322,6 +339,46 @@ final class WebSocketSession: WebSocketDelegate {
             reply((id.map { [("id", $0)] } ?? []) + [("response", response)])
         case .failure(let status):
             error(id: id, status)
+        }
+    }
+}
+
+/// The JSON text of the last few events delivered on one loop, by their protobuf bytes: an owner
+/// encodes an event once and the same bytes go to every session following the channel, so the
+/// sockets on a loop share one conversion (found by Scripts/bench-web: converting per socket held
+/// a 1,000-socket channel to 60 changes/s). Loop-confined; an event is found by its bytes (the
+/// same buffer compares at once), so a reused address can never return another event's text.
+final class EventTextCache {
+    private var entries: [(framed: [UInt8], text: [UInt8])] = []
+    private var next = 0
+    private static let size = 16
+    /// (large pages, a channel's paged SNAPSHOT, are converted each time rather than kept)
+    private static let largest = 64 * 1024
+
+    func text(for framed: [UInt8], make: () -> [UInt8]?) -> [UInt8]? {
+        for e in entries where e.framed == framed { return e.text }
+        guard let t = make() else { return nil }
+        guard framed.count <= Self.largest else { return t }
+        if entries.count < Self.size {
+            entries.append((framed, t))
+        } else {
+            entries[next] = (framed, t)
+            next = (next + 1) % Self.size
+        }
+        return t
+    }
+
+    private static let byLoop = Mutex<[ObjectIdentifier: UncheckedCache]>([:])
+    /// (@unchecked: each cache is used only on the loop it was made for)
+    private struct UncheckedCache: @unchecked Sendable { let cache: EventTextCache }
+
+    /// The cache of `loop` (made on first use; called on that loop).
+    static func forLoop(_ loop: EventLoop) -> EventTextCache {
+        byLoop.withLock { m in
+            if let c = m[ObjectIdentifier(loop)] { return c.cache }
+            let c = EventTextCache()
+            m[ObjectIdentifier(loop)] = UncheckedCache(cache: c)
+            return c
         }
     }
 }
