@@ -413,21 +413,7 @@ final class ServerConnection: HTTP2Connection {
                 me.execute { $0.unaryCompleted(streamID: id, result) }
             }
         case .serverStreaming(let handler):
-            let writer = ServerStreamWriter(highWaterMark: core.configuration.streamHighWaterMark,
-                                            lowWaterMark: core.configuration.streamLowWaterMark) {
-                me.execute { $0.drainWriter(streamID: id) }
-            }
-            s.writer = writer
-            s.task = Task.immediate(executorPreference: loop) {
-                let status: GRPCStatus
-                do {
-                    try await handler(request, context, writer)
-                    status = .ok
-                } catch {
-                    status = GRPCStatus(error)
-                }
-                me.execute { $0.streamingCompleted(streamID: id, status) }
-            }
+            startStreaming(s) { writer in try await handler(request, context, writer) }
         case .bidiStreaming:
             break  // (started when its headers arrived: `startBidi`)
         }
@@ -444,10 +430,16 @@ final class ServerConnection: HTTP2Connection {
     /// Starts a bidirectional call's handler (its messages reach it through `s.requests`).
     private func startBidi(_ s: ServerStream, _ handler: @escaping @Sendable (RequestMessages, ServerContext, ServerStreamWriter) async throws -> Void) {
         let context = self.context(of: s)
-        let me = LoopBound(self, loop: loop)
-        let id = s.id
         let requests = RequestMessages()
         s.requests = requests
+        startStreaming(s) { writer in try await handler(requests, context, writer) }
+    }
+
+    /// Runs a streaming handler with the stream's writer, on this loop's executor; its end (or
+    /// error) ends the stream.
+    private func startStreaming(_ s: ServerStream, _ body: @escaping @Sendable (ServerStreamWriter) async throws -> Void) {
+        let me = LoopBound(self, loop: loop)
+        let id = s.id
         let writer = ServerStreamWriter(highWaterMark: core.configuration.streamHighWaterMark,
                                         lowWaterMark: core.configuration.streamLowWaterMark) {
             me.execute { $0.drainWriter(streamID: id) }
@@ -456,7 +448,7 @@ final class ServerConnection: HTTP2Connection {
         s.task = Task.immediate(executorPreference: loop) {
             let status: GRPCStatus
             do {
-                try await handler(requests, context, writer)
+                try await body(writer)
                 status = .ok
             } catch {
                 status = GRPCStatus(error)
