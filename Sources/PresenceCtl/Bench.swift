@@ -31,8 +31,9 @@ struct Bench {
         return GRPCClient(configuration: c, group: EventLoopGroup(count: 1, name: "bench"))
     }
 
-    /// Opens `count` sessions (users `prefix`0...), each joined to `channel`; returns ids and streams.
-    func sessions(_ grpc: GRPCClient, count: Int, prefix: String, channel: String, withPresence: Bool) async throws -> [(String, RawServerStreamingCall)] {
+    /// Opens `count` sessions (users `prefix`0...), each joined to `channel` (none: joined to
+    /// nothing); returns ids and streams.
+    func sessions(_ grpc: GRPCClient, count: Int, prefix: String, channel: String?, withPresence: Bool) async throws -> [(String, RawServerStreamingCall)] {
         try await withThrowingTaskGroup(of: (String, RawServerStreamingCall).self) { g in
             for i in 0..<count {
                 g.addTask {
@@ -42,7 +43,9 @@ struct Bench {
                     guard let first = try await it.next(), case .opened(let o)? = try SessionEvent(serializedBytes: first).event else {
                         throw GRPCStatus(.internal, "no opened message")
                     }
-                    _ = try await grpc.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: channel, channelType: .message, withPresence: withPresence))
+                    if let channel {
+                        _ = try await grpc.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: channel, channelType: .message, withPresence: withPresence))
+                    }
                     return (o.sessionID, stream)
                 }
             }

@@ -196,7 +196,7 @@ extension Bench {
             let before = try rss()
             var open: [(String, RawServerStreamingCall)] = []
             for batch in stride(from: 0, to: sockets, by: 200) {
-                open += try await openOnly(grpc, count: min(200, sockets - batch), prefix: "gidle-\(batch)-")
+                open += try await sessions(grpc, count: min(200, sockets - batch), prefix: "gidle-\(batch)-", channel: nil, withPresence: false)
             }
             try await Task.sleep(nanoseconds: 1_000_000_000)
             let after = try rss()
@@ -220,25 +220,5 @@ extension Bench {
                            sockets, before / 1_048_576, after / 1_048_576, (after - before) / Double(sockets)))
         (warm + open).forEach { $0.0.close() }
         try await Task.sleep(nanoseconds: 500_000_000)
-    }
-
-    /// Opens `count` gRPC sessions that join nothing.
-    func openOnly(_ grpc: GRPCClient, count: Int, prefix: String) async throws -> [(String, RawServerStreamingCall)] {
-        try await withThrowingTaskGroup(of: (String, RawServerStreamingCall).self) { g in
-            for i in 0..<count {
-                g.addTask {
-                    let req = MessageFraming.framed(OpenSessionRequest(userID: "\(prefix)\(i)", token: ctx.token))
-                    let stream = grpc.serverStreaming(path: PresenceMethods.openSession.path, framedRequest: req)
-                    var it = stream.makeAsyncIterator()
-                    guard let first = try await it.next(), case .opened(let o)? = try SessionEvent(serializedBytes: first).event else {
-                        throw GRPCStatus(.internal, "no opened message")
-                    }
-                    return (o.sessionID, stream)
-                }
-            }
-            var out: [(String, RawServerStreamingCall)] = []
-            for try await s in g { out.append(s) }
-            return out
-        }
     }
 }

@@ -16,6 +16,7 @@ import pytest
 from conftest import Node, free_port, presenced_binary
 from test_cluster import Cluster, wait_until
 from test_presence import Session
+from test_hostile import rss_kib
 
 import presence_pb2 as p
 import presence_pb2_grpc as pg
@@ -188,14 +189,6 @@ def test_prometheus_scrapes_a_three_node_cluster_under_load():
         if prom:
             prom.stop()
         cluster.stop()
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def test_pipelined_requests_that_are_never_read_cannot_pile_answers_up(node):
