@@ -85,6 +85,11 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public let replicationFactor: Int
     /// How long sessions of a gone gateway wait for their client to resume them elsewhere (ns).
     public let presenceTimeout: UInt64
+    /// How long a key taken over from a copy that may be stale (one this node had dropped, or
+    /// restored and not yet confirmed by its owner) stays unserved: no call, no SNAPSHOT, until
+    /// another node's version of it is merged or this time (ns) passes, in which gateways'
+    /// anti-entropy brings it up to date. 0: taken over and served at once.
+    public let staleHold: UInt64
     private let make: @Sendable (V.Key) -> V
 
     public private(set) var ring: HashRing
@@ -92,6 +97,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// Owned keys whose followers are owed a fresh start this node held back: it waited for
     /// their handoff, and what it held may have been stale (`releaseHeldBack`).
     public private(set) var heldBack: Set<V.Key> = []
+    /// Owned keys taken over from a possibly stale copy, and until when (monotonic ns) they are
+    /// not served unless another node's version is merged first (`staleHold`).
+    public private(set) var staleUntil: [V.Key: UInt64] = [:]
     public private(set) var copies: [V.Key: V] = [:]
     /// When each gone process was first seen gone (monotonic ns): its sessions time out a
     /// presence timeout later, unless it comes back.
@@ -128,11 +136,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         case askForCopy(V.Key, from: String)
     }
 
-    public init(me: String, replicationFactor: Int, presenceTimeout: UInt64, ring: HashRing? = nil,
+    public init(me: String, replicationFactor: Int, presenceTimeout: UInt64, staleHold: UInt64 = 0, ring: HashRing? = nil,
                 make: @escaping @Sendable (V.Key) -> V) {
         self.me = me
         self.replicationFactor = max(1, replicationFactor)
         self.presenceTimeout = presenceTimeout
+        self.staleHold = staleHold
         self.make = make
         self.ring = ring ?? HashRing(members: [me])
     }
@@ -154,6 +163,18 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public func isLive(_ sink: NodeInstance) -> Bool { ring.isLive(sink.id, boot: sink.boot) }
 
     public subscript(owned key: V.Key) -> V? { owned[key] }
+
+    /// Whether an owned key was taken over from a possibly stale copy and is not to be served
+    /// yet (`staleHold`): calls are refused (retryable), and its followers' fresh start waits.
+    public func isStale(_ key: V.Key, now: UInt64) -> Bool {
+        guard let until = staleUntil[key] else { return false }
+        return now < until
+    }
+
+    /// Whether the followers of an owned key may get their fresh start now.
+    private func mayStart(_ key: V.Key, now: UInt64, _ mayServe: (V.Key) -> Bool) -> Bool {
+        mayServe(key) && !isStale(key, now: now)
+    }
 
     /// Runs an owner's call on the key's value (created, with a new lineage, when `create` and it
     /// does not exist); drops the value once it is empty. Nil when the value does not exist.
@@ -299,7 +320,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         var restarted: [V.Output] = []
         for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { back.contains($0.id) && new.isLive($0.id, boot: $0.boot) }) {
             // (not from a copy this node may not serve yet: it may be stale)
-            guard mayServe(key) else {
+            guard mayStart(key, now: now, mayServe) else {
                 heldBack.insert(key)
                 continue
             }
@@ -312,6 +333,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 out += sendAll(v, to: newOwner, handoff: true, now: now)
                 owned[key] = nil
                 emptied[key] = nil
+                staleUntil[key] = nil
                 orphanKeys.remove(key)
                 settled(key)
                 if keepCopy {
@@ -325,10 +347,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         for (key, v) in copies.sorted(by: { $0.key < $1.key }) {
             switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .takeOver(_, let newReplicas):
+                // (a copy restored after a drop that its owner has not confirmed may be stale)
+                let stale = unconfirmed[key] != nil
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 settled(key)
-                out += takeOver(key, from: v, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
+                out += takeOver(key, from: v, stale: stale, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
             case .keep:
                 break
             case .drop:
@@ -343,12 +367,17 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     }
 
     /// This node owns `key` now, from a copy: a new lineage, a fresh start for its followers (held
-    /// back while this node may not serve it yet), and the replicas brought up to date.
-    private mutating func takeOver(_ key: V.Key, from copy: V, replicas: [String], mayServe: (V.Key) -> Bool, now: UInt64, wall: Int64) -> [Effect] {
+    /// back while this node may not serve it yet), and the replicas brought up to date. A copy
+    /// that may be `stale` (dropped a while ago, or restored and unconfirmed) is not served for
+    /// `staleHold`: a SNAPSHOT from it would leave out whoever joined since (found by
+    /// Cluster/chaos, netns seed 2: after a heal, a node whose ring briefly lost the owner and its
+    /// replica took over from a copy dropped four seconds before).
+    private mutating func takeOver(_ key: V.Key, from copy: V, stale: Bool, replicas: [String], mayServe: (V.Key) -> Bool, now: UInt64, wall: Int64) -> [Effect] {
         var out: [Effect] = []
         var value = copy
         value.startLineage(now: wall)
-        if mayServe(key) {
+        if stale && staleHold > 0 { staleUntil[key] = now &+ staleHold }
+        if mayStart(key, now: now, mayServe) {
             let events = value.tookOver(now: wall)
             if !events.isEmpty { out.append(.deliver(events)) }
         } else {
@@ -371,7 +400,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             retired[key] = nil
             if owners.first == me {
                 unconfirmed[key] = nil
-                out += takeOver(key, from: r.value, replicas: Array(owners.dropFirst()), mayServe: mayServe, now: now, wall: wall)
+                out += takeOver(key, from: r.value, stale: true, replicas: Array(owners.dropFirst()), mayServe: mayServe, now: now, wall: wall)
             } else {
                 copies[key] = r.value
                 unconfirmed[key] = r.since
@@ -404,6 +433,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         leaving = true
         retired = [:]
         unconfirmed = [:]
+        staleUntil = [:]
         copies.merge(owned) { _, mine in mine }
         owned = [:]
         emptied = [:]
@@ -426,6 +456,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             goneSince[sink] = min(goneSince[sink] ?? since, since)
         }
         if owned[key] != nil {
+            // (another node's whole version, or its handoff, brings a stale takeover up to date)
+            if V.isFull(copy) || V.isHandoff(copy) { staleUntil[key] = nil }
             let events = owned[key]!.merge(copy, isLive: isLive, now: wall)
             let v = owned[key]!
             keep(key, wall: wall)
@@ -568,10 +600,10 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// owned key there gets a fresh start.
     /// Keys `mayServe` refuses (this node waits for their handoff: what it holds may be stale)
     /// get no SNAPSHOT from it now: they are held back, for `releaseHeldBack` once it may serve.
-    public mutating func restart(followersAt node: String, wall: Int64, mayServe: (V.Key) -> Bool = { _ in true }) -> [Effect] {
+    public mutating func restart(followersAt node: String, now: UInt64, wall: Int64, mayServe: (V.Key) -> Bool = { _ in true }) -> [Effect] {
         var events: [V.Output] = []
         for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { $0.id == node }) {
-            guard mayServe(key) else {
+            guard mayStart(key, now: now, mayServe) else {
                 heldBack.insert(key)
                 continue
             }
@@ -580,15 +612,18 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return events.isEmpty ? [] : [.deliver(events)]
     }
 
-    /// Keys held back whose handoff has landed (or the wait is over) get their fresh start now:
-    /// every follower a SNAPSHOT of what this node holds after the merge.
-    public mutating func releaseHeldBack(wall: Int64, mayServe: (V.Key) -> Bool) -> [Effect] {
+    /// Keys held back whose handoff has landed (or the wait is over), and stale takeovers brought
+    /// up to date or past their hold, get their fresh start now: every follower a SNAPSHOT of
+    /// what this node holds after the merge.
+    public mutating func releaseHeldBack(now: UInt64, wall: Int64, mayServe: (V.Key) -> Bool) -> [Effect] {
         var events: [V.Output] = []
-        for key in heldBack.sorted() where mayServe(key) {
+        for key in heldBack.sorted() where mayStart(key, now: now, mayServe) {
             heldBack.remove(key)
+            staleUntil[key] = nil
             if owned[key] != nil { events += owned[key]!.tookOver(now: wall) }
         }
         heldBack = heldBack.filter { owned[$0] != nil }
+        staleUntil = staleUntil.filter { owned[$0.key] != nil && now < $0.value }
         return events.isEmpty ? [] : [.deliver(events)]
     }
 

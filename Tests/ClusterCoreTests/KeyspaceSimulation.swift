@@ -36,6 +36,8 @@ struct SimConfig {
     /// How long an owner's answer waits for its replica copies to arrive.
     var replicationWait: UInt64 = simSecond
     var handoffLimit: UInt64 = 3 * simSecond
+    /// How long a key taken over from a possibly stale copy is not served (ClusterTimings.staleTakeoverHold).
+    var staleHold: UInt64 = 1_300 * simMs
     /// Pushes a crashed process sent this recently were still in its queue: lost with it.
     var crashLossWindow: UInt64 = 2 * simMs
     /// Deliveries held for an unreachable node beyond this many: the oldest is shed (lost).
@@ -154,6 +156,8 @@ enum SimTimer {
     case replyDeadline(Int)
     case expire(SessionID)
     case restartFollowers
+    /// Fresh starts held back for stale takeovers (RingCoordinator.releaseHeldBackSoon).
+    case releaseHeldBack
     case request(user: String, token: Int, ClientRequest)
     /// A gracefully leaving process has drained: it stops.
     case exit
@@ -487,7 +491,8 @@ struct KeyspaceSim {
             gate.ringChanged(from: ring.removing(id), to: ring, alive: Set(ring.members), now: now &+ mono)
         }
         return SimProcess(instance: instance, monoOffset: mono, wallSkew: skew,
-                          space: Keyspace(me: id, replicationFactor: cfg.replicationFactor, presenceTimeout: cfg.presenceTimeout, ring: ring) { key in
+                          space: Keyspace(me: id, replicationFactor: cfg.replicationFactor, presenceTimeout: cfg.presenceTimeout,
+                                          staleHold: cfg.staleHold, ring: ring) { key in
                               ChannelMachine(key: key, maxInstantEvents: maxInstant)
                           },
                           gate: gate, ready: true, routing: ring, view: view, table: SessionTable(resumeWindow: cfg.presenceTimeout))
@@ -790,6 +795,9 @@ struct KeyspaceSim {
         case .restartFollowers:
             procs[n]!.restartScheduled = false
             restartLossyFollowers(n)
+        case .releaseHeldBack:
+            let effects = procs[n]!.space.releaseHeldBack(now: mono(n), wall: wall(n), mayServe: { _ in true })
+            _ = carryOut(n, effects)
         case .request(let user, let token, let req):
             gatewayRequest(n, user, token, req)
         case .exit:
@@ -824,8 +832,12 @@ struct KeyspaceSim {
             if record {
                 note("\(n) receives \(copy.key.name) \(copy.full ? "full" : "delta")\(copy.handoff ? " handoff" : "") term \(copy.term % 100_000_000) from \(env.from): \(copy.members.map { "\($0.userID)\($0.sessions.isEmpty ? "-" : "")" }) departed \(copy.departed.values.map(\.user)) (owned \(procs[n]!.space.owned[copy.key].map { "yes, departed \($0.departed.values.map(\.user))" } ?? "no"), copy term \(procs[n]!.space.copies[copy.key].map { $0.term % 100_000_000 } ?? 0))")
             }
+            let heldStale = procs[n]!.space.staleUntil[copy.key] != nil
             let effects = procs[n]!.space.received(copy, from: env.from.id, gone: gone, now: mono(n), wall: wall(n))
             _ = carryOut(n, effects)
+            if heldStale, procs[n]!.space.staleUntil[copy.key] == nil {   // brought up to date: released on the next retry
+                schedule(at: now + 200 * simMs, .timer(procs[n]!.instance, .releaseHeldBack))
+            }
             scheduleSweep(n)
         case .copyRequest(let key):
             _ = carryOut(n, procs[n]!.space.wholeCopy(of: key, for: env.from.id, now: mono(n)))
@@ -1000,6 +1012,7 @@ struct KeyspaceSim {
         // ChannelShard.handle / perform
         if p.space.leaving { return (.unavailable("LEAVING"), []) }
         guard p.space.isOwner(c.key) else { return (.unavailable("NOT_OWNER"), []) }
+        if p.space.isStale(c.key, now: mono(n)) { return (.unavailable("STALE_TAKEOVER"), []) }
         usedKeys.insert(c.key)
         let key = c.key, wall = wall(n), mono = mono(n)
         let held = p.space[owned: key]
@@ -1104,6 +1117,9 @@ struct KeyspaceSim {
         procs[n]!.routing = p.leaving ? new.removing(n) : new
         let effects = procs[n]!.space.ringChanged(to: new, now: mono(n), wall: wall(n))
         _ = carryOut(n, effects)
+        if !procs[n]!.space.staleUntil.isEmpty {
+            schedule(at: now + cfg.staleHold, .timer(me, .releaseHeldBack))
+        }
         receiveEarly(n)
         for m in new.members where m != n {
             push(from: me, to: NodeInstance(m, boot: new.boot(of: m)), .handoffDone(fingerprint: new.fingerprint))
@@ -1133,7 +1149,7 @@ struct KeyspaceSim {
         let due = procs[n]!.lossy.filter { ring.members.contains($0) }.sorted()
         procs[n]!.lossy.subtract(due)
         for node in due {
-            let effects = procs[n]!.space.restart(followersAt: node, wall: wall(n))
+            let effects = procs[n]!.space.restart(followersAt: node, now: mono(n), wall: wall(n))
             _ = carryOut(n, effects)
         }
     }

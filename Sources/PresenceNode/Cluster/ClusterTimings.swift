@@ -39,6 +39,10 @@ public struct ClusterTimings: Sendable, Equatable {
     /// Followers owed fresh SNAPSHOTs of keys still waiting for their handoff are tried again this
     /// often (a probe interval) until the handoff lands or `handoffLimit` passes.
     public var heldBackRetry: UInt64
+    /// A key taken over from a copy that may be stale (dropped by a passing ring, or restored and
+    /// not confirmed) is not served for this long, unless another node's version of it is merged
+    /// first: the first anti-entropy round after the ring change brings it up to date (1.3 s).
+    public var staleTakeoverHold: UInt64
     /// A node whose seeds all stay silent this long serves as a cluster of one (3 s).
     public var aloneAfter: UInt64
     /// How long a gateway remembers where a session it held went (its client resumed it on another
@@ -63,6 +67,7 @@ public struct ClusterTimings: Sendable, Equatable {
         antiEntropyAfterRingChange = max(300_000_000, probeInterval * 3 / 2)
         handoffLimit = max(3_000_000_000, probeInterval * 15)
         heldBackRetry = probeInterval
+        staleTakeoverHold = antiEntropyAfterRingChange + antiEntropyInterval
         lease = probeInterval * 3
         aloneAfter = max(3_000_000_000, probeInterval * 15)
         movedMemory = presenceTimeout * 10

@@ -26,19 +26,23 @@ actor ChannelShard {
     /// Replica copies sent by the call being handled: the call answers once they arrived.
     private var replicaTickets: [PeerLink.Ticket] = []
 
-    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, presenceTimeout: UInt64, replicationFactor: Int,
+    init(maxInstantEvents: Int, intervalNanoseconds: UInt64, presenceTimeout: UInt64, staleHold: UInt64, replicationFactor: Int,
          clock: EngineClock, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
         self.intervalNanoseconds = intervalNanoseconds
         self.clock = clock
         self.fabric = fabric
-        space = Keyspace(me: fabric.me, replicationFactor: replicationFactor, presenceTimeout: presenceTimeout, ring: fabric.topology.ring) { key in
+        space = Keyspace(me: fabric.me, replicationFactor: replicationFactor, presenceTimeout: presenceTimeout, staleHold: staleHold,
+                         ring: fabric.topology.ring) { key in
             Machine(key: key, maxInstantEvents: maxInstantEvents)
         }
     }
 
     private var wall: Int64 { clock.wallMilliseconds() }
     private var now: UInt64 { clock.monotonicNanoseconds() }
+
+    /// The answer for a key taken over from a possibly stale copy, until it is brought up to date.
+    static let staleTakeover = PresenceError(.unavailable, "NOT_SERVING", "STALE_TAKEOVER: this key was taken over from an old copy that is being brought up to date; retry")
 
     // MARK: Carrying out
 
@@ -185,6 +189,7 @@ actor ChannelShard {
         }
         // (nor may a ring change since have started a handoff this key waits for)
         if let why = fabric.topology.notServing(keyHash: StableHash.of(key)) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
+        if space.isStale(key, now: self.now) { throw Self.staleTakeover }
         switch call.op {
         case .join:
             let c = try caller(call)
@@ -327,7 +332,7 @@ actor ChannelShard {
     func restart(followersAt node: String) {
         cause = "restart followers"
         defer { cause = "call" }
-        carryOut(space.restart(followersAt: node, wall: wall, mayServe: mayServe))
+        carryOut(space.restart(followersAt: node, now: now, wall: wall, mayServe: mayServe))
     }
 
     /// Whether this node may answer for the channel now (the handoff gate).
@@ -341,7 +346,7 @@ actor ChannelShard {
         guard !space.heldBack.isEmpty else { return false }
         cause = "handoff landed"
         defer { cause = "call" }
-        carryOut(space.releaseHeldBack(wall: wall, mayServe: mayServe))
+        carryOut(space.releaseHeldBack(now: now, wall: wall, mayServe: mayServe))
         return !space.heldBack.isEmpty
     }
 

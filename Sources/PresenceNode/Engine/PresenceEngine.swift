@@ -53,11 +53,12 @@ final class EngineCore: Sendable {
         let fabric = Fabric(topology: topology, link: link, gateway: gateway, trace: trace)
         channelShards = (0..<n).map { i in
             ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds,
-                         presenceTimeout: settings.presenceTimeoutNanoseconds, replicationFactor: topology.replicationFactor,
-                         clock: clock, fabric: fabric, loop: loops[i % loops.count])
+                         presenceTimeout: settings.presenceTimeoutNanoseconds, staleHold: settings.timings.staleTakeoverHold,
+                         replicationFactor: topology.replicationFactor, clock: clock, fabric: fabric, loop: loops[i % loops.count])
         }
         userHomes = (0..<n).map { i in
-            UserHomeShard(clock: clock, presenceTimeout: settings.presenceTimeoutNanoseconds, replicationFactor: topology.replicationFactor,
+            UserHomeShard(clock: clock, presenceTimeout: settings.presenceTimeoutNanoseconds, staleHold: settings.timings.staleTakeoverHold,
+                          replicationFactor: topology.replicationFactor,
                           fabric: fabric, loop: loops[i % loops.count])
         }
     }

@@ -21,11 +21,12 @@ actor UserHomeShard {
     /// Replica copies sent by the call being handled.
     private var replicaTickets: [PeerLink.Ticket] = []
 
-    init(clock: EngineClock, presenceTimeout: UInt64, replicationFactor: Int, fabric: Fabric, loop: EventLoop) {
+    init(clock: EngineClock, presenceTimeout: UInt64, staleHold: UInt64, replicationFactor: Int, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
         self.clock = clock
         self.fabric = fabric
-        space = Keyspace(me: fabric.me, replicationFactor: replicationFactor, presenceTimeout: presenceTimeout, ring: fabric.topology.ring) { user in
+        space = Keyspace(me: fabric.me, replicationFactor: replicationFactor, presenceTimeout: presenceTimeout, staleHold: staleHold,
+                         ring: fabric.topology.ring) { user in
             Record(userID: user)
         }
     }
@@ -112,6 +113,7 @@ actor UserHomeShard {
         }
         // (nor may a ring change since have started a handoff one of them waits for)
         if let why = fabric.topology.notServing(users: users) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
+        if users.contains(where: { space.isStale($0, now: now) }) { throw ChannelShard.staleTakeover }
         switch call.op {
         case .sessionOpened:
             let (id, sink, version) = try caller(call)
@@ -277,7 +279,7 @@ actor UserHomeShard {
     }
 
     func restart(followersAt node: String) {
-        carryOut(space.restart(followersAt: node, wall: wall, mayServe: mayServe))
+        carryOut(space.restart(followersAt: node, now: now, wall: wall, mayServe: mayServe))
     }
 
     /// Whether this node may answer for the user now (the handoff gate).
@@ -289,7 +291,7 @@ actor UserHomeShard {
     /// Fresh starts held back while their handoff was awaited; returns whether some still wait.
     func releaseHeldBack() -> Bool {
         guard !space.heldBack.isEmpty else { return false }
-        carryOut(space.releaseHeldBack(wall: wall, mayServe: mayServe))
+        carryOut(space.releaseHeldBack(now: now, wall: wall, mayServe: mayServe))
         return !space.heldBack.isEmpty
     }
 
