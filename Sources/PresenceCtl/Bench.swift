@@ -14,6 +14,7 @@ struct Bench {
         switch what {
         case "setstate": try await setState()
         case "online-users": try await onlineUsers()
+        case "populate": try await populateAndHold()
         case "fanout": try await fanout()
         case "ws-setstate": try await wsSetState()
         case "ws-fanout": try await wsFanout()
@@ -134,30 +135,71 @@ struct Bench {
         let rate = ctx.args.value("rate").flatMap(Double.init)
         let grpc = client(connections: try ctx.args.int("connections", default: 4))
         let channel = ctx.args.value("channel") ?? "bench-setstate"
-        let s = try await sessions(grpc, count: clients, prefix: "bench-u", channel: channel, withPresence: false)
+        // (--channels K: client c writes to channel "NAME-(c % K)")
+        let spread = try ctx.args.int("channels", default: 1)
+        @Sendable func channelOf(_ c: Int) -> String { spread > 1 ? "\(channel)-\(c % spread)" : channel }
+        // (other members of the channel, idle: a write's cost should not grow with them)
+        let others = try await populate(client(connections: try ctx.args.int("members", default: 0) / 1000 + 1), channel: channel,
+                                        count: try ctx.args.int("members", default: 0), withState: false)
+        var s: [(String, RawServerStreamingCall)] = []
+        for c in 0..<clients {
+            s += try await sessions(grpc, count: 1, prefix: "bench-u\(c)-", channel: channelOf(c), withPresence: false)
+        }
         let ids = s.map(\.0)
         let result = try await drive(clients: clients, duration: duration, rate: rate) { c, n in
-            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: ids[c], channelName: channel, channelType: .message,
+            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: ids[c], channelName: channelOf(c), channelType: .message,
                                                                               items: [StateItem(key: "mic", value: n % 2 == 0 ? "on" : "off")]))
         }
-        Output.line("bench=setstate clients=\(clients) \(result)")
+        Output.line("bench=setstate clients=\(clients) members=\(others.count + clients) \(result)")
         for (_, st) in s { st.cancel() }
+        for (_, st) in others { st.cancel() }
     }
 
     func onlineUsers() async throws {
         let clients = try ctx.args.int("clients", default: 50)
         let duration = try ctx.args.double("duration", default: 5)
-        let grpc = client(connections: try ctx.args.int("connections", default: 4))
-        let members = try await sessions(grpc, count: 100, prefix: "bench-m", channel: "bench-online", withPresence: false)
-        for (i, (id, _)) in members.enumerated() {
-            _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: id, channelName: "bench-online", channelType: .message, items: [StateItem(key: "score", value: String(i))]))
-        }
+        let count = try ctx.args.int("members", default: 100)
+        let grpc = client(connections: try ctx.args.int("connections", default: max(4, count / 1000 + 1)))
+        let members = try await populate(grpc, channel: "bench-online", count: count, withState: true)
+        let page = min(100, count)
         let result = try await drive(clients: clients, duration: duration, rate: nil) { _, _ in
             let r = try await grpc.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "bench-online", channelType: .message, includeState: true))
-            guard r.users.count == 100 else { throw GRPCStatus(.internal, "page of \(r.users.count)") }
+            guard r.users.count == page else { throw GRPCStatus(.internal, "page of \(r.users.count)") }
         }
-        Output.line("bench=online-users page=100 include_state=true clients=\(clients) \(result)")
+        Output.line("bench=online-users members=\(count) page=\(page) include_state=true clients=\(clients) \(result)")
         for (_, st) in members { st.cancel() }
+    }
+
+    /// Fills a channel with members (with a state key each), prints `ready`, and holds their
+    /// sessions until standard input closes: for load generators such as h2load to read it.
+    func populateAndHold() async throws {
+        let count = try ctx.args.int("members", default: 100)
+        let channel = ctx.args.value("channel") ?? "bench-online"
+        let grpc = client(connections: try ctx.args.int("connections", default: max(4, count / 1000 + 1)))
+        let members = try await populate(grpc, channel: channel, count: count, withState: true)
+        Output.line("bench=populate channel=\(channel) members=\(members.count) ready")
+        try await Task.detached { while readLine() != nil {} }.value
+        for (_, st) in members { st.cancel() }
+    }
+
+    /// Opens `count` sessions joined to `channel` (without presence), each with one state key when
+    /// `withState`, at most 512 opening at a time.
+    func populate(_ grpc: GRPCClient, channel: String, count: Int, withState: Bool) async throws -> [(String, RawServerStreamingCall)] {
+        var out: [(String, RawServerStreamingCall)] = []
+        var start = 0
+        while start < count {
+            let n = min(512, count - start)
+            let batch = try await sessions(grpc, count: n, prefix: "bench-m\(start)-", channel: channel, withPresence: false)
+            if withState {
+                for (i, (id, _)) in batch.enumerated() {
+                    _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: id, channelName: channel, channelType: .message,
+                                                                                      items: [StateItem(key: "score", value: String(start + i))]))
+                }
+            }
+            out += batch
+            start += n
+        }
+        return out
     }
 
     func fanout() async throws {

@@ -35,7 +35,8 @@ public enum PresenceCtl {
       top [--http HOST:PORT,...] [--interval S] [--count N]
                            a live view of nodes from their /metrics (default 127.0.0.1:7402): members,
                            sessions, channels, calls/s, events/s, peer traffic, memory, CPU
-      bench setstate|online-users|fanout [--clients N] [--duration S] [--subscribers N] [--connections N]
+      bench setstate|online-users|fanout|populate [--clients N] [--duration S] [--members N] [--channels K]
+                           [--rate R] [--subscribers N] [--connections N]
       bench ws-setstate|ws-fanout|ws-idle [--http HOST:PORT] [--clients N] [--subscribers N] [--sockets N]
                            load tests (see BENCHMARKS.md); ws-* go over the WebSocket API
       help                 this text

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The performance table of issue 11, every figure next to its peer, in one sitting.
+
+  Scripts/bench-perf [--runs N] [--quick]
+
+Rows (each a median of --runs where it is a rate):
+  SetState, h2load 50 clients x 1 in flight, one hot channel    vs  Redis DIY presence (peers redis)
+  CPU per SetState (the node's utime+stime / calls)              vs  Redis's (single-threaded: 1/rate)
+  SetState p99 at half of the measured rate (presencectl bench setstate --rate)
+  Health/Check under h2load                                      vs  nghttpd (peers http2)
+  GetOnlineUsers, 100-user page with state, h2load as nghttpd's  vs  nghttpd
+  memory per membership, 1 M memberships; time to build them in-process (presence-bench memory)
+  memory per idle HTTP/2 connection (10,000 connections)
+  CPU per write in a 3-node cluster (summed) vs one node, the same load over 8 channels
+  event deliveries/s, 1 channel x 1,000 subscribers
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import REL, ROOT, start_node  # noqa: E402
+import bench_presence as bp  # noqa: E402
+import bench_transport as bt  # noqa: E402
+import bench_cluster as bc  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def kv(text):
+    return dict(x.split("=", 1) for x in text.split() if "=" in x)
+
+
+def h2load_fixed(port, path, msg, n=200000, clients=16, streams=32):
+    """h2load with one fixed gRPC request, the parameters nghttpd's peer run uses."""
+    body = tempfile.NamedTemporaryFile(delete=False)
+    body.write(b"\x00" + len(msg).to_bytes(4, "big") + msg)
+    body.close()
+    out = subprocess.run(["h2load", "-n", str(n), "-c", str(clients), "-m", str(streams), "-t", "1", "-d", body.name,
+                          "-H", "content-type: application/grpc", "-H", "te: trailers", f"http://127.0.0.1:{port}{path}"],
+                         capture_output=True, text=True, timeout=600).stdout
+    os.unlink(body.name)
+    ok = re.search(r"(\d+) succeeded, (\d+) failed", out)
+    if not ok or ok.group(2) != "0":
+        raise SystemExit(f"h2load {path} failed:\n" + out)
+    return float(re.search(r"finished in .*?, ([\d.]+) req/s", out).group(1))
+
+
+def online_users_h2load(port):
+    """GetOnlineUsers of a 100-member channel, with state, under h2load."""
+    holder = subprocess.Popen([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", "bench", "populate",
+                               "--channel", "bench-online", "--members", "100"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = holder.stdout.readline()
+    if "ready" not in line:
+        raise SystemExit("populate failed: " + line)
+
+    def field(n, data):
+        return bytes([n << 3 | 2, len(data)]) + data
+    msg = field(1, b"bench-online") + bytes([0x10, 1]) + bytes([0x20, 1])  # channel, MESSAGE, include_state
+    try:
+        return h2load_fixed(port, "/presence.v1.Presence/GetOnlineUsers", msg, n=100000)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def cluster_cpu_per_write(size, duration=5):
+    """CPU per SetState summed over every node of a `size`-node cluster, 50 clients over 8 channels."""
+    c = bc.Cluster(size, "--replication-factor", str(min(size, 2)))
+    try:
+        if size > 1:
+            time.sleep(3)  # let the members find each other
+        pids = [p.pid for p in c.procs.values()]
+        before = sum(cpu_seconds(p) for p in pids)
+        out = kv(bc.ctl(c.address(0), "bench", "setstate", "--duration", str(duration), "--channels", "8", "--channel", "spread"))
+        after = sum(cpu_seconds(p) for p in pids)
+        calls = int(out["calls"])
+        return (after - before) / calls * 1e6, float(out["rate"])
+    finally:
+        c.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one run, 200,000 memberships (a smoke test of the script)")
+    a = ap.parse_args()
+    runs = 1 if a.quick else a.runs
+    subprocess.run([os.path.join(ROOT, "Scripts", "ensure-deps"), "--bench"], check=True)
+    subprocess.run(["swift", "build", "-c", "release"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    bc.stubs()
+    redis, nghttpd, h2set, cpu, health, online = [], [], [], [], [], []
+    for _ in range(runs):
+        redis.append(bp.redis_peer()[0])
+        nghttpd.append(bt.nghttpd_rate())
+        p, port = start_node()
+        try:
+            c0 = cpu_seconds(p.pid)
+            rate = bp.h2load_setstate(port)
+            cpu.append((cpu_seconds(p.pid) - c0) / 300000 * 1e6)
+            h2set.append(rate)
+            health.append(bt.h2load(port))
+            online.append(online_users_h2load(port))
+        finally:
+            p.terminate()
+            p.wait()
+    r_rate, n_rate = statistics.median(redis), statistics.median(nghttpd)
+    s_rate, s_cpu = statistics.median(h2set), statistics.median(cpu)
+    p, port = start_node()
+    try:
+        half = bp.ctl(port, "bench", "setstate", "--clients", "50", "--duration", "5", "--rate", str(int(s_rate / 2)))
+    finally:
+        p.terminate()
+        p.wait()
+    users = "20000" if a.quick else "100000"
+    mem = kv(subprocess.run([os.path.join(REL, "presence-bench"), "memory", "--users", users], capture_output=True, text=True, timeout=900).stdout)
+    idle_before, idle_after, per_conn = bt.idle_connections(2000 if a.quick else 10000)
+    one_cpu, one_rate = cluster_cpu_per_write(1)
+    three_cpu, three_rate = cluster_cpu_per_write(3)
+    p, port = start_node("--max-instant-events", "100000")
+    try:
+        fan = bp.ctl(port, "bench", "fanout", "--subscribers", "1000", "--publishers", "4", "--duration", "5", "--connections", "8")
+    finally:
+        p.terminate()
+        p.wait()
+    redis_cpu = 1e6 / r_rate
+    print(f"raw: redis={[round(x) for x in redis]} nghttpd={[round(x) for x in nghttpd]} h2load_setstate={[round(x) for x in h2set]} "
+          f"cpu_us={[round(x, 1) for x in cpu]} health={[round(x) for x in health]} online={[round(x) for x in online]}")
+    print(f"raw: half={half} memory={mem} idle_kib={idle_before}->{idle_after} one_node=({one_cpu:.1f} us, {one_rate:.0f}/s) "
+          f"three_nodes=({three_cpu:.1f} us, {three_rate:.0f}/s) fanout={fan}")
+    print()
+    print("| figure | presenced | peer (same sitting) | ratio | goal |")
+    print("|---|---|---|---|---|")
+    print(f"| SetState, h2load 50 clients x 1 in flight, one hot channel (median of {runs}) | {s_rate:,.0f}/s | Redis DIY presence {r_rate:,.0f}/s | {s_rate / r_rate:.2f} | ≥ 1.5 |")
+    print(f"| CPU per SetState (node utime+stime / calls) | {s_cpu:.1f} µs | Redis 1/rate = {redis_cpu:.1f} µs | {s_cpu / redis_cpu:.2f} | ≤ 0.67 |")
+    print(f"| SetState p99 at half of the measured rate ({int(s_rate / 2):,}/s offered) | {float(half['p99_ms']):.2f} ms (p50 {float(half['p50_ms']):.2f}, served {float(half['rate']):,.0f}/s) | | | < 1 ms |")
+    print(f"| Health/Check under h2load (median of {runs}) | {statistics.median(health):,.0f}/s | nghttpd {n_rate:,.0f}/s | {statistics.median(health) / n_rate:.2f} | ≥ 0.9 |")
+    print(f"| GetOnlineUsers, 100-user page with state, h2load (median of {runs}) | {statistics.median(online):,.0f}/s | nghttpd {n_rate:,.0f}/s | {statistics.median(online) / n_rate:.2f} | ≥ 0.3 |")
+    print(f"| memory per membership ({int(mem['memberships']):,} memberships) | {float(mem['bytes_per_membership']):.0f} B | | | ≤ 200 B |")
+    print(f"| time to build {int(mem['memberships']):,} memberships in-process | {float(mem['build_s']):.1f} s | | | ≤ 10 s (1 M) |")
+    print(f"| memory per idle HTTP/2 connection | {per_conn / 1024:.1f} KiB | | | ≤ 8 KiB |")
+    print(f"| CPU per write, 3-node cluster (summed) vs one node, 50 clients over 8 channels | {three_cpu:.1f} µs vs {one_cpu:.1f} µs | | {three_cpu / one_cpu:.2f} | ≤ 2 |")
+    print(f"| event deliveries/s, 1 channel x 1,000 subscribers | {float(fan['deliveries_per_s']):,.0f} | | | ≥ 2 M |")
+
+
+if __name__ == "__main__":
+    main()
