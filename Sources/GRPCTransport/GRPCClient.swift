@@ -7,6 +7,9 @@ public struct ClientConfiguration: Sendable {
     public var target: HostPort
     /// Connections in the pool; calls are spread over them and multiplexed on each.
     public var connections = 1
+    /// The group's loop the first connection goes on (the others follow it round the group):
+    /// clients of several servers spread over the loops instead of all sharing the first.
+    public var firstLoop = 0
     public var http2 = HTTP2Settings()
     /// Largest response message accepted.
     public var maxReceiveMessageSize = 4 * 1024 * 1024
@@ -37,13 +40,17 @@ public final class GRPCClient: Sendable {
     public init(configuration: ClientConfiguration, group: EventLoopGroup) {
         self.configuration = configuration
         slots = (0..<max(1, configuration.connections)).map { i in
-            ConnectionSlot(loop: group.loops[i % group.loops.count], configuration: configuration)
+            ConnectionSlot(loop: group.loops[(i + max(0, configuration.firstLoop)) % group.loops.count], configuration: configuration)
         }
     }
 
     public convenience init(target: HostPort, group: EventLoopGroup) {
         self.init(configuration: ClientConfiguration(target: target), group: group)
     }
+
+    /// The loop of the client's first connection: a task that mostly calls this client runs
+    /// best there (no thread hop to send, none to resume with the answer).
+    public var preferredLoop: EventLoop { slots[0].loop }
 
     private func nextSlot() -> ConnectionSlot {
         slots[counter.add(1, ordering: .relaxed).oldValue % slots.count]

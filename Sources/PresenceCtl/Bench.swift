@@ -9,7 +9,7 @@ struct Bench {
     let ctx: Context
 
     func run(_ rest: [String]) async throws {
-        try ctx.args.check(allowed: ["server", "token", "clients", "duration", "subscribers", "connections", "rate", "publishers", "channel", "http", "sockets"])
+        try ctx.args.check(allowed: ["server", "token", "clients", "duration", "subscribers", "connections", "rate", "publishers", "channel", "http", "sockets", "members", "channels"])
         guard let what = rest.first else { throw UsageError("bench wants setstate, online-users, fanout, ws-setstate, ws-fanout or ws-idle") }
         switch what {
         case "setstate": try await setState()

@@ -319,6 +319,7 @@ public final class Membership: Sendable {
             // healed since): start again rather than wait seconds for the kernel's retry
             config.connectTimeout = max(500_000_000, settings.probeInterval * 5 / 2)
             config.maxReceiveMessageSize = 64 << 20
+            config.firstLoop = cs.count   // one peer's connection per loop in turn
             config.tls = peerTLS
             if let peerAuth {
                 config.callMetadata = { path, message in

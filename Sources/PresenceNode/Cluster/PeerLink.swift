@@ -163,7 +163,10 @@ public final class PeerLink: Sendable {
     }
 
     private func startSending(_ q: PushQueue) {
-        Task { [self] in
+        // (on the loop of the destination's connection: each batch is sent and its answer taken
+        // without a thread hop)
+        let loop = clientFor(q.node.id)?.preferredLoop
+        Task(executorPreference: loop ?? globalConcurrentExecutor) { [self] in
             while let (batch, last) = q.take(me: me) {
                 var attempt = 0
                 var delivered = false
