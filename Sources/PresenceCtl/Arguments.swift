@@ -41,6 +41,13 @@ struct Arguments {
         return n
     }
 
+    /// A whole number that may be 0.
+    func count(_ name: String, default d: Int) throws(UsageError) -> Int {
+        guard let v = value(name) else { return d }
+        guard let n = Int(v), n >= 0 else { throw UsageError("--\(name) wants a whole number, got '\(v)'") }
+        return n
+    }
+
     func double(_ name: String, default d: Double) throws(UsageError) -> Double {
         guard let v = value(name) else { return d }
         guard let n = Double(v), n > 0 else { throw UsageError("--\(name) wants a positive number, got '\(v)'") }

@@ -139,8 +139,8 @@ struct Bench {
         let spread = try ctx.args.int("channels", default: 1)
         @Sendable func channelOf(_ c: Int) -> String { spread > 1 ? "\(channel)-\(c % spread)" : channel }
         // (other members of the channel, idle: a write's cost should not grow with them)
-        let others = try await populate(client(connections: try ctx.args.int("members", default: 0) / 1000 + 1), channel: channel,
-                                        count: try ctx.args.int("members", default: 0), withState: false)
+        let others = try await populate(client(connections: try ctx.args.count("members", default: 0) / 1000 + 1), channel: channel,
+                                        count: try ctx.args.count("members", default: 0), withState: false)
         var s: [(String, RawServerStreamingCall)] = []
         for c in 0..<clients {
             s += try await sessions(grpc, count: 1, prefix: "bench-u\(c)-", channel: channelOf(c), withPresence: false)
@@ -158,13 +158,15 @@ struct Bench {
     func onlineUsers() async throws {
         let clients = try ctx.args.int("clients", default: 50)
         let duration = try ctx.args.double("duration", default: 5)
-        let count = try ctx.args.int("members", default: 100)
+        // (--members 0: the channel is filled already, by `bench populate`)
+        let count = try ctx.args.count("members", default: 100)
+        let channel = ctx.args.value("channel") ?? "bench-online"
         let grpc = client(connections: try ctx.args.int("connections", default: max(4, count / 1000 + 1)))
-        let members = try await populate(grpc, channel: "bench-online", count: count, withState: true)
+        let members = try await populate(grpc, channel: channel, count: count, withState: true)
         let page = min(100, count)
         let result = try await drive(clients: clients, duration: duration, rate: nil) { _, _ in
-            let r = try await grpc.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: "bench-online", channelType: .message, includeState: true))
-            guard r.users.count == page else { throw GRPCStatus(.internal, "page of \(r.users.count)") }
+            let r = try await grpc.unary(PresenceMethods.getOnlineUsers, GetOnlineUsersRequest(channelName: channel, channelType: .message, includeState: true))
+            guard page == 0 ? !r.users.isEmpty : r.users.count == page else { throw GRPCStatus(.internal, "page of \(r.users.count)") }
         }
         Output.line("bench=online-users members=\(count) page=\(page) include_state=true clients=\(clients) \(result)")
         for (_, st) in members { st.cancel() }
@@ -173,7 +175,7 @@ struct Bench {
     /// Fills a channel with members (with a state key each), prints `ready`, and holds their
     /// sessions until standard input closes: for load generators such as h2load to read it.
     func populateAndHold() async throws {
-        let count = try ctx.args.int("members", default: 100)
+        let count = try ctx.args.count("members", default: 100)
         let channel = ctx.args.value("channel") ?? "bench-online"
         let grpc = client(connections: try ctx.args.int("connections", default: max(4, count / 1000 + 1)))
         let members = try await populate(grpc, channel: channel, count: count, withState: true)
