@@ -220,7 +220,8 @@ struct Bench {
         counter.counting.store(true, ordering: .relaxed)
         let t0 = MonotonicClock.now()
         let ids = pubs.map(\.0)
-        let result = try await drive(clients: publishers, duration: duration, rate: nil) { c, n in
+        // (--rate: state changes/s in all, paced; default: as fast as the publishers go)
+        let result = try await drive(clients: publishers, duration: duration, rate: ctx.args.value("rate").flatMap(Double.init)) { c, n in
             _ = try await grpc.unary(PresenceMethods.setState, SetStateRequest(sessionID: ids[c], channelName: "bench-fanout", channelType: .message,
                                                                               items: [StateItem(key: "n", value: String(n))]))
         }
