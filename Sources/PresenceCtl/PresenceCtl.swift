@@ -60,7 +60,7 @@ public enum PresenceCtl {
     }
 
     static let valued: Set<String> = ["server", "token", "tls-ca-file", "type", "user", "status", "clients", "duration",
-                                      "subscribers", "connections", "follow", "rate", "publishers", "http", "interval", "count", "sockets", "members", "channels"]
+                                      "subscribers", "connections", "follow", "rate", "publishers", "http", "interval", "count", "sockets", "members", "channels", "channel"]
 
     static func run(_ argv: [String]) async throws {
         // `--state` is a switch for `who` (show state) and takes k=v for `join`.

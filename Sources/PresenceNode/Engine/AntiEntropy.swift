@@ -37,6 +37,11 @@ final class AntiEntropy: Sendable {
             while !Task.isCancelled {
                 try? await Task.sleep(nanoseconds: core.timings.antiEntropyInterval)
                 guard !Task.isCancelled else { return }
+                // (a node alone is its own gateway and owner: their calls are in-process and cannot
+                // be lost, so there is nothing to repair; under steady writes the digests of a busy
+                // channel always differ by the writes in flight, and the exchange would walk the
+                // whole channel every interval — see BENCHMARKS.md, "Scaling curves")
+                guard core.topology.routingRing.members.count > 1 else { continue }
                 await round()
             }
         }
