@@ -133,6 +133,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// When a call stamped with `version` comes from a superseded gateway (the session moved on
     /// under a later epoch), the version that superseded it; nil when the call may act.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func supersedingVersion(of session: SessionID, _ version: UInt64) -> UInt64? {
         if let p = places[session], SessionVersion.epoch(p.version) > SessionVersion.epoch(version) { return p.version }
         if let d = departed[session], SessionVersion.epoch(d.version) > SessionVersion.epoch(version) { return d.version }
@@ -141,6 +142,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// Whether a join or announce stamped `version` is older than the session's leave here (a
     /// delayed message from before it): it must not bring the session back.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func leftAfter(_ session: SessionID, _ version: UInt64) -> Bool {
         guard let d = departed[session], d.byGateway else { return false }
         return d.version >= version
@@ -172,6 +174,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// A session joins (or re-joins, to change `withPresence`). `pendingState` is state the session
     /// set before joining. A user's first session makes REMOTE_JOIN; a subscribing session gets a
     /// SNAPSHOT as its first event of this channel.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
                               pendingState: [StateItem] = [], now: Int64) -> [Delivery] {
         join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, pendingState: pendingState,
@@ -230,6 +233,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// learnt it. A session already here moves to that gateway without an event (a subscriber gets
     /// a fresh SNAPSHOT there); a missing one is added (REMOTE_JOIN, and its state) unless its
     /// gateway said it left after `version`; a later state from the gateway replaces this one's.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func announce(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
                                   state: [StateItem]? = nil, stateVersion: UInt64 = 0, now: Int64) -> AnnounceOutcome {
         var outcome = AnnounceOutcome()
@@ -302,6 +306,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// A session leaves (`timedOut`: its resume window passed). The user's last session makes
     /// REMOTE_LEAVE (or REMOTE_TIMEOUT) and deletes the user's state here. `byGateway`: its gateway
     /// said so (else this owner timed out a session whose gateway is gone).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func leave(user: String, session: SessionID, version: UInt64 = 0, timedOut: Bool = false,
                                byGateway: Bool = true, now: Int64) -> [Delivery] {
         // a gateway's leave from before the session's latest join here (found by Cluster/chaos: a
@@ -341,6 +346,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Times out every session living at `sink` (its gateway is gone and did not come back in time).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func timeOut(sessionsAt sink: Sink, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
         for (user, s) in sessions(at: sink) {
@@ -351,6 +357,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// Merges state for a user whose `session` is in the channel. Throws STATE_KEY_LIMIT (and
     /// changes nothing) when the user would hold more than 32 keys.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func setState(user: String, session: SessionID, items: [StateItem], now: Int64) throws(PresenceError) -> [Delivery] {
         guard var m = members[user], m.sessions.contains(session) else { return [] }
         let after = m.state.countAfterMerging(items)
@@ -366,6 +373,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Removes state keys (all when `keys` is empty).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func removeState(user: String, session: SessionID, keys: [String], now: Int64) -> [Delivery] {
         guard var m = members[user], m.sessions.contains(session), m.state.remove(keys) else { return [] }
         m.stateVersion = nextSequence()
@@ -376,6 +384,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Called every presence interval: in interval mode, the INTERVAL event with what happened since.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func tick(now: Int64) -> [Delivery] {
         guard mode == .interval else { return [] }
         var out: [Delivery] = []
@@ -385,6 +394,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// A fresh SNAPSHOT for one session (after events may have been lost), numbered above `floor`
     /// (the last sequence its gateway passed on).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func resnapshot(for session: SessionID, floor: UInt64 = 0, now: Int64) -> Delivery? {
         guard places[session]?.withPresence == true else { return nil }
         advanceSequence(to: floor)
@@ -392,6 +402,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// A fresh SNAPSHOT for every subscriber (a new owner: events may have been lost on the way).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func snapshotForAll(now: Int64) -> [Delivery] {
         subscribers.keys.sorted().map { snapshotDelivery(for: $0, now: now) }
     }
@@ -404,6 +415,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// Resolves deliveries to the sinks they go to (one per sink with subscribers for a channel
     /// event), at the machine's current placements: call it right after the change that made them.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func route(_ deliveries: [Delivery]) -> [RoutedDelivery<Sink>] {
         var out: [RoutedDelivery<Sink>] = []
         for d in deliveries {
@@ -436,6 +448,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// The channel's whole state as copies of at most `chunk` users each; the first is `full`
     /// (it replaces whatever the receiver held) and carries the departures.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func fullCopies(handoff: Bool = false, chunk: Int = 500) -> [ChannelCopy<Sink>] {
         let all = copies
         var out: [ChannelCopy<Sink>] = []
@@ -449,6 +462,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// The records of `users` for the replicas, with the departure of `left` (a session that just left).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func delta(users: [String], left: SessionID? = nil) -> ChannelCopy<Sink> {
         var gone: [SessionID: Departure] = [:]
         if let left, let d = departed[left] { gone[left] = d }
@@ -481,6 +495,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Applies a copy silently (a replica following its owner): a full copy replaces everything.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func install(_ copy: ChannelCopy<Sink>) {
         if copy.full {
             let keep = (maxInstantEvents, sequence, term)
@@ -511,6 +526,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// changes that makes, as events, and SNAPSHOTs for subscribers that came with the other version.
     /// A timeout the other side decided is not applied to a session whose gateway `isLive` here:
     /// that gateway, not a copy, says whether its session lives.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func merge(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool = { _ in false }, now: Int64) -> [Delivery] {
         let (out, snapshots) = batched(now: now) { $0.mergeEach(other, isLive: isLive, now: now) }
         return snapshots + out
@@ -571,6 +587,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     // MARK: Queries
 
     /// One page of users in id order, starting after `after`; `next` is the last id when more follow.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func page(after: String?, limit: Int = Limits.pageSize, includeState: Bool) -> (users: [UserState], next: String?) {
         var start = 0
         if let after {

@@ -163,39 +163,47 @@ public final class PeerLink: Sendable {
     }
 
     private func startSending(_ q: PushQueue) {
-        // (on the loop of the destination's connection: each batch is sent and its answer taken
-        // without a thread hop)
-        let loop = clientFor(q.node.id)?.preferredLoop
-        Task(executorPreference: loop ?? globalConcurrentExecutor) { [self] in
-            while let (batch, last) = q.take(me: me) {
-                var attempt = 0
-                var delivered = false
-                while true {
-                    guard clientFor(q.node.id) != nil else { break }  // not a live member: drop
-                    // every other attempt after the first goes through another member (the direct
-                    // link may be cut while both ends are alive); the first one is given a short
-                    // time, so a cut link costs less than the replication wait
-                    let relay = attempt % 2 == 1 ? relays(q.node.id).randomElement() : nil
-                    var sent = batch
-                    if relay != nil { sent.relayTo = q.node.id }
-                    do {
-                        guard let client = clientFor(relay ?? q.node.id) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "gone") }
-                        let timeout = attempt == 0 ? timings.firstPushTimeout : timings.pushTimeout
-                        _ = try await client.unary(PeerPresenceMethods.push, sent, timeout: .nanoseconds(Int64(timeout)))
-                        delivered = true
-                        break
-                    } catch {
-                        attempt += 1
-                        if attempt >= timings.pushAttempts || q.isCleared { break }
-                        try? await Task.sleep(nanoseconds: timings.pushRetryPause)
-                    }
-                }
-                if !delivered && (!batch.deliveries.isEmpty || !batch.channels.isEmpty || !batch.users.isEmpty) {
-                    counts.withLock { $0[q.node.id, default: PeerCounts()].failedBatches += 1 }
-                    lost(q.node.id, copies: !batch.channels.isEmpty || !batch.users.isEmpty)
-                }
-                q.acked(through: last)
+        Task { [self] in
+            // (on the loop of the destination's connection: each batch is sent and its answer taken
+            // without a thread hop. Looked up here, not by the caller: `push` may be called under
+            // the membership's lock, which `clientFor` takes — found by Cluster/chaos, netns seed 56)
+            if let loop = clientFor(q.node.id)?.preferredLoop {
+                await withTaskExecutorPreference(loop) { await send(q) }
+            } else {
+                await send(q)
             }
+        }
+    }
+
+    private func send(_ q: PushQueue) async {
+        while let (batch, last) = q.take(me: me) {
+            var attempt = 0
+            var delivered = false
+            while true {
+                guard clientFor(q.node.id) != nil else { break }  // not a live member: drop
+                // every other attempt after the first goes through another member (the direct
+                // link may be cut while both ends are alive); the first one is given a short
+                // time, so a cut link costs less than the replication wait
+                let relay = attempt % 2 == 1 ? relays(q.node.id).randomElement() : nil
+                var sent = batch
+                if relay != nil { sent.relayTo = q.node.id }
+                do {
+                    guard let client = clientFor(relay ?? q.node.id) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "gone") }
+                    let timeout = attempt == 0 ? timings.firstPushTimeout : timings.pushTimeout
+                    _ = try await client.unary(PeerPresenceMethods.push, sent, timeout: .nanoseconds(Int64(timeout)))
+                    delivered = true
+                    break
+                } catch {
+                    attempt += 1
+                    if attempt >= timings.pushAttempts || q.isCleared { break }
+                    try? await Task.sleep(nanoseconds: timings.pushRetryPause)
+                }
+            }
+            if !delivered && (!batch.deliveries.isEmpty || !batch.channels.isEmpty || !batch.users.isEmpty) {
+                counts.withLock { $0[q.node.id, default: PeerCounts()].failedBatches += 1 }
+                lost(q.node.id, copies: !batch.channels.isEmpty || !batch.users.isEmpty)
+            }
+            q.acked(through: last)
         }
     }
 }
