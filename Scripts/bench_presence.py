@@ -42,28 +42,43 @@ def redis_peer():
     return float(m.group(1)), float(m.group(2))
 
 
+class SetStateRequest:
+    """A session held open (`presencectl join`) and a file with one gRPC-framed SetState for it,
+    for h2load to send over and over."""
+
+    def __init__(self, port):
+        self.holder = subprocess.Popen([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", "join", "h2bench", "--user", "h2load", "--quiet"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        line = self.holder.stderr.readline()
+        sid = re.search(r"session ([0-9a-f]{16})", line).group(1)
+
+        def field(n, data):
+            return bytes([n << 3 | 2, len(data)]) + data
+
+        item = field(1, b"mic") + field(2, b"on")
+        msg = field(1, sid.encode()) + field(2, b"h2bench") + bytes([0x18, 1]) + field(4, item)
+        body = tempfile.NamedTemporaryFile(delete=False)
+        body.write(b"\x00" + struct.pack(">I", len(msg)) + msg)
+        body.close()
+        self.body = body.name
+        self.url = f"http://127.0.0.1:{port}/presence.v1.Presence/SetState"
+        self.headers = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+
+    def close(self):
+        self.holder.stdin.write("leave\n")
+        self.holder.stdin.flush()
+        self.holder.wait(timeout=10)
+        os.unlink(self.body)
+
+
 def h2load_setstate(port):
     """h2load (50 clients, 1 in flight each) sending one fixed SetState for a session held open."""
-    holder = subprocess.Popen([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", "join", "h2bench", "--user", "h2load", "--quiet"],
-                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    line = holder.stderr.readline()
-    sid = re.search(r"session ([0-9a-f]{16})", line).group(1)
-
-    def field(n, data):
-        return bytes([n << 3 | 2, len(data)]) + data
-
-    item = field(1, b"mic") + field(2, b"on")
-    msg = field(1, sid.encode()) + field(2, b"h2bench") + bytes([0x18, 1]) + field(4, item)
-    body = tempfile.NamedTemporaryFile(delete=False)
-    body.write(b"\x00" + struct.pack(">I", len(msg)) + msg)
-    body.close()
-    out = subprocess.run(["h2load", "-n", "300000", "-c", "50", "-m", "1", "-t", "1", "-d", body.name,
-                          "-H", "content-type: application/grpc", "-H", "te: trailers",
-                          f"http://127.0.0.1:{port}/presence.v1.Presence/SetState"], capture_output=True, text=True, timeout=600).stdout
-    holder.stdin.write("leave\n")
-    holder.stdin.flush()
-    holder.wait(timeout=10)
-    os.unlink(body.name)
+    req = SetStateRequest(port)
+    try:
+        out = subprocess.run(["h2load", "-n", "300000", "-c", "50", "-m", "1", "-t", "1", "-d", req.body, *req.headers, req.url],
+                             capture_output=True, text=True, timeout=600).stdout
+    finally:
+        req.close()
     ok = re.search(r"(\d+) succeeded, (\d+) failed", out)
     if not ok or ok.group(2) != "0":
         raise SystemExit("h2load SetState failed:\n" + out)

@@ -60,13 +60,16 @@ def percentile(values, p):
 LATENCY_CLIENTS = 64
 
 
-def latency(url, rate, grpc=True):
-    """p50/p99 (ms) with `rate` req/s offered for 3 s by 64 clients, one request in flight each."""
+def latency(url, rate, grpc=True, body_path=None):
+    """p50/p99 (ms) with `rate` req/s offered for 3 s by 64 clients, one request in flight each
+    (`body_path`: a gRPC-framed request to send; default an empty one)."""
     log = tempfile.NamedTemporaryFile(delete=False).name
     per_client = max(1, int(rate / LATENCY_CLIENTS))
     cmd = ["h2load", "-D", "3", "-c", str(LATENCY_CLIENTS), "-m", "1", "-t", "1", "--rps", str(per_client), f"--log-file={log}"]
     body = None
-    if grpc:
+    if grpc and body_path:
+        cmd += ["-d", body_path, "-H", "content-type: application/grpc", "-H", "te: trailers"]
+    elif grpc:
         body = tempfile.NamedTemporaryFile(delete=False)
         body.write(b"\x00\x00\x00\x00\x00")
         body.close()
