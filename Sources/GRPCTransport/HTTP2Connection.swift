@@ -68,10 +68,13 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         nghttp2_option_set_no_auto_window_update(option, 1)
         nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
         let me = Unmanaged.passUnretained(self).toOpaque()
+        // (nghttp2 copies the allocator into the session; see cshim_pages_malloc for why it is ours)
+        var mem = nghttp2_mem(mem_user_data: nil, malloc: cshim_pages_malloc, free: cshim_pages_free,
+                              calloc: cshim_pages_calloc, realloc: cshim_pages_realloc)
         if server {
-            nghttp2_session_server_new2(&session, callbacks, me, option)
+            nghttp2_session_server_new3(&session, callbacks, me, option, &mem)
         } else {
-            nghttp2_session_client_new2(&session, callbacks, me, option)
+            nghttp2_session_client_new3(&session, callbacks, me, option, &mem)
         }
         var iv = [
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: settings.maxConcurrentStreams),

@@ -29,4 +29,12 @@ static inline long cshim_raise_nofile_limit(void) {
 }
 /* accept4 with SOCK_NONBLOCK | SOCK_CLOEXEC (needs _GNU_SOURCE, so it lives in shim.c). */
 int cshim_accept_nonblocking(int listener);
+
+/* An allocator with nghttp2_mem's signatures (pages.c): blocks of 4-32 KiB come from lazily
+   zeroed pages of large anonymous mappings, so an idle connection's untouched buffers stay out of
+   resident memory; everything else goes to glibc. Thread-safe. */
+void *cshim_pages_malloc(size_t size, void *user);
+void *cshim_pages_calloc(size_t count, size_t size, void *user);
+void cshim_pages_free(void *p, void *user);
+void *cshim_pages_realloc(void *p, size_t size, void *user);
 #endif
