@@ -77,6 +77,14 @@ static void *pages_alloc(size_t size) {
     return p;
 }
 
+int cshim_pages_enabled(void) {
+#ifdef PAGES_UNDER_ASAN
+    return 0;
+#else
+    return 1;
+#endif
+}
+
 void *cshim_pages_malloc(size_t size, void *user) {
     (void)user;
     void *p = pages_alloc(size);

@@ -37,4 +37,6 @@ void *cshim_pages_malloc(size_t size, void *user);
 void *cshim_pages_calloc(size_t count, size_t size, void *user);
 void cshim_pages_free(void *p, void *user);
 void *cshim_pages_realloc(void *p, size_t size, void *user);
+/* 0 under AddressSanitizer, where every request goes to its malloc. */
+int cshim_pages_enabled(void);
 #endif
