@@ -182,7 +182,7 @@ def main():
          [r[0] for r in chan], [("calls/s", [r[1] for r in chan], "/s"), ("p99", [r[2] for r in chan], "ms")])
     plot(os.path.join(a.out, "online-vs-channel.png"), "GetOnlineUsers (first page of 100, with state), 8 readers", "members in the channel",
          [r[0] for r in chan], [("pages/s", [r[3] for r in chan], "/s"), ("p99", [r[5] for r in chan], "ms")])
-    plot(os.path.join(a.out, "fanout-vs-subscribers.png"), "Fan-out: one channel, 4 writers at full speed", "subscribers",
+    plot(os.path.join(a.out, "fanout-vs-subscribers.png"), "Fan-out: one channel, 4 writers (full speed; paced from 3,000 on)", "subscribers",
          [r[0] for r in fan], [("deliveries/s", [r[1] for r in fan], "/s"), ("state changes/s", [r[2] for r in fan], "/s")])
     plot(os.path.join(a.out, "memory-vs-memberships.png"), "Resident memory per membership (in-process)", "memberships",
          [r[0] for r in mem], [("bytes/membership", [r[1] for r in mem], "B"), ("build time", [r[2] for r in mem], "s")])
