@@ -16,21 +16,13 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import REL, ROOT, start_node  # noqa: E402
+from benchlib import REL, ROOT, running_node  # noqa: E402
 import bench_cluster as bc  # noqa: E402
 import bench_perf as bpf  # noqa: E402
+from bench_presence import ctl  # noqa: E402
 import bench_transport as bt  # noqa: E402
-
-
-def ctl(port, *args):
-    out = subprocess.run([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", *args],
-                         capture_output=True, text=True, timeout=1200)
-    if out.returncode != 0:
-        raise SystemExit("presencectl failed: " + out.stderr)
-    return bpf.kv(out.stdout)
 
 
 def channel_curves(sizes):
@@ -38,8 +30,7 @@ def channel_curves(sizes):
     join it and write, and 8 readers page it."""
     rows = []
     for size in sizes:
-        p, port = start_node()
-        try:
+        with running_node() as (_, port):
             holder = subprocess.Popen([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", "bench", "populate",
                                        "--channel", "curve", "--members", str(size)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -52,17 +43,13 @@ def channel_curves(sizes):
             holder.wait(timeout=120)
             rows.append((size, float(w["rate"]), float(w["p99_ms"]), float(r["rate"]), float(r["p50_ms"]), float(r["p99_ms"])))
             print(f"channel {size}: setstate {w['rate']}/s p99 {w['p99_ms']} ms; online-users {r['rate']}/s p50 {r['p50_ms']} p99 {r['p99_ms']} ms", flush=True)
-        finally:
-            p.terminate()
-            p.wait()
     return rows
 
 
 def fanout_curve(counts):
     rows = []
     for n in counts:
-        p, port = start_node("--max-instant-events", "1000000")
-        try:
+        with running_node("--max-instant-events", "1000000") as (_, port):
             # (one client reads for every subscriber: past ~0.5 M deliveries/s offered to thousands of streams it falls behind
             # and the node cuts it off as a slow reader, so big channels get a paced load)
             pace = ["--rate", str(500_000 // n)] if n >= 3000 else []
@@ -70,9 +57,6 @@ def fanout_curve(counts):
                     "--connections", str(max(8, n // 400 + 1)), *pace)
             rows.append((n, float(f["deliveries_per_s"]), float(f["rate"])))
             print(f"fanout {n}: {f['deliveries_per_s']} deliveries/s", flush=True)
-        finally:
-            p.terminate()
-            p.wait()
     return rows
 
 
@@ -99,17 +83,9 @@ def connections_curve(counts):
 def replication_curve():
     rows = []
     for rf in (1, 2, 3):
-        c = bc.Cluster(3, "--replication-factor", str(rf))
-        try:
-            time.sleep(3)
-            pids = [p.pid for p in c.procs.values()]
-            before = sum(bpf.cpu_seconds(x) for x in pids)
-            out = bpf.kv(bc.ctl(c.address(0), "bench", "setstate", "--duration", "5", "--channels", "8", "--channel", "spread"))
-            after = sum(bpf.cpu_seconds(x) for x in pids)
-            rows.append((rf, (after - before) / int(out["calls"]) * 1e6, float(out["rate"])))
-            print(f"replication {rf}: {rows[-1][1]:.1f} us per write, {out['rate']}/s", flush=True)
-        finally:
-            c.stop()
+        us, rate = bpf.cluster_cpu_per_write(3, replication=rf)
+        rows.append((rf, us, rate))
+        print(f"replication {rf}: {us:.1f} us per write, {rate:.0f}/s", flush=True)
     return rows
 
 

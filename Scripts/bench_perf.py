@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import REL, ROOT, start_node  # noqa: E402
+from benchlib import REL, ROOT, running_node  # noqa: E402
 import bench_presence as bp  # noqa: E402
 import bench_transport as bt  # noqa: E402
 import bench_cluster as bc  # noqa: E402
@@ -75,9 +75,10 @@ def online_users_h2load(port):
         holder.wait(timeout=30)
 
 
-def cluster_cpu_per_write(size, duration=5):
-    """CPU per SetState summed over every node of a `size`-node cluster, 50 clients over 8 channels."""
-    c = bc.Cluster(size, "--replication-factor", str(min(size, 2)))
+def cluster_cpu_per_write(size, duration=5, replication=None):
+    """CPU per SetState summed over every node of a `size`-node cluster (replication factor
+    `replication`, default min(size, 2)), 50 clients over 8 channels; returns (µs, writes/s)."""
+    c = bc.Cluster(size, "--replication-factor", str(replication or min(size, 2)))
     try:
         if size > 1:
             time.sleep(3)  # let the members find each other
@@ -104,21 +105,16 @@ def main():
     for _ in range(runs):
         redis.append(bp.redis_peer()[0])
         nghttpd.append(bt.nghttpd_rate())
-        p, port = start_node()
-        try:
+        with running_node() as (p, port):
             c0 = cpu_seconds(p.pid)
             rate = bp.h2load_setstate(port)
             cpu.append((cpu_seconds(p.pid) - c0) / 300000 * 1e6)
             h2set.append(rate)
             health.append(bt.h2load(port))
             online.append(online_users_h2load(port))
-        finally:
-            p.terminate()
-            p.wait()
     r_rate, n_rate = statistics.median(redis), statistics.median(nghttpd)
     s_rate, s_cpu = statistics.median(h2set), statistics.median(cpu)
-    p, port = start_node()
-    try:
+    with running_node() as (_, port):
         half = bp.ctl(port, "bench", "setstate", "--clients", "50", "--duration", "5", "--rate", str(int(s_rate / 2)))
         # the same offered load from h2load (C, 64 clients paced with --rps): the server's share of
         # the latency, without the Swift client's scheduling on the same two cores
@@ -127,20 +123,13 @@ def main():
             h2_half = bt.latency(req.url, s_rate / 2, body_path=req.body)
         finally:
             req.close()
-    finally:
-        p.terminate()
-        p.wait()
     users = "20000" if a.quick else "100000"
     mem = kv(subprocess.run([os.path.join(REL, "presence-bench"), "memory", "--users", users], capture_output=True, text=True, timeout=900).stdout)
     idle_before, idle_after, per_conn = bt.idle_connections(2000 if a.quick else 10000)
     one_cpu, one_rate = cluster_cpu_per_write(1)
     three_cpu, three_rate = cluster_cpu_per_write(3)
-    p, port = start_node("--max-instant-events", "100000")
-    try:
+    with running_node("--max-instant-events", "100000") as (_, port):
         fan = bp.ctl(port, "bench", "fanout", "--subscribers", "1000", "--publishers", "4", "--duration", "5", "--connections", "8")
-    finally:
-        p.terminate()
-        p.wait()
     redis_cpu = 1e6 / r_rate
     print(f"raw: redis={[round(x) for x in redis]} nghttpd={[round(x) for x in nghttpd]} h2load_setstate={[round(x) for x in h2set]} "
           f"cpu_us={[round(x, 1) for x in cpu]} health={[round(x) for x in health]} online={[round(x) for x in online]}")

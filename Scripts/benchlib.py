@@ -1,4 +1,5 @@
 """Helpers shared by the benchmark scripts."""
+import contextlib
 import os
 import socket
 import subprocess
@@ -34,3 +35,14 @@ def start_node(*extra):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, p, "presenced")
     return p, port
+
+
+@contextlib.contextmanager
+def running_node(*extra):
+    """`start_node` for a `with` block: (process, client port), stopped at the end."""
+    p, port = start_node(*extra)
+    try:
+        yield p, port
+    finally:
+        p.terminate()
+        p.wait()

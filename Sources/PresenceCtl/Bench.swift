@@ -139,8 +139,9 @@ struct Bench {
         let spread = try ctx.args.int("channels", default: 1)
         @Sendable func channelOf(_ c: Int) -> String { spread > 1 ? "\(channel)-\(c % spread)" : channel }
         // (other members of the channel, idle: a write's cost should not grow with them)
-        let others = try await populate(client(connections: try ctx.args.count("members", default: 0) / 1000 + 1), channel: channel,
-                                        count: try ctx.args.count("members", default: 0), withState: false)
+        let extra = try ctx.args.count("members", default: 0)
+        let others = extra == 0 ? [] : try await populate(client(connections: connections(forMembers: extra)), channel: channel,
+                                                          count: extra, withState: false)
         var s: [(String, RawServerStreamingCall)] = []
         for c in 0..<clients {
             s += try await sessions(grpc, count: 1, prefix: "bench-u\(c)-", channel: channelOf(c), withPresence: false)
@@ -161,7 +162,7 @@ struct Bench {
         // (--members 0: the channel is filled already, by `bench populate`)
         let count = try ctx.args.count("members", default: 100)
         let channel = ctx.args.value("channel") ?? "bench-online"
-        let grpc = client(connections: try ctx.args.int("connections", default: max(4, count / 1000 + 1)))
+        let grpc = client(connections: try ctx.args.int("connections", default: connections(forMembers: count)))
         let members = try await populate(grpc, channel: channel, count: count, withState: true)
         let page = min(100, count)
         let result = try await drive(clients: clients, duration: duration, rate: nil) { _, _ in
@@ -177,12 +178,15 @@ struct Bench {
     func populateAndHold() async throws {
         let count = try ctx.args.count("members", default: 100)
         let channel = ctx.args.value("channel") ?? "bench-online"
-        let grpc = client(connections: try ctx.args.int("connections", default: max(4, count / 1000 + 1)))
+        let grpc = client(connections: try ctx.args.int("connections", default: connections(forMembers: count)))
         let members = try await populate(grpc, channel: channel, count: count, withState: true)
         Output.line("bench=populate channel=\(channel) members=\(members.count) ready")
         try await Task.detached { while readLine() != nil {} }.value
         for (_, st) in members { st.cancel() }
     }
+
+    /// Connections for `count` sessions held open: each carries at most 1,024 streams.
+    func connections(forMembers count: Int) -> Int { max(4, count / 1000 + 1) }
 
     /// Opens `count` sessions joined to `channel` (without presence), each with one state key when
     /// `withState`, at most 512 opening at a time.

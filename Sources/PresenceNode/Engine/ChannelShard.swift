@@ -41,9 +41,6 @@ actor ChannelShard {
     private var wall: Int64 { clock.wallMilliseconds() }
     private var now: UInt64 { clock.monotonicNanoseconds() }
 
-    /// The answer for a key taken over from a possibly stale copy, until it is brought up to date.
-    static let staleTakeover = PresenceError(.unavailable, "NOT_SERVING", "STALE_TAKEOVER: this key was taken over from an old copy that is being brought up to date; retry")
-
     // MARK: Carrying out
 
     private func carryOut(_ effects: [Keyspace<Machine>.Effect]) {
@@ -189,7 +186,7 @@ actor ChannelShard {
         }
         // (nor may a ring change since have started a handoff this key waits for)
         if let why = fabric.topology.notServing(keyHash: StableHash.of(key)) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
-        if space.isStale(key, now: self.now) { throw Self.staleTakeover }
+        if space.isStale(key, now: self.now) { throw PresenceError.staleTakeover }
         switch call.op {
         case .join:
             let c = try caller(call)

@@ -2,6 +2,13 @@ import ClusterCore
 import PresenceCore
 import PresenceWire
 
+extension PresenceError {
+    /// The owner's answer for a key (channel or user home) it took over from a possibly stale copy,
+    /// until that copy is brought up to date (`Keyspace.isStale`).
+    static let staleTakeover = PresenceError(.unavailable, "NOT_SERVING",
+                                             "STALE_TAKEOVER: this key was taken over from an old copy that is being brought up to date; retry")
+}
+
 /// Sends each call to the owner of what it touches (ARCHITECTURE.md, "Routing"): a channel's owner
 /// or a user's home, here (a shard actor) or over the peer link, stamped with the fingerprint of
 /// the ring it was routed by. While ownership moves, or the owner cannot be reached, a call is

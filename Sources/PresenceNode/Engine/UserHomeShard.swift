@@ -113,7 +113,7 @@ actor UserHomeShard {
         }
         // (nor may a ring change since have started a handoff one of them waits for)
         if let why = fabric.topology.notServing(users: users) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
-        if users.contains(where: { space.isStale($0, now: now) }) { throw ChannelShard.staleTakeover }
+        if users.contains(where: { space.isStale($0, now: now) }) { throw PresenceError.staleTakeover }
         switch call.op {
         case .sessionOpened:
             let (id, sink, version) = try caller(call)
