@@ -85,23 +85,46 @@ int cshim_pages_enabled(void) {
 #endif
 }
 
+/* Notes a block taken while its session is being created, if it is the frame buffer's size. */
+static void note(void *p, size_t size, void *user) {
+    struct cshim_pages_session *s = user;
+    if (s == NULL || !s->recording || p == NULL || size < 4 * PAGE || s->frame_buffer != NULL) return;
+    s->frame_buffer = p;
+    s->frame_buffer_bytes = (size + PAGE - 1) / PAGE * PAGE;
+}
+
 void *cshim_pages_malloc(size_t size, void *user) {
-    (void)user;
     void *p = pages_alloc(size);
+    note(p, size, user);
     return p ? p : malloc(size);
 }
 
 void *cshim_pages_calloc(size_t count, size_t size, void *user) {
-    (void)user;
     size_t total;
     if (__builtin_mul_overflow(count, size, &total)) return NULL;
     void *p = pages_alloc(total);   /* fresh or given-back pages read as zeros */
+    note(p, total, user);
     return p ? p : calloc(count, size);
 }
 
+void cshim_pages_session_begin(struct cshim_pages_session *s) {
+    s->frame_buffer = NULL;
+    s->frame_buffer_bytes = 0;
+    s->recording = 1;
+}
+
+void cshim_pages_session_end(struct cshim_pages_session *s) { s->recording = 0; }
+
+size_t cshim_pages_session_release(struct cshim_pages_session *s) {
+    if (s == NULL || s->frame_buffer == NULL) return 0;
+    madvise(s->frame_buffer, s->frame_buffer_bytes, MADV_DONTNEED);
+    return s->frame_buffer_bytes;
+}
+
 void cshim_pages_free(void *p, void *user) {
-    (void)user;
     if (p == NULL) return;
+    struct cshim_pages_session *session = user;
+    if (session != NULL && session->frame_buffer == p) session->frame_buffer = NULL;
     pthread_mutex_lock(&lock);
     struct arena *a = owner(p);
     if (a == NULL) {

@@ -80,6 +80,8 @@ public final class GRPCServer: Sendable {
     public var acceptedConnections: Int { limiter.accepted }
     /// Requests and bytes this server has received since it started.
     public var traffic: (requests: Int, bytes: Int) { counter.traffic }
+    /// Bytes of connections' frame buffers given back to the kernel while they were quiet.
+    public var releasedIdleBufferBytes: Int { counter.releasedIdleBytes }
 
     /// Binds and starts accepting.
     public func start() throws {
@@ -145,7 +147,10 @@ final class SharedListener: Sendable {
 final class TrafficCounter: Sendable {
     private let requests = Atomic<Int>(0)
     private let bytesIn = Atomic<Int>(0)
+    private let idleBytesReleased = Atomic<Int>(0)
     func requested() { requests.add(1, ordering: .relaxed) }
+    func released(idleBytes: Int) { idleBytesReleased.add(idleBytes, ordering: .relaxed) }
+    var releasedIdleBytes: Int { idleBytesReleased.load(ordering: .relaxed) }
     func received(bytes: Int) { bytesIn.add(bytes, ordering: .relaxed) }
     var traffic: (requests: Int, bytes: Int) { (requests.load(ordering: .relaxed), bytesIn.load(ordering: .relaxed)) }
 }

@@ -24,6 +24,9 @@ public struct HTTP2Settings: Sendable {
     /// Idle time before a keepalive PING, and how long to wait for its answer.
     public var keepaliveInterval: UInt64 = 30_000_000_000
     public var keepaliveTimeout: UInt64 = 10_000_000_000
+    /// After this long with nothing sent, the connection's outbound frame buffer is given back to
+    /// the kernel (see `IdleBufferStateMachine`): what keeps an idle connection light.
+    public var releaseIdleBuffersAfter: UInt64 = 2_000_000_000
 
     public init() {}
 }
@@ -42,6 +45,10 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     public private(set) var isClosed = false
     private var keepalive: KeepaliveStateMachine
     private var keepaliveTimer: TimerID?
+    private var idleBuffers: IdleBufferStateMachine
+    private var idleBufferTimer: TimerID?
+    /// The allocator's notes on this session's blocks (nghttp2_mem's user data; freed in `close`).
+    private var pagesSession: UnsafeMutablePointer<cshim_pages_session>?
     let settings: HTTP2Settings
     private let readBuffer: ReadBuffer
     /// TLS between the socket and nghttp2, when the endpoint uses it (set before `start`).
@@ -53,6 +60,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         self.settings = settings
         self.readBuffer = ReadBuffer.shared(for: loop)
         self.keepalive = KeepaliveStateMachine(interval: settings.keepaliveInterval, timeout: settings.keepaliveTimeout, now: MonotonicClock.now())
+        self.idleBuffers = IdleBufferStateMachine(quietPeriod: settings.releaseIdleBuffersAfter)
     }
 
     /// Creates the nghttp2 session (server or client side), sends our SETTINGS and starts reading.
@@ -69,13 +77,18 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         nghttp2_option_set_max_deflate_dynamic_table_size(option, 4096)
         let me = Unmanaged.passUnretained(self).toOpaque()
         // (nghttp2 copies the allocator into the session; see cshim_pages_malloc for why it is ours)
-        var mem = nghttp2_mem(mem_user_data: nil, malloc: cshim_pages_malloc, free: cshim_pages_free,
-                              calloc: cshim_pages_calloc, realloc: cshim_pages_realloc)
+        let notes = UnsafeMutablePointer<cshim_pages_session>.allocate(capacity: 1)
+        notes.initialize(to: cshim_pages_session())
+        pagesSession = notes
+        var mem = nghttp2_mem(mem_user_data: UnsafeMutableRawPointer(notes), malloc: cshim_pages_malloc,
+                              free: cshim_pages_free, calloc: cshim_pages_calloc, realloc: cshim_pages_realloc)
+        cshim_pages_session_begin(notes)
         if server {
             nghttp2_session_server_new3(&session, callbacks, me, option, &mem)
         } else {
             nghttp2_session_client_new3(&session, callbacks, me, option, &mem)
         }
+        cshim_pages_session_end(notes)
         var iv = [
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: settings.maxConcurrentStreams),
             nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: settings.initialWindowSize),
@@ -187,6 +200,8 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
 
     /// Bytes read from the socket (a server counts them).
     func received(bytes: Int) {}
+    /// Bytes of the frame buffer just given back to the kernel (a server counts them).
+    func releasedIdleBuffers(bytes: Int) {}
 
     /// Asks for a flush at the end of the loop's current batch.
     public func markDirty() {
@@ -200,6 +215,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         flushScheduled = false
         guard !isClosed, let session else { return }
         if !writePending() { return }
+        var sentFrames = false
         while true {
             var chunk: UnsafePointer<UInt8>?
             let n = nghttp2_session_mem_send(session, &chunk)
@@ -208,6 +224,10 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
                 return
             }
             if n == 0 { break }
+            if !sentFrames {
+                sentFrames = true
+                if let at = idleBuffers.sent(now: MonotonicClock.now()) { scheduleIdleBufferRelease(at: at) }
+            }
             if let tls {
                 if let problem = tls.send(chunk!, count: n) {
                     close(reason: problem)
@@ -287,12 +307,46 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         }
         isClosed = true
         if let t = keepaliveTimer { loop.cancelTimer(t) }
+        if let t = idleBufferTimer { loop.cancelTimer(t) }
         loop.unregister(fd: fd)
         Glibc.close(fd)
         connectionClosed(reason: reason)
         if let s = session {
             session = nil
             nghttp2_session_del(s)
+        }
+        if let notes = pagesSession {   // (after the session, whose frees still report to it)
+            pagesSession = nil
+            notes.deallocate()
+        }
+    }
+
+    // MARK: Idle buffers
+
+    private func scheduleIdleBufferRelease(at deadline: UInt64) {
+        // strong capture, cancelled in `close` (as the keepalive timer)
+        idleBufferTimer = loop.scheduleTimer(at: deadline) { [self] in
+            idleBufferTimerFired()
+        }
+    }
+
+    private func idleBufferTimerFired() {
+        idleBufferTimer = nil
+        guard !isClosed else { return }
+        switch idleBuffers.timerFired(now: MonotonicClock.now()) {
+        case .none:
+            break
+        case .rearm(let at):
+            scheduleIdleBufferRelease(at: at)
+        case .release:
+            // Only between frames: while nghttp2 has something to send, its buffer may hold a frame
+            // not yet handed over (what it handed over, `flush` has copied into `outbound`).
+            if nghttp2_session_want_write(session) != 0 {
+                idleBuffers.releaseDeferred()
+            } else {
+                let bytes = cshim_pages_session_release(pagesSession)
+                if bytes > 0 { releasedIdleBuffers(bytes: bytes) }
+            }
         }
     }
 

@@ -358,6 +358,7 @@ final class ServerConnection: HTTP2Connection {
     }
 
     override func received(bytes: Int) { core.counter.received(bytes: bytes) }
+    override func releasedIdleBuffers(bytes: Int) { core.counter.released(idleBytes: bytes) }
 
     private func dispatch(_ s: ServerStream) {
         guard !s.dispatched, s.status == nil else { return }

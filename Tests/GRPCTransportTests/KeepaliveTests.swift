@@ -1,3 +1,4 @@
+import CSystemShim
 import EventLoop
 import Foundation
 @testable import GRPCTransport
@@ -103,5 +104,56 @@ import Testing
         #expect(MonotonicClock.now() - t0 < 3_000_000_000)
         close(listener)
         group.shutdown()
+    }
+}
+
+@Suite struct IdleBufferStateMachineTests {
+    let s: UInt64 = 1_000_000_000
+
+    @Test func releasesOnceQuietForThePeriodAndArmsOneTimerAtATime() {
+        var m = IdleBufferStateMachine(quietPeriod: 2 * s)
+        #expect(m.sent(now: 1 * s) == 3 * s)
+        #expect(m.sent(now: 2 * s) == nil)           // (a timer is armed already)
+        #expect(m.timerFired(now: 3 * s) == .rearm(at: 4 * s))
+        #expect(m.timerFired(now: 4 * s) == .release)
+        #expect(m.timerFired(now: 9 * s) == .none)   // nothing held any more
+    }
+
+    @Test func sendingAgainAfterAReleaseArmsAgain() {
+        var m = IdleBufferStateMachine(quietPeriod: 2 * s)
+        #expect(m.sent(now: 0) == 2 * s)
+        #expect(m.timerFired(now: 2 * s) == .release)
+        #expect(m.sent(now: 10 * s) == 12 * s)
+        #expect(m.timerFired(now: 12 * s) == .release)
+    }
+
+    @Test func aDeferredReleaseWaitsForTheNextSend() {
+        var m = IdleBufferStateMachine(quietPeriod: 2 * s)
+        #expect(m.sent(now: 0) == 2 * s)
+        #expect(m.timerFired(now: 2 * s) == .release)
+        m.releaseDeferred()                          // (the connection still had bytes to send)
+        #expect(m.sent(now: 3 * s) == 5 * s)
+        #expect(m.timerFired(now: 5 * s) == .release)
+    }
+}
+
+@Suite(.serialized) struct IdleBufferReleaseTests {
+    /// A connection quiet for the period gives its frame buffer back, and calls after it work.
+    @Test func aQuietConnectionGivesItsFrameBufferBackAndStillWorks() async throws {
+        let h = try Harness {
+            $0.http2.releaseIdleBuffersAfter = 50_000_000
+        }
+        let first = try await h.client.unary(TestMethods.echo, StateItem(key: "a", value: "1"))
+        #expect(first.value == "1")
+        if cshim_pages_enabled() != 0 {
+            try await eventually("the server released the connection's frame buffer") { h.server.releasedIdleBufferBytes >= 16384 }
+        } else {
+            #expect(h.server.releasedIdleBufferBytes == 0)   // (under ASan the allocator steps aside)
+        }
+        for i in 0..<3 {
+            let again = try await h.client.unary(TestMethods.echo, StateItem(key: "b", value: String(i)))
+            #expect(again == StateItem(key: "b", value: String(i)))
+        }
+        await h.stop()
     }
 }

@@ -39,4 +39,20 @@ void cshim_pages_free(void *p, void *user);
 void *cshim_pages_realloc(void *p, size_t size, void *user);
 /* 0 under AddressSanitizer, where every request goes to its malloc. */
 int cshim_pages_enabled(void);
+
+/* One nghttp2 session's view of the allocator, passed as its nghttp2_mem's mem_user_data.
+   Between cshim_pages_session_begin and _end (around nghttp2_session_*_new3) the allocator notes
+   the page block of 4 pages or more the session takes: nghttp2's outbound frame buffer, whose
+   first chunk the session keeps for its whole life and whose bytes are dead between frames. */
+struct cshim_pages_session {
+    void *frame_buffer;        /* that block, or NULL (freed, or the allocator is off) */
+    size_t frame_buffer_bytes; /* its size in pages times the page size */
+    int recording;
+};
+void cshim_pages_session_begin(struct cshim_pages_session *s);
+void cshim_pages_session_end(struct cshim_pages_session *s);
+/* Gives the frame buffer's pages back to the kernel (they read as zeros and are not resident
+   until written again); returns the bytes released (0 when there is no such block). Only when the
+   session has nothing to send (nghttp2_session_want_write is 0), so no frame is half written. */
+size_t cshim_pages_session_release(struct cshim_pages_session *s);
 #endif
