@@ -124,6 +124,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public private(set) var unconfirmed: [V.Key: Int64] = [:]
     /// When the next retired or unconfirmed copy is due to go (wall ms).
     private var retirementDue = Int64.max
+    /// When the earliest of `emptied` and `emptiedCopies` may be forgotten (or earlier).
+    private var emptiedDue = Int64.max
 
     /// Something for the shard to do.
     public enum Effect: Sendable {
@@ -148,12 +150,20 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     // MARK: Ownership
 
+    // (The per-call methods are pre-specialised for the two values a node keeps, as ChannelMachine's
+    // are: called across modules, generic code looks up metadata and witnesses for every
+    // dictionary access.)
+
     /// Whether the ring makes this node the key's owner (and it has not left).
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
     public func isOwner(_ key: V.Key) -> Bool {
         !leaving && ring.owner(ofHash: V.ringHash(of: key)) ?? me == me
     }
 
     /// The key's replicas under the current ring (owner excluded).
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
     public func replicas(of key: V.Key) -> [String] {
         guard replicationFactor > 1, ring.members.count > 1 else { return [] }
         return ring.owners(ofHash: V.ringHash(of: key), count: replicationFactor).filter { $0 != me }
@@ -166,6 +176,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// Whether an owned key was taken over from a possibly stale copy and is not to be served
     /// yet (`staleHold`): calls are refused (retryable), and its followers' fresh start waits.
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
     public func isStale(_ key: V.Key, now: UInt64) -> Bool {
         guard let until = staleUntil[key] else { return false }
         return now < until
@@ -180,23 +192,33 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// does not exist); drops the value once it is empty. Nil when the value does not exist.
     public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
                                       _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        var result: R? = nil
+        _ = try withOwnedValue(key, create: create, now: now) { (v: inout V) throws(PresenceError) in result = try body(&v) }
+        return result
+    }
+
+    /// `withOwned` for a body with no result (one specialisation per value type serves every
+    /// caller); false when the value does not exist.
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
+    public mutating func withOwnedValue(_ key: V.Key, create: Bool, now: Int64,
+                                        _ body: (inout V) throws(PresenceError) -> Void) throws(PresenceError) -> Bool {
         forgetEmptied(wall: now)
         if owned[key] == nil {
-            guard create else { return nil }
+            guard create else { return false }
             var v = make(key)
             v.startLineage(now: now)
             owned[key] = v
             settled(key)
         }
-        let result: R
         do {
-            result = try body(&owned[key]!)
+            try body(&owned[key]!)
         } catch {
             keep(key, wall: now)
             throw error
         }
         keep(key, wall: now)
-        return result
+        return true
     }
 
     /// After a change to an owned key (or copy): an empty value is dropped, unless it remembers
@@ -210,7 +232,10 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             return
         }
         if v.remembersDepartures {
-            if emptied[key] == nil { emptied[key] = wall }
+            if emptied[key] == nil {
+                emptied[key] = wall
+                emptiedDue = min(emptiedDue, wall &+ V.departureMemory)
+            }
         } else {
             owned[key] = nil
             emptied[key] = nil
@@ -223,7 +248,10 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             return
         }
         if v.remembersDepartures {
-            if emptiedCopies[key] == nil { emptiedCopies[key] = wall }
+            if emptiedCopies[key] == nil {
+                emptiedCopies[key] = wall
+                emptiedDue = min(emptiedDue, wall &+ V.departureMemory)
+            }
         } else {
             copies[key] = nil
             emptiedCopies[key] = nil
@@ -231,14 +259,19 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     }
 
     /// Drops the kept empty values whose departures are old enough to be forgotten.
+    /// (Every call comes here: the lists are walked only once the earliest entry is due.)
     private mutating func forgetEmptied(wall: Int64) {
-        for (key, since) in emptied where wall - since >= V.departureMemory {
-            if owned[key]?.isEmpty == true { owned[key] = nil }
-            emptied[key] = nil
-        }
-        for (key, since) in emptiedCopies where wall - since >= V.departureMemory {
-            if copies[key]?.isEmpty == true { copies[key] = nil }
-            emptiedCopies[key] = nil
+        if wall >= emptiedDue {
+            for (key, since) in emptied where wall - since >= V.departureMemory {
+                if owned[key]?.isEmpty == true { owned[key] = nil }
+                emptied[key] = nil
+            }
+            for (key, since) in emptiedCopies where wall - since >= V.departureMemory {
+                if copies[key]?.isEmpty == true { copies[key] = nil }
+                emptiedCopies[key] = nil
+            }
+            let oldest = min(emptied.values.min() ?? .max, emptiedCopies.values.min() ?? .max)
+            emptiedDue = oldest == .max ? .max : oldest &+ V.departureMemory
         }
         if wall >= retirementDue { expireRetired(wall: wall) }
     }
@@ -268,6 +301,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     }
 
     /// Notes that an owned key now has a session at `sink` (it may be a gone process).
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
     public mutating func placed(_ key: V.Key, at sink: NodeInstance, now: UInt64) {
         guard !isLive(sink), owned[key] != nil else { return }
         orphanKeys.insert(key)
@@ -275,6 +310,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     }
 
     /// Copies of a changed key for its replicas (the call answers once they arrived).
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
     public func replicate(_ copy: V.Copy) -> [Effect] {
         replicas(of: V.key(of: copy)).map { .send(copy, to: $0, replica: true, gone: [:]) }
     }

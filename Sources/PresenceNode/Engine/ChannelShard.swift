@@ -147,13 +147,14 @@ actor ChannelShard {
         var routed: [RoutedDelivery<NodeInstance>] = []
         var deltas: [ChannelCopy<NodeInstance>] = []
         let created = space[owned: key] == nil
-        let r = try space.withOwned(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) -> R in
-            let (d, r) = try body(&m)
+        var r: R? = nil
+        _ = try space.withOwnedValue(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) in
+            let (d, result) = try body(&m)
+            r = result
             routed = m.route(d)
             // (taken here: a channel left empty is gone once this returns; a channel this call
             // created goes whole, so its replicas hold all of it from the start)
             if replicated, let user { deltas = created ? m.fullCopies(handoff: false) : [m.delta(users: [user], left: left)] }
-            return r
         }
         deliver(routed)
         for delta in deltas { carryOut(space.replicate(delta)) }

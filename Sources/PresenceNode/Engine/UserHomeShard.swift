@@ -91,11 +91,12 @@ actor UserHomeShard {
         var change: Record.StatusChange? = nil
         var copy: HomeCopy? = nil
         let replicated = !space.replicas(of: user).isEmpty
-        let r = try space.withOwned(user, create: create, now: wall) { (rec: inout Record) throws(PresenceError) -> R in
-            let (c, r) = try body(&rec)
+        var r: R? = nil
+        _ = try space.withOwnedValue(user, create: create, now: wall) { (rec: inout Record) throws(PresenceError) in
+            let (c, result) = try body(&rec)
+            r = result
             change = c
             if replicated { copy = HomeCopy(record: rec, handoff: false) }
-            return r
         }
         if let change { fabric.deliver(change, at: wall) }
         if let copy { carryOut(space.replicate(copy)) }
