@@ -16,11 +16,16 @@ public struct HashRing: Sendable, Equatable {
     /// boots), so nodes that disagree on which process a member is refuse each other's calls.
     public private(set) var boots: [String: UInt64]
 
+    /// Identifies the member list and their process instances: nodes that compute the same ring
+    /// from the same processes agree on it. (Stored: every routed call is stamped with it.)
+    public let fingerprint: UInt64
+
     public init(members: some Sequence<String>, boots: [String: UInt64] = [:], virtualNodes: Int = 512) {
         let set = Set(members)
         self.virtualNodes = virtualNodes
         self.members = Array(set).sorted()
         self.boots = boots.filter { set.contains($0.key) }
+        self.fingerprint = StableHash.of(self.members.map { "\($0)@\(boots[$0] ?? 0)" }.joined(separator: "\n"))
         self.points = []
         rebuild()
     }
@@ -110,10 +115,6 @@ public struct HashRing: Sendable, Equatable {
     /// Where a user sits on the ring (apart from channels, which hash by their key).
     public static func hash(ofUser user: String) -> UInt64 { StableHash.of("user:" + user) }
 
-    /// Identifies the member list: nodes that compute the same ring agree on it.
-    /// Identifies the member list and their process instances: nodes that compute the same ring
-    /// from the same processes agree on it.
-    public var fingerprint: UInt64 { StableHash.of(members.map { "\($0)@\(boots[$0] ?? 0)" }.joined(separator: "\n")) }
 
     /// The share of the circle each member owns (sums to 1).
     public func shares() -> [String: Double] {
