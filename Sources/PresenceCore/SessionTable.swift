@@ -56,25 +56,27 @@ public struct SessionTable {
     public enum OpenOutcome: Equatable, Sendable {
         case created(SessionID, generation: UInt64)
         case resumed(SessionID, generation: UInt64)
+        /// The session to resume is another user's (API.md, "Security": PERMISSION_DENIED).
+        case notYours
+        /// The session to resume is unknown here, or past its window (NOT_FOUND).
+        case notFound
     }
 
-    /// Whether `user` may resume `id` here: a session of that user, still within its window.
-    public func canResume(_ id: SessionID, user: String, now: UInt64) -> Bool {
-        guard let s = sessions[id], s.userID == user else { return false }
-        return !isExpired(s, now: now)
-    }
-
-    /// Opens a session for `user`, resuming `resume` when it names a session of the same user that
-    /// is still within its window (connected sessions may be taken over by a new stream, too).
+    /// Opens a session for `user`: a new one (`newID`) when `resume` is nil; otherwise resumes
+    /// `resume` if it is a session of the same user still within its window (connected sessions
+    /// may be taken over by a new stream, too). A resume that is refused changes nothing: no
+    /// new session is made in its place.
     public mutating func open(user: String, resume: SessionID?, newID: SessionID, now: UInt64) -> OpenOutcome {
-        if let resume, var s = sessions[resume], s.userID == user, !isExpired(s, now: now) {
-            s.liveness = .connected
-            s.generation += 1
-            sessions[resume] = s
-            return .resumed(resume, generation: s.generation)
+        guard let resume else {
+            sessions[newID] = Session(id: newID, userID: user, liveness: .connected, generation: 1)
+            return .created(newID, generation: 1)
         }
-        sessions[newID] = Session(id: newID, userID: user, liveness: .connected, generation: 1)
-        return .created(newID, generation: 1)
+        guard var s = sessions[resume], !isExpired(s, now: now) else { return .notFound }
+        guard s.userID == user else { return .notYours }
+        s.liveness = .connected
+        s.generation += 1
+        sessions[resume] = s
+        return .resumed(resume, generation: s.generation)
     }
 
     /// Takes over a session at `version` (the new epoch its user's home gave it): from another

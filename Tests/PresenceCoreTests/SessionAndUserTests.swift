@@ -22,7 +22,8 @@ let sec: UInt64 = 1_000_000_000
         _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
         _ = t.disconnect(s1, generation: 1, now: 1 * sec)
         #expect(throws: PresenceError.self) { _ = try t.session(s1, now: 11 * sec) }
-        #expect(t.open(user: "ann", resume: s1, newID: s2, now: 11 * sec) == .created(s2, generation: 1))
+        #expect(t.open(user: "ann", resume: s1, newID: s2, now: 11 * sec) == .notFound)
+        #expect(t[s2] == nil)   // (refused: no new session in its place)
         #expect(t.expireIfDue(s1, now: 11 * sec)?.userID == "ann")
     }
 
@@ -30,8 +31,11 @@ let sec: UInt64 = 1_000_000_000
         var t = SessionTable(resumeWindow: 10 * sec)
         _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
         _ = t.disconnect(s1, generation: 1, now: 0)
-        #expect(t.open(user: "mallory", resume: s1, newID: s2, now: 1) == .created(s2, generation: 1))
-        #expect(t[s1]?.userID == "ann")
+        #expect(t.open(user: "mallory", resume: s1, newID: s2, now: 1) == .notYours)
+        #expect(t[s2] == nil)   // (refused: nothing made, nothing changed)
+        #expect(t[s1]?.userID == "ann" && t[s1]?.generation == 1)
+        #expect(t.open(user: "ann", resume: SessionID(hi: 9, lo: 9), newID: s2, now: 1) == .notFound)
+        #expect(t[s2] == nil)
     }
 
     @Test func aStaleStreamBreakingDoesNotDisconnectTheResumedOne() {

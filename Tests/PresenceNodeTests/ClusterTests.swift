@@ -124,8 +124,7 @@ import Testing
         for ch in Self.channels { try await ann.join(ch, withPresence: true) }
         let onC = nodes[2].raw()
         let first = onC.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "dave"))
-        var it = first.makeAsyncIterator()
-        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        guard case .opened(let o)? = try await next(first)?.event else { Issue.record("no opened"); return }
         for ch in Self.channels {
             _ = try await onC.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: ch, channelType: .message, withPresence: true))
             _ = try await onC.unary(PresenceMethods.setState, SetStateRequest(sessionID: o.sessionID, channelName: ch, channelType: .message, items: [StateItem(key: "mic", value: "on")]))
@@ -139,12 +138,13 @@ import Testing
         // dave's client reconnects to n0 and resumes
         let onA = nodes[0].raw()
         let second = onA.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "dave", resumeSessionID: o.sessionID))
-        var it2 = second.makeAsyncIterator()
-        guard case .opened(let again)? = try await it2.next()?.event else { Issue.record("no opened"); return }
+        guard case .opened(let again)? = try await next(second)?.event else { Issue.record("no opened"); return }
         #expect(again.sessionID == o.sessionID && again.resumed && again.nodeID == "n0")
         // fresh SNAPSHOTs of the channels it follows, then live events
         var snapshots = Set<String>()
-        while snapshots.count < Self.channels.count, let e = try await it2.next() {
+        while snapshots.count < Self.channels.count {
+            // (each read has a deadline; a stream that ends before every SNAPSHOT fails the test)
+            guard let e = try await next(second) else { Issue.record("the stream ended after SNAPSHOTs of \(snapshots.sorted())"); return }
             if case .presence(let p) = e.event, p.type == .snapshot {
                 snapshots.insert(p.channelName)
                 #expect(p.snapshot.first { $0.userID == "dave" }?.states == [StateItem(key: "mic", value: "on")])
@@ -152,7 +152,8 @@ import Testing
         }
         try await ann.setStatus(.away)
         var sawStatus = false
-        while !sawStatus, let e = try await it2.next() {
+        while !sawStatus {
+            guard let e = try await next(second) else { Issue.record("the stream ended before ann's status"); return }
             if case .status(let s) = e.event, s.userID == "ann", s.status == .away { sawStatus = true }
         }
         // well past the timeout: dave never left anywhere, and keeps its state

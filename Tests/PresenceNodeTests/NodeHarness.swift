@@ -123,3 +123,44 @@ func expectError(_ code: GRPCStatus.Code, _ prefix: String = "", sourceLocation:
         Issue.record("expected GRPCStatus \(code.name), got \(error)", sourceLocation: sourceLocation)
     }
 }
+
+/// Runs `body` (a stream read, say) with a deadline: its result, or `TimedOutWaiting` once
+/// `seconds` pass (the body is cancelled then). A test reading a stream fails instead of hanging.
+func within<T: Sendable>(_ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try? await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else { throw TimedOutWaiting(what: what) }
+        return value
+    }
+}
+
+/// The next message of a server stream within a deadline: nil when the stream ended,
+/// `TimedOutWaiting` when nothing came.
+func next<M: ProtoMessage>(_ call: ServerStreamingCall<M>, within seconds: Double = 5) async throws -> M? {
+    try await within(seconds, "the next message of a stream") {
+        var it = call.makeAsyncIterator()
+        return try await it.next()
+    }
+}
+
+/// Expects a server stream to end with `code` (its message starting with `prefix`) before it
+/// sends anything, within a deadline.
+func expectStreamRefused<M: ProtoMessage>(_ call: ServerStreamingCall<M>, _ code: GRPCStatus.Code, _ prefix: String,
+                                          within seconds: Double = 5, sourceLocation: SourceLocation = #_sourceLocation) async {
+    do {
+        if let m = try await next(call, within: seconds) {
+            Issue.record("expected \(code.name) \(prefix), the stream sent \(m)", sourceLocation: sourceLocation)
+        } else {
+            Issue.record("expected \(code.name) \(prefix), the stream ended without an error", sourceLocation: sourceLocation)
+        }
+    } catch let s as GRPCStatus {
+        #expect(s.code == code && s.message.hasPrefix(prefix), "\(s)", sourceLocation: sourceLocation)
+    } catch {
+        Issue.record("expected \(code.name) \(prefix), got \(error)", sourceLocation: sourceLocation)
+    }
+}

@@ -102,8 +102,7 @@ import Testing
         // a raw client opens a session, joins, then drops its stream without CloseSession
         let raw = n.raw()
         let stream = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "ghost"))
-        var it = stream.makeAsyncIterator()
-        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        guard case .opened(let o)? = try await next(stream)?.event else { Issue.record("no opened"); return }
         _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message))
         _ = try await raw.unary(PresenceMethods.setState, SetStateRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message, items: [StateItem(key: "k", value: "v")]))
         try await inbox.waitFor(.remoteJoin, publisher: "ghost")
@@ -154,8 +153,7 @@ import Testing
         try await ann.join("lobby", withPresence: true)
         let raw = n.raw()
         let first = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "tony"))
-        var it = first.makeAsyncIterator()
-        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        guard case .opened(let o)? = try await next(first)?.event else { Issue.record("no opened"); return }
         _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message, withPresence: true))
         _ = try await raw.unary(PresenceMethods.setState, SetStateRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message, items: [StateItem(key: "mic", value: "on")]))
         try await inbox.waitFor(.remoteStateChanged, publisher: "tony")
@@ -164,10 +162,9 @@ import Testing
         // events while disconnected are buffered for the session
         try await ann.setState("lobby", ["hand": "up"])
         let second = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "tony", resumeSessionID: o.sessionID))
-        var it2 = second.makeAsyncIterator()
-        guard case .opened(let again)? = try await it2.next()?.event else { Issue.record("no opened"); return }
+        guard case .opened(let again)? = try await next(second)?.event else { Issue.record("no opened"); return }
         #expect(again.sessionID == o.sessionID && again.resumed)
-        guard case .presence(let missed)? = try await it2.next()?.event else { Issue.record("no buffered event"); return }
+        guard case .presence(let missed)? = try await next(second)?.event else { Issue.record("no buffered event"); return }
         #expect(missed.type == .remoteStateChanged && missed.publisher == "ann")
         try await Task.sleep(nanoseconds: 2_300_000_000)  // past the original timeout
         #expect(!inbox.presence.contains { $0.publisher == "tony" && ($0.type == .remoteTimeout || $0.type == .remoteLeave) })
@@ -187,31 +184,32 @@ import Testing
         try await ann.connect()
         try await ann.join("lobby", withPresence: true)
         let annSession = try #require(ann.sessionID)
-        func firstError(_ req: OpenSessionRequest) async -> GRPCStatus? {
-            let stream = raw.serverStreaming(PresenceMethods.openSession, req)
-            defer { stream.cancel() }
-            do {
-                for try await e in stream { if case .opened = e.event { return nil } }
-            } catch let s as GRPCStatus { return s } catch {}
-            return nil
+        func firstError(_ req: OpenSessionRequest) async throws -> GRPCStatus? {
+            try await within(5, "the first answer to \(req)") {
+                let stream = raw.serverStreaming(PresenceMethods.openSession, req)
+                defer { stream.cancel() }
+                do {
+                    for try await e in stream { if case .opened = e.event { return nil } }
+                } catch let s as GRPCStatus { return s }
+                return nil
+            }
         }
-        let stolen = await firstError(OpenSessionRequest(userID: "mallory", resumeSessionID: annSession))
+        let stolen = try await firstError(OpenSessionRequest(userID: "mallory", resumeSessionID: annSession))
         #expect(stolen?.code == .permissionDenied && stolen?.message.hasPrefix("NOT_YOUR_SESSION") == true, "\(String(describing: stolen))")
         // ann's session is still hers, and works
         try await ann.setState("lobby", ["mic": "on"])
         #expect(try await ann.getState("lobby", user: "ann") == [StateItem(key: "mic", value: "on")])
         for bad in ["0123456789abcdef", "not-a-session"] {
-            let unknown = await firstError(OpenSessionRequest(userID: "mallory", resumeSessionID: bad))
+            let unknown = try await firstError(OpenSessionRequest(userID: "mallory", resumeSessionID: bad))
             #expect(unknown?.code == .notFound && unknown?.message.hasPrefix("SESSION_NOT_FOUND") == true, "\(String(describing: unknown))")
         }
         // an expired session: refused, and it does not come back (as a session nobody holds)
         let stream = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "gone"))
-        var it = stream.makeAsyncIterator()
-        guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+        guard case .opened(let o)? = try await next(stream)?.event else { Issue.record("no opened"); return }
         _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message))
         stream.cancel()
         try await waitUntil("gone timed out", within: 3) { (try? await ann.onlineUsers("lobby").users.map(\.userID)) == ["ann"] }
-        let late = await firstError(OpenSessionRequest(userID: "gone", resumeSessionID: o.sessionID))
+        let late = try await firstError(OpenSessionRequest(userID: "gone", resumeSessionID: o.sessionID))
         #expect(late?.code == .notFound, "\(String(describing: late))")
         #expect(try await ann.statuses(["gone"]).first?.status == .offline)
         #expect(await n.node.engine.sessionCount() == 1)
@@ -250,22 +248,16 @@ import Testing
         var open: [(ServerStreamingCall<SessionEvent>, String)] = []
         for _ in 0..<Limits.maxSessionsPerUser {
             let call = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "many"))
-            var it = call.makeAsyncIterator()
-            guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+            guard case .opened(let o)? = try await next(call)?.event else { Issue.record("no opened"); return }
             open.append((call, o.sessionID))
         }
         let extra = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "many"))
-        do {
-            for try await _ in extra { Issue.record("a 65th session opened"); break }
-        } catch let s as GRPCStatus {
-            #expect(s.code == .resourceExhausted && s.message.hasPrefix("SESSION_LIMIT"), "\(s)")
-        }
+        await expectStreamRefused(extra, .resourceExhausted, "SESSION_LIMIT")
         #expect(await n.node.engine.sessionCount() == Limits.maxSessionsPerUser)
         // closing one makes room
         _ = try await raw.unary(PresenceMethods.closeSession, CloseSessionRequest(sessionID: open[0].1))
         let again = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "many"))
-        var it = again.makeAsyncIterator()
-        guard case .opened? = try await it.next()?.event else { Issue.record("no opened after a close"); return }
+        guard case .opened? = try await next(again)?.event else { Issue.record("no opened after a close"); return }
         again.cancel()
         for (c, _) in open { c.cancel() }
         raw.close()
@@ -279,16 +271,11 @@ import Testing
         var streams: [ServerStreamingCall<SessionEvent>] = []
         for i in 0..<3 {
             let call = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "u\(i)"))
-            var it = call.makeAsyncIterator()
-            guard case .opened? = try await it.next()?.event else { Issue.record("no opened"); return }
+            guard case .opened? = try await next(call)?.event else { Issue.record("no opened"); return }
             streams.append(call)
         }
         let fourth = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "u3"))
-        do {
-            for try await _ in fourth { Issue.record("a 4th session opened"); break }
-        } catch let s as GRPCStatus {
-            #expect(s.code == .resourceExhausted && s.message.hasPrefix("NODE_SESSION_LIMIT"), "\(s)")
-        }
+        await expectStreamRefused(fourth, .resourceExhausted, "NODE_SESSION_LIMIT")
         #expect(await n.node.engine.sessionCount() == 3)
         for s in streams { s.cancel() }
         raw.close()
@@ -348,8 +335,7 @@ import Testing
         var streams: [ServerStreamingCall<SessionEvent>] = []
         for i in 0..<250 {
             let s = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: String(format: "u%03d", i)))
-            var it = s.makeAsyncIterator()
-            guard case .opened(let o)? = try await it.next()?.event else { Issue.record("no opened"); return }
+            guard case .opened(let o)? = try await next(s)?.event else { Issue.record("no opened"); return }
             _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "big", channelType: .stream))
             streams.append(s)
         }

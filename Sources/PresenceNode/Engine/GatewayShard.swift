@@ -48,10 +48,9 @@ final class GatewayShard: Sendable {
     func resume(_ id: SessionID, user: String) -> Opened? {
         let now = clock.monotonicNanoseconds()
         return state.withLock { st -> Opened? in
-            // (only the session's own user may resume it; nothing is written otherwise)
-            // (nothing is written unless it can be resumed: an expired id must not come back as new)
-            guard st.table.canResume(id, user: user, now: now),
-                  case .resumed(let id, let generation) = st.table.open(user: user, resume: id, newID: id, now: now),
+            // (only the session's own user may resume it, within its window; a refused resume
+            // writes nothing: an expired id must not come back as new)
+            guard case .resumed(let id, let generation) = st.table.open(user: user, resume: id, newID: id, now: now),
                   let outbox = st.outboxes[id] else { return nil }
             return Opened(id: id, generation: generation, resumed: true, outbox: outbox)
         }
