@@ -83,6 +83,15 @@ public final class GRPCServer: Sendable {
     /// Bytes of connections' frame buffers given back to the kernel while they were quiet.
     public var releasedIdleBufferBytes: Int { counter.releasedIdleBytes }
 
+    /// Connections open now on each event loop, in the group's order (read on each loop).
+    public func connectionsPerLoop() async -> [Int] {
+        var counts: [Int] = []
+        for core in cores.withLock({ $0 }) {
+            counts.append(await withCheckedContinuation { done in core.execute { done.resume(returning: $0.openConnections) } })
+        }
+        return counts
+    }
+
     /// Binds and starts accepting.
     public func start() throws {
         let fd = try Sockets.listen(on: configuration.address, reusePort: false)
@@ -187,6 +196,8 @@ final class ServerCore {
         acceptor = a
         a.start()
     }
+
+    var openConnections: Int { connections.count }
 
     /// Remote addresses of this loop's connections (to count them down when they close).
     private var addresses: [ObjectIdentifier: [UInt8]] = [:]

@@ -29,6 +29,9 @@ final class ResponseStreamState: Sendable {
         self.cancelCall = cancelCall
     }
 
+    /// Messages arrived and not yet read, and whether the call has ended (tests wait on it).
+    var queued: (messages: Int, ended: Bool) { state.withLock { ($0.messages.count - $0.head, $0.status != nil) } }
+
     /// Loop side: messages decoded from `wireBytes` bytes of DATA.
     func deliver(_ messages: [[UInt8]], wireBytes: Int) {
         var handoff: (CheckedContinuation<[UInt8]?, Error>, [UInt8])? = nil
@@ -188,4 +191,6 @@ public struct RawServerStreamingCall: AsyncSequence, Sendable {
     /// Every message that has arrived since the last call (at least one; nil at the end): for readers
     /// that keep up with many messages, one wake-up per batch instead of one per message.
     public func nextBatch() async throws -> [[UInt8]]? { try await state.nextBatch() }
+    /// Messages arrived and not yet read, and whether the call has ended.
+    var queued: (messages: Int, ended: Bool) { state.queued }
 }

@@ -30,6 +30,8 @@ enum TestMethods {
 /// What the test handlers observed.
 final class Observations: Sendable {
     let cancelledHandlers = Atomic<Int>(0)
+    /// Handlers of `hangUnary` and `slow` that have started (tests wait for them, not for a time).
+    let startedHandlers = Atomic<Int>(0)
     let inBarrier = Atomic<Int>(0)
     let maxInBarrier = Atomic<Int>(0)
     /// Handlers of `gauge` running now, and the most at once.
@@ -85,6 +87,7 @@ struct Harness {
             }
         }
         registry.unary(TestMethods.hangUnary) { req, _ in
+            seen.startedHandlers.add(1, ordering: .relaxed)
             do {
                 while true { try await Task.sleep(nanoseconds: 1_000_000_000) }
             } catch {
@@ -110,6 +113,7 @@ struct Harness {
             return req
         }
         registry.unary(TestMethods.slow) { req, _ in
+            seen.startedHandlers.add(1, ordering: .relaxed)
             try await Task.sleep(nanoseconds: UInt64(Int(req.value) ?? 0) * 1_000_000)
             return req
         }

@@ -92,7 +92,8 @@ import Testing
     @Test func batchReadsReturnEverythingQueued() async throws {
         let h = try Harness()
         let raw = h.client.serverStreaming(path: TestMethods.stream.path, framedRequest: MessageFraming.framed(StateItem(key: "300", value: "10")))
-        try await Task.sleep(nanoseconds: 100_000_000)  // let messages queue up
+        // let every message arrive before reading, so the reads take them in batches
+        try await eventually("the 300 messages arrived") { raw.queued == (300, true) }
         var total = 0
         var batches = 0
         while let batch = try await raw.nextBatch() {
@@ -159,8 +160,7 @@ import Testing
     @Test func taskCancellationCancelsAUnaryCall() async throws {
         let h = try Harness()
         let task = Task { try await h.client.unary(TestMethods.hangUnary, StateItem()) }
-        try await eventually("call reached the server") { h.server.connections == 1 }
-        try await Task.sleep(nanoseconds: 20_000_000)
+        try await eventually("the handler started") { h.seen.startedHandlers.load(ordering: .relaxed) == 1 }
         task.cancel()
         await expectStatus(.cancelled) { _ = try await task.value }
         try await eventually("server handler cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
@@ -225,22 +225,30 @@ import Testing
     }
 
     @Test func maxConcurrentStreamsIsRespected() async throws {
-        // the server allows 8 streams per connection: 40 calls still all succeed (queued by the client), never more than 8 at once
-        let h = try Harness { $0.http2.maxConcurrentStreams = 8 }
+        // the server allows 8 streams per connection (and would run 64 handlers at once): 40 calls
+        // of 20 ms still all succeed (queued by the client), never more than 8 at once
+        let h = try Harness {
+            $0.http2.maxConcurrentStreams = 8
+            $0.maxConcurrentUnaryPerConnection = 64
+        }
         try await withThrowingTaskGroup(of: Void.self) { g in
             for i in 0..<40 {
-                g.addTask { _ = try await h.client.unary(TestMethods.slow, StateItem(key: String(i), value: "20")) }
+                g.addTask {
+                    let answer = try await h.client.unary(TestMethods.gauge, StateItem(key: String(i)))
+                    #expect(answer.key == String(i))
+                }
             }
             try await g.waitForAll()
         }
+        let most = h.seen.maxInGauge.load(ordering: .relaxed)
+        #expect(most <= 8 && most >= 2, "\(most) at once")
         await h.stop()
     }
 
     @Test func gracefulShutdownFinishesCallsInFlight() async throws {
         let h = try Harness()
         let inFlight = Task { try await h.client.unary(TestMethods.slow, StateItem(key: "late", value: "300")) }
-        try await eventually("connection open") { h.server.connections == 1 }
-        try await Task.sleep(nanoseconds: 50_000_000)
+        try await eventually("the handler started") { h.seen.startedHandlers.load(ordering: .relaxed) == 1 }
         await h.server.shutdown(gracePeriod: 5_000_000_000)
         #expect(try await inFlight.value.key == "late")
         #expect(h.server.connections == 0)
@@ -273,6 +281,10 @@ import Testing
         let clients = (0..<8).map { _ in GRPCClient(target: HostPort(host: "127.0.0.1", port: h.server.port), group: h.group) }
         for c in clients { _ = try await c.unary(TestMethods.echo, StateItem()) }
         #expect(h.server.connections == 8)
+        // handed to the loops in turn: 8 over the harness's loops, evenly
+        let perLoop = await h.server.connectionsPerLoop()
+        #expect(perLoop.count == h.group.loops.count && perLoop.count > 1)
+        #expect(perLoop.allSatisfy { $0 == 8 / perLoop.count }, "\(perLoop)")
         clients.forEach { $0.close() }
         await h.stop()
     }

@@ -158,7 +158,7 @@ import Testing
         _ = try await raw.unary(PresenceMethods.setState, SetStateRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message, items: [StateItem(key: "mic", value: "on")]))
         try await inbox.waitFor(.remoteStateChanged, publisher: "tony")
         first.cancel()
-        try await Task.sleep(nanoseconds: 200_000_000)
+        try await waitUntil("tony's session disconnected") { n.node.engine.sessionCountsByLiveness().disconnected == 1 }
         // events while disconnected are buffered for the session
         try await ann.setState("lobby", ["hand": "up"])
         let second = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "tony", resumeSessionID: o.sessionID))
