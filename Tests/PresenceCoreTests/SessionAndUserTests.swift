@@ -265,8 +265,14 @@ let sec: UInt64 = 1_000_000_000
         #expect(SessionID(raw: 255).description == "00000000000000ff")
     }
 
+    /// Every node and every version must place a key the same way: the values are pinned (FNV-1a
+    /// with the final mix, computed independently), not compared with themselves.
     @Test func stableHashIsStable() {
-        #expect(StableHash.of("lobby") == StableHash.of("lobby"))
+        #expect(StableHash.of("lobby") == 0x311f_163d_1d03_c6d6)
+        #expect(StableHash.of("") == 0xecba_3df2_c338_3c52)
+        #expect(StableHash.of("user:ann") == 0xcc6b_52ef_901e_f6ad)
+        #expect(StableHash.of(ChannelKey(name: "x", type: .message)) == 0xc828_e05b_3af7_6667)
+        #expect(StableHash.of(ChannelKey(name: "x", type: .stream)) == 0x1497_9a72_39a6_1eb6)
         #expect(StableHash.of("lobby") != StableHash.of("lobbz"))
         #expect(StableHash.of(ChannelKey(name: "x", type: .message)) != StableHash.of(ChannelKey(name: "x", type: .stream)))
     }

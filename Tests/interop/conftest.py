@@ -48,6 +48,7 @@ class Node:
         self.peer_port = peer_port or free_port()
         self.http_port = http_port or free_port()
         self.node_id = node_id
+        self.killed = False
         self.log = tempfile.NamedTemporaryFile(prefix=f"presenced-{node_id}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [presenced_binary(), "--node-id", node_id, "--listen", f"127.0.0.1:{self.port}",
@@ -72,7 +73,8 @@ class Node:
             return f.read()
 
     def stop(self, sig=15, timeout=10):
-        """Signals the node, waits; kills it (and fails the caller's check) if it does not exit in time."""
+        """Signals the node, waits; kills it if it does not exit in time. Returns its exit status
+        (0 after a clean shutdown; -9 when it had to be killed)."""
         self.channel.close()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -83,9 +85,37 @@ class Node:
                 self.proc.wait()
         return self.proc.returncode
 
+    def kill(self):
+        """A crash on purpose (SIGKILL): `finish` does not count it against the node."""
+        self.killed = True
+        self.proc.kill()
+        self.proc.wait()
+
+    def finish(self):
+        """Stops the node and fails unless it shut down cleanly on SIGTERM: a node that crashed
+        during the test, or hung on shutdown, fails it (unless the test killed it on purpose)."""
+        rc = self.stop()
+        if not self.killed:
+            assert rc == 0, f"{self.node_id} exited with status {rc}:\n" + self.output()[-3000:]
+
 
 @pytest.fixture
 def node():
     n = Node()
     yield n
-    n.stop()
+    n.finish()
+
+
+# A skipped test proves nothing: where the whole suite can run (as root: network namespaces, every
+# package installable), or when PRESENCED_FORBID_SKIPS is set (CI), a skip is a failure.
+FORBID_SKIPS = os.geteuid() == 0 or bool(os.environ.get("PRESENCED_FORBID_SKIPS"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if FORBID_SKIPS and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"skipped where skips are not allowed (root, or PRESENCED_FORBID_SKIPS): {reason}"

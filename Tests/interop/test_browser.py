@@ -78,7 +78,7 @@ def test_two_pages_see_each_other_and_one_survives_its_node_being_killed():
         drivers[1].save_screenshot(os.path.join(ARTIFACTS, "demo-page.png"))
 
         # kill -9 the node alice's page is on: it resumes on node 1, and bob sees nothing
-        n0.stop(sig=9)
+        n0.kill()
         wait_until("alice's page resumed on node 1",
                    lambda: alice.state() == "connected" and alice.js("return window.presenceDemo.client.server").endswith(f":{n1.http_port}/v1/ws"), 20)
         time.sleep(TIMEOUT + 1.0)   # past the presence timeout: a lost session would have timed out by now

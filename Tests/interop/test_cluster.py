@@ -71,8 +71,12 @@ class Cluster:
         return [n for n in self.nodes.values() if n.proc.poll() is None]
 
     def stop(self):
+        """Stops every node, then fails if one of them crashed or hung on SIGTERM (nodes the test
+        killed on purpose aside)."""
         for n in self.nodes.values():
             n.stop()
+        for n in self.nodes.values():
+            n.finish()
 
 
 def expect_listed(nodes, expected, timeout=8):
@@ -123,8 +127,7 @@ def test_three_processes_survive_a_kill_a_restart_and_a_fourth_node():
 
         # kill -9 node 2: its users time out, except one whose client resumes on node 1
         killed_at = time.monotonic()
-        c.nodes[2].proc.kill()
-        c.nodes[2].proc.wait()
+        c.nodes[2].kill()
         resumer_id = sessions["u20"][1].id
         wait_until("node-2 dead on node 1", lambda: members(c.nodes[1])["node-2"][0] == 3, 5)
         resumed = Session(stubs[1], "u20", resume_session_id=resumer_id)

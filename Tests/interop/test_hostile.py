@@ -48,7 +48,7 @@ def token_node():
         f.write(SECRET)
     n = Node("--auth-secret-file", path, "--presence-timeout", "1")
     yield n
-    n.stop()
+    n.finish()
 
 
 def open_session(stub, user):

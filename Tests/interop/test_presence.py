@@ -74,7 +74,7 @@ class Session:
 def short_node():
     n = Node("--presence-timeout", "0.5", "--max-instant-events", "3", "--presence-interval", "0.2")
     yield n
-    n.stop()
+    n.finish()
 
 
 def stub_of(node):
@@ -158,16 +158,23 @@ def test_pagination_while_users_churn(short_node):
         st.Join(p.JoinRequest(session_id=s.id, channel_name="big", channel_type=MSG), timeout=5)
         sessions.append(s)
     seen, page, rounds = [], "", 0
+    online, churners = 150, []
     while True:
         r = st.GetOnlineUsers(p.GetOnlineUsersRequest(channel_name="big", channel_type=MSG, page=page), timeout=5)
-        assert r.total_occupancy >= 150
+        assert r.total_occupancy == online  # (every user online now, not the page's length)
         if r.next_page:
             assert len(r.users) == 100
         seen += [u.user_id for u in r.users]
-        # churn: someone joins between pages
+        # churn between pages: someone joins, and someone who joined earlier leaves
         s = Session(st, f"user{rounds * 2 + 1:04d}")
         st.Join(p.JoinRequest(session_id=s.id, channel_name="big", channel_type=MSG), timeout=5)
         sessions.append(s)
+        churners.append(s)
+        online += 1
+        if len(churners) > 1:
+            gone = churners.pop(0)
+            st.Leave(p.LeaveRequest(session_id=gone.id, channel_name="big", channel_type=MSG), timeout=5)
+            online -= 1
         rounds += 1
         page = r.next_page
         if not page:
@@ -178,7 +185,7 @@ def test_pagination_while_users_churn(short_node):
     from google.protobuf import wrappers_pb2
     count = st.GetOnlineUsers(p.GetOnlineUsersRequest(channel_name="big", channel_type=MSG,
                                                       include_user_id=wrappers_pb2.BoolValue(value=False)), timeout=5)
-    assert count.total_occupancy == len(sessions) and len(count.users) == 0
+    assert count.total_occupancy == online == 150 + len(churners) and len(count.users) == 0
     with pytest.raises(grpc.RpcError) as e:
         st.GetOnlineUsers(p.GetOnlineUsersRequest(channel_name="big", channel_type=MSG, page="not-a-bookmark"), timeout=5)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -249,17 +256,18 @@ def test_interval_mode(short_node):
         s = Session(st, u)
         st.Join(p.JoinRequest(session_id=s.id, channel_name="crowd", channel_type=MSG), timeout=5)
         others.append(s)
-    types = []
-    joined = set()
+    # occupancy w, a, b (3, at the limit): real time; c and d take it above: their joins come only
+    # in INTERVAL events, never as REMOTE_JOIN
+    realtime, in_interval = [], set()
     deadline = time.time() + 3
-    while time.time() < deadline and not {"c", "d"} <= joined:
+    while time.time() < deadline and not {"c", "d"} <= in_interval:
         e = w.next_presence(timeout=3)
-        types.append(e.type)
         if e.type == p.PRESENCE_EVENT_TYPE_INTERVAL:
-            joined |= set(e.interval.join_user_ids)
-        elif e.type == p.PRESENCE_EVENT_TYPE_REMOTE_JOIN:
-            joined.add(e.publisher)
-    assert p.PRESENCE_EVENT_TYPE_INTERVAL in types and {"c", "d"} <= joined
+            in_interval |= set(e.interval.join_user_ids)
+        else:
+            realtime.append((e.type, e.publisher))
+    assert realtime == [(p.PRESENCE_EVENT_TYPE_REMOTE_JOIN, "a"), (p.PRESENCE_EVENT_TYPE_REMOTE_JOIN, "b")], realtime
+    assert in_interval == {"c", "d"}
     for s in others:
         s.cancel()
 
@@ -298,7 +306,7 @@ def test_token_mode():
                 metadata=[("authorization", "Bearer " + token("ann", now + 60))])
         ok.cancel()
     finally:
-        n.stop()
+        n.finish()
 
 
 def test_a_channel_too_big_for_one_message_is_joined_with_a_paged_snapshot(node):

@@ -106,7 +106,7 @@ def test_sigterm_finishes_and_exits_cleanly():
 def test_start_line_names_node_and_addresses():
     n = Node()
     out = n.output()
-    n.stop()
+    n.finish()
     line = next(l for l in out.splitlines() if "presenced started" in l)
     assert "node_id=interop-1" in line and f"listen=127.0.0.1:{n.port}" in line and f"peer_listen=127.0.0.1:{n.peer_port}" in line
     assert "OPEN MODE" in out

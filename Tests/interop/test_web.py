@@ -72,7 +72,7 @@ def test_readyz_is_503_until_the_node_joins():
         # no seed answered within its wait: it serves as a cluster of one, and is ready
         wait_until("ready alone", lambda: get(n.http_port, "/readyz")[0] == 200, 15)
     finally:
-        n.stop()
+        n.finish()
         silent.close()
 
 
