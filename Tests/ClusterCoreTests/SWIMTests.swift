@@ -48,6 +48,8 @@ struct Simulation {
     var side: [String: Int] = [:]
     /// Nodes whose messages are all lost (one-way loss: they still hear others).
     var mute = Set<String>()
+    /// Links cut both ways (each a sorted pair): the two ends still reach everyone else.
+    var cutLinks = Set<[String]>()
     var latency: UInt64 = 500_000           // 0.5 ms, loopback-ish
     var jitter: UInt64 = 0                  // extra random delay, up to this
     var rng = SplitMix64(seed: 7)
@@ -135,7 +137,7 @@ struct Simulation {
                 switch m {
                 case .ping(let f, _, _), .ack(let f, _, _), .pingRequest(let f, _, _, _): sender = f
                 }
-                if side[sender, default: 0] != side[to, default: 0] || mute.contains(sender) { continue }
+                if side[sender, default: 0] != side[to, default: 0] || mute.contains(sender) || cutLinks.contains([sender, to].sorted()) { continue }
                 delivered += 1
                 var ds: [SWIM.Directive]
                 switch m {
@@ -193,6 +195,20 @@ struct Simulation {
         #expect(!sim.changes.contains { $0.update.status == .suspect || $0.update.status == .dead })
         // every node probed every period: 5 nodes x 1,500 periods x (ping + ack)
         #expect(sim.delivered >= 5 * 1_500 * 2)
+        for o in ids { #expect(sim.nodes[o]!.liveMembers.count == 4) }
+    }
+
+    /// RELIABILITY.md's fault model cuts one link while both ends stay up: the indirect probes
+    /// (through the others) keep both ends alive in every view, with no suspicion at all.
+    @Test func oneCutLinkMakesNobodySuspect() {
+        let ids = (1...5).map { "n\($0)" }
+        var sim = Simulation(ids: ids)
+        sim.run(for: 2_000 * ms)
+        sim.cutLinks.insert(["n1", "n2"])
+        let cutAt = sim.now
+        sim.run(for: 20_000 * ms)
+        let doubted = sim.changes.filter { $0.at >= cutAt && ($0.update.status == .suspect || $0.update.status == .dead) }
+        #expect(doubted.isEmpty, "\(doubted.map { "\($0.observer) saw \($0.update.id) \($0.update.status)" })")
         for o in ids { #expect(sim.nodes[o]!.liveMembers.count == 4) }
     }
 

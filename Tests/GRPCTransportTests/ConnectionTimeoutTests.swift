@@ -68,9 +68,10 @@ struct RawPeer {
     }
 
     /// A whole unary request on `stream`: headers, then one gRPC message and END_STREAM.
-    func request(stream: UInt32, path: String, message: [UInt8]) {
-        let block = Self.literal(":method", "POST") + Self.literal(":scheme", "http") + Self.literal(":path", path)
+    func request(stream: UInt32, path: String, message: [UInt8], headers: [(String, String)] = []) {
+        var block = Self.literal(":method", "POST") + Self.literal(":scheme", "http") + Self.literal(":path", path)
             + Self.literal(":authority", "localhost") + Self.literal("content-type", "application/grpc") + Self.literal("te", "trailers")
+        for (name, value) in headers { block += Self.literal(name, value) }
         let n = message.count
         let framed: [UInt8] = [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + message
         send(Self.frame(type: 1, flags: 0x4, stream: stream, block) + Self.frame(type: 0, flags: 0x1, stream: stream, framed))
@@ -90,6 +91,24 @@ struct RawPeer {
 }
 
 @Suite(.serialized) struct ConnectionTimeoutTests {
+    /// The server enforces a request's `grpc-timeout` itself: a client that never resets the stream
+    /// (as this raw peer) still gets the call ended, and the handler is cancelled.
+    @Test func theServerEndsACallAtItsGrpcTimeoutEvenIfTheClientWaits() async throws {
+        let h = try Harness()
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        let t0 = MonotonicClock.now()
+        peer.request(stream: 1, path: TestMethods.hangUnary.path, message: StateItem().serializedBytes(prefix: 0),
+                     headers: [("grpc-timeout", "200m")])
+        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 5_000_000_000, stopWhen: ended)
+        #expect(ended(frames), "the server did not end the call: \(frames)")
+        #expect(MonotonicClock.now() - t0 >= 190_000_000)   // at its deadline, not before
+        try await eventually("the handler cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
+        peer.close()
+        await h.stop()
+    }
+
     /// Issue 9: nothing closed a connection that never sent the HTTP/2 preface.
     @Test func aConnectionWithoutAHandshakeIsClosed() async throws {
         let h = try Harness { $0.handshakeTimeout = 200_000_000 }

@@ -37,6 +37,15 @@ import Testing
         #expect(feed(&d, [0, 0, 0, 0, 1, 1]).1 == .tooLarge(length: 101, limit: 100)) // stays failed
     }
 
+    /// The limit is the largest message accepted: exactly that many bytes pass, one more is refused.
+    @Test func aMessageOfExactlyTheLimitIsAccepted() {
+        var d = MessageDeframer(maxMessageSize: 100)
+        let (msgs, f) = feed(&d, MessageDeframer.frame(Array(repeating: 5, count: 100)))
+        #expect(f == nil && msgs == [Array(repeating: 5, count: 100)])
+        var e = MessageDeframer(maxMessageSize: 100)
+        #expect(feed(&e, MessageDeframer.frame(Array(repeating: 5, count: 101))).1 == .tooLarge(length: 101, limit: 100))
+    }
+
     @Test func compressedAndBadFlags() {
         var d = MessageDeframer(maxMessageSize: 100)
         #expect(feed(&d, [1, 0, 0, 0, 1, 5]).1 == .compressed)

@@ -74,6 +74,45 @@ let sec: UInt64 = 1_000_000_000
         #expect(try t.watch(s1, add: ["a", "c"], remove: ["b"]) == ["c"])
         #expect(t[s1]?.watching == ["a", "c"])
     }
+
+    /// API.md limits: a session watches at most `maxWatchedPerSession` users; the call that would
+    /// pass it is RESOURCE_EXHAUSTED WATCH_LIMIT and changes nothing (reaching the limit is fine).
+    @Test func watchingUpToTheLimitIsFineAndPastItChangesNothing() throws {
+        var t = SessionTable(resumeWindow: sec)
+        _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
+        let all = (0..<Limits.maxWatchedPerSession).map { "u\($0)" }
+        #expect(try t.watch(s1, add: Array(all.dropLast()), remove: []).count == Limits.maxWatchedPerSession - 1)
+        #expect(try t.watch(s1, add: [all.last!], remove: []) == [all.last!])   // exactly the limit
+        do {
+            _ = try t.watch(s1, add: ["one-more", "u0"], remove: [])
+            Issue.record("watched past the limit")
+        } catch {
+            #expect(error.kind == .resourceExhausted && error.name == "WATCH_LIMIT", "\(error)")
+        }
+        #expect(t[s1]?.watching.count == Limits.maxWatchedPerSession && t[s1]?.watching.contains("one-more") == false)
+        // re-watching someone already watched adds nothing, so it is not past the limit
+        #expect(try t.watch(s1, add: ["u1"], remove: []) == [])
+    }
+
+    /// A session is in at most `maxChannelsPerSession` channels: a new one past it is
+    /// RESOURCE_EXHAUSTED CHANNEL_LIMIT and changes nothing; re-joining one it is in is fine.
+    @Test func aSessionJoinsUpToTheChannelLimit() throws {
+        var t = SessionTable(resumeWindow: sec)
+        _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
+        for i in 0..<Limits.maxChannelsPerSession {
+            _ = try t.joined(s1, channel: ChannelKey(name: "c\(i)", type: .message), withPresence: false)
+        }
+        let version = t[s1]?.version
+        do {
+            _ = try t.joined(s1, channel: ChannelKey(name: "one-more", type: .message), withPresence: false)
+            Issue.record("joined past the limit")
+        } catch {
+            #expect(error.kind == .resourceExhausted && error.name == "CHANNEL_LIMIT", "\(error)")
+        }
+        #expect(t[s1]?.channels.count == Limits.maxChannelsPerSession && t[s1]?.version == version)
+        let again = try t.joined(s1, channel: ChannelKey(name: "c7", type: .message), withPresence: true)
+        #expect(again.already && t[s1]?.channels[ChannelKey(name: "c7", type: .message)]?.withPresence == true)
+    }
 }
 
 @Suite struct HomeRecordTests {
@@ -245,6 +284,10 @@ let sec: UInt64 = 1_000_000_000
         #expect(throws: PresenceError.self) { _ = try Validate.stateItems([item(String(repeating: "k", count: 65), "v")]) }
         #expect(throws: PresenceError.self) { _ = try Validate.stateItems([item("k", String(repeating: "v", count: 1025))]) }
         _ = try Validate.stateItems([item(String(repeating: "k", count: 64), String(repeating: "é", count: 512))])  // 1024 bytes
+        // bytes of UTF-8, not characters: 513 of "é" are 1026 bytes, 256 of "😀" are 1024 and 257 are 1028
+        #expect(throws: PresenceError.self) { _ = try Validate.stateItems([item("k", String(repeating: "é", count: 513))]) }
+        _ = try Validate.stateItems([item("k", String(repeating: "😀", count: 256))])
+        #expect(throws: PresenceError.self) { _ = try Validate.stateItems([item("k", String(repeating: "😀", count: 257))]) }
         let e = #expect(throws: PresenceError.self) { _ = try Validate.stateItems((0..<33).map { item("k\($0)", "") }) }
         #expect(e?.kind == .resourceExhausted && e?.name == "STATE_KEY_LIMIT")
     }

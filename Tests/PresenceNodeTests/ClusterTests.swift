@@ -90,6 +90,34 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// RELIABILITY.md, invariant 1: a write is answered once its replica has the copy (or after
+    /// the replication wait, when the replica is slow): the owner's death right after the answer
+    /// loses nothing. Here the replica's copies are held back, so the answer must wait for it.
+    @Test func aWriteIsAnsweredOnlyOnceItsReplicaHasItOrTheWaitRanOut() async throws {
+        let nodes = try await cluster(3)
+        let key = ChannelKey(name: "room-0", type: .message)
+        let ring = nodes[0].node.engine.topology.routingRing
+        let placed = ring.owners(ofHash: StableHash.of(key), count: 2)
+        let owner = try #require(nodes.first { $0.node.configuration.nodeID == placed[0] })
+        let link = try #require(owner.node.engine.core.link)
+        let ann = owner.client("ann")
+        try await ann.connect()
+        try await ann.join(key.name, withPresence: false)
+        link.holdPushesForTesting(to: placed[1], true)
+        let t0 = MonotonicClock.now()
+        try await ann.setState(key.name, ["mic": "on"])
+        let waited = MonotonicClock.now() - t0
+        let wait = owner.node.engine.settings.timings.replicationWait
+        #expect(waited >= wait - wait / 10, "answered after \(waited / 1_000_000) ms, before the replica had it (wait \(wait / 1_000_000) ms)")
+        link.holdPushesForTesting(to: placed[1], false)
+        // and with the replica answering again, writes are answered well within the wait
+        let t1 = MonotonicClock.now()
+        try await ann.setState(key.name, ["mic": "off"])
+        #expect(MonotonicClock.now() - t1 < wait)
+        await ann.close()
+        for n in nodes { await n.stop() }
+    }
+
     @Test func aKilledNodeLosesNothingOfLiveSessionsAndItsOwnTimeOut() async throws {
         let nodes = try await cluster(3)
         let ann = nodes[0].client("ann"), bob = nodes[1].client("bob"), cy = nodes[2].client("cy")
@@ -187,6 +215,27 @@ import Testing
         try await expectEveryNodeLists([nodes[0], nodes[1], again], ["ann": [:]])
         await ann.close()
         for n in [nodes[0], nodes[1], again] { await n.stop() }
+    }
+
+    /// A user's home record is replicated like a channel (RELIABILITY.md, invariants 1 and 4): when
+    /// the node that was both the user's home and its gateway dies, the new home still knows the
+    /// user — its status reads OFFLINE once the session timed out, not UNKNOWN (never seen).
+    @Test func aUsersHomeRecordSurvivesTheDeathOfItsHome() async throws {
+        let nodes = try await cluster(3, presenceTimeout: 1.5)
+        let ring = nodes[0].node.engine.topology.routingRing
+        let user = try #require((0..<200).map { "homed\($0)" }.first { ring.home(ofUser: $0) == "n2" })
+        let dora = nodes[2].client(user), ann = nodes[0].client("ann")
+        try await dora.connect()
+        try await ann.connect()
+        try await dora.setStatus(.away)
+        try await waitUntil("\(user) reads AWAY") { try await ann.statuses([user]).first?.status == .away }
+        await nodes[2].node.crashForTesting()
+        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.ring.members.contains("n2") }
+        try await waitUntil("\(user) reads OFFLINE at its new home", within: 6) {
+            try await ann.statuses([user]).first?.status == .offline
+        }
+        await ann.close()
+        for n in nodes[0...1] { await n.stop() }
     }
 
     @Test func theClientLibraryFailsOverToAnotherNodeAndKeepsItsSession() async throws {

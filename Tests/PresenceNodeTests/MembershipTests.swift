@@ -128,17 +128,27 @@ import Testing
                                 session: ClusterSessionRef(sessionID: "00000000000000aa", userID: "a b", gateway: "a")), "INVALID_USER_ID"),
             (ClusterChannelCall(channelName: "lobby", channelType: .message, op: .unrecognized(99)), "UNKNOWN_OPERATION"),
         ]
+        // (every call a node routes carries the fingerprint of its ring)
+        let fingerprint = a.node.engine.topology.routingRing.fingerprint
         for (call, code) in bad {
-            let r = try await peer.unary(PeerPresenceMethods.channel, call)
+            var stamped = call
+            stamped.ringFingerprint = fingerprint
+            let r = try await peer.unary(PeerPresenceMethods.channel, stamped)
             #expect(r.error?.code == code && r.error?.kind == 1, "\(call): \(String(describing: r.error))")
         }
-        // a caller routing by another ring is refused (retryable), so it never reads state it does not expect
-        let stale = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list, ringFingerprint: 42))
-        #expect(stale.error?.kind == 6 && stale.error?.detail.hasPrefix("RING_MISMATCH") == true)
-        let home = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ok", "not ok"], op: .statuses))
+        // a caller routing by another ring, or by none, is refused (retryable), so it never reads
+        // state it does not expect
+        for other: UInt64 in [42, 0] {
+            let stale = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list, ringFingerprint: other))
+            #expect(stale.error?.kind == 6 && stale.error?.detail.hasPrefix("RING_MISMATCH") == true, "\(String(describing: stale.error))")
+            let home = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ok"], op: .statuses, ringFingerprint: other))
+            #expect(home.error?.kind == 6 && home.error?.detail.hasPrefix("RING_MISMATCH") == true, "\(String(describing: home.error))")
+        }
+        let home = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ok", "not ok"], op: .statuses, ringFingerprint: fingerprint))
         #expect(home.error?.code == "INVALID_USER_ID")
         let watch = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["ann"], op: .sessionOpened,
-            session: ClusterSessionRef(sessionID: "00000000000000aa", userID: "ann", gateway: "a"), announce: true, watching: ["b@d id"]))
+            session: ClusterSessionRef(sessionID: "00000000000000aa", userID: "ann", gateway: "a"), announce: true, watching: ["b@d id"],
+            ringFingerprint: fingerprint))
         #expect(watch.error?.code == "INVALID_USER_ID")
         // malformed records and deliveries in a push are skipped
         var junk = ClusterPushBatch(fromNodeID: "x")
@@ -158,7 +168,7 @@ import Testing
         _ = try await peer.unary(PeerPresenceMethods.confirm, ClusterConfirmRequest(fromNodeID: "x",
             gone: [ClusterKeySession(channelName: "bad name", sessionID: "00000000000000aa"), ClusterKeySession(userID: "a b", sessionID: "00000000000000aa")]))
         // nothing changed
-        let list = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list))
+        let list = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "lobby", channelType: .message, op: .list, ringFingerprint: fingerprint))
         #expect(list.error == nil && list.total == 0)
         #expect(await a.node.engine.sessionCount() == 0)
         peer.close()

@@ -1,4 +1,5 @@
 @testable import PresenceNode
+import PresenceCore
 import Testing
 
 @Suite struct PeerAuthTests {
@@ -36,5 +37,30 @@ import Testing
         // capacity: the oldest go first
         let d = w.admit("d", now: 2_110), e = w.admit("e", now: 2_120)
         #expect(d && e && w.count <= 3)
+    }
+}
+
+/// API.md, "Security": the app's HMAC tokens, checked at a given time (no clock to wait for).
+@Suite struct TokenVerifierTests {
+    let verifier = TokenVerifier(secret: Array("app-secret".utf8))
+
+    @Test func aTokenIsValidUntilTheSecondBeforeItsExpiry() throws {
+        let token = verifier.sign(userID: "ann", expires: 1_000)
+        #expect(try verifier.user(of: token, now: 999) == "ann")
+        // `exp` is the first second it is no longer valid
+        #expect(throws: PresenceError.self) { try verifier.user(of: token, now: 1_000) }
+        #expect(throws: PresenceError.self) { try verifier.user(of: token, now: 5_000) }
+    }
+
+    @Test func aTokenIsForItsUserAndItsSecretOnly() throws {
+        let token = verifier.sign(userID: "ann", expires: 1_000)
+        try verifier.verify(token, userID: "ann", now: 10)
+        #expect(throws: PresenceError.self) { try verifier.verify(token, userID: "bob", now: 10) }
+        let forged = TokenVerifier(secret: Array("guess".utf8)).sign(userID: "ann", expires: 1_000)
+        #expect(throws: PresenceError.self) { try verifier.user(of: forged, now: 10) }
+        // the payload of one token with the MAC of another
+        let other = verifier.sign(userID: "bob", expires: 1_000)
+        let spliced = String(other.split(separator: ".")[0]) + "." + String(token.split(separator: ".")[1])
+        #expect(throws: PresenceError.self) { try verifier.user(of: spliced, now: 10) }
     }
 }

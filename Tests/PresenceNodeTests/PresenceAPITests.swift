@@ -282,6 +282,31 @@ import Testing
         await n.stop()
     }
 
+    /// API.md: only sessions that joined with presence get a channel's events, and a re-join may
+    /// change `with_presence`: re-joined without it, a session gets nothing more from the channel.
+    @Test func reJoiningWithoutPresenceStopsTheChannelsEvents() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann"), bob = n.client("bob"), cy = n.client("cy")
+        let annInbox = Inbox(ann), cyInbox = Inbox(cy)
+        for c in [ann, bob, cy] { try await c.connect() }
+        try await ann.join("lobby", withPresence: true)
+        try await cy.join("lobby", withPresence: true)
+        try await bob.join("lobby", withPresence: false)
+        try await annInbox.waitFor(.remoteJoin, publisher: "bob")
+        try await ann.join("lobby", withPresence: false)   // the re-join
+        try await bob.setState("lobby", ["mic": "on"])
+        try await bob.leave("lobby")
+        try await cyInbox.waitFor(.remoteLeave, publisher: "bob")
+        // following the channel again brings a SNAPSHOT, after anything sent to ann before it
+        // (a session gets a channel's events in sequence order)
+        try await ann.join("lobby", withPresence: true)
+        try await annInbox.waitFor(.snapshot, count: 2)
+        let afterRejoin = annInbox.presence.filter { $0.publisher == "bob" && $0.type != .remoteJoin }
+        #expect(afterRejoin.isEmpty, "\(afterRejoin.map(\.type))")
+        for c in [ann, bob, cy] { await c.close() }
+        await n.stop()
+    }
+
     @Test func clientLibraryReconnectsAndResumes() async throws {
         let n = try TestNode(presenceTimeout: 3)
         let ann = n.client("ann"), tony = n.client("tony")

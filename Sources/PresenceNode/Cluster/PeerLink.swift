@@ -58,6 +58,17 @@ public final class PeerLink: Sendable {
         public var failedBatches = 0
     }
     private let counts = Mutex<[String: PeerCounts]>([:])
+    /// (tests) Nodes whose pushes wait in their queue, unsent, as if the node were slow to answer.
+    private let heldForTesting = Mutex<Set<String>>([])
+    private let anyHeldForTesting = Atomic<Bool>(false)
+
+    /// (tests) Holds the pushes to `node` in their queue until called again with `false`.
+    public func holdPushesForTesting(to node: String, _ hold: Bool) {
+        heldForTesting.withLock { held in
+            if hold { held.insert(node) } else { held.remove(node) }
+            anyHeldForTesting.store(!held.isEmpty, ordering: .relaxed)
+        }
+    }
 
     /// Counts by peer, with each peer's queue now (items and bytes waiting to be sent).
     public func peerStats() -> [(peer: String, counts: PeerCounts, queuedItems: Int, queuedBytes: Int)] {
@@ -176,7 +187,11 @@ public final class PeerLink: Sendable {
     }
 
     private func send(_ q: PushQueue) async {
-        while let (batch, last) = q.take(me: me) {
+        while true {
+            while anyHeldForTesting.load(ordering: .relaxed), heldForTesting.withLock({ $0.contains(q.node.id) }), !q.isCleared {
+                try? await Task.sleep(nanoseconds: 5_000_000)
+            }
+            guard let (batch, last) = q.take(me: me) else { break }
             var attempt = 0
             var delivered = false
             while true {

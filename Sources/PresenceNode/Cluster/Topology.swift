@@ -72,9 +72,10 @@ public final class Topology: Sendable {
     public var routingRing: HashRing { state.withLock { $0.routing } }
 
     /// Why a call routed by the ring with `fingerprint` may not be answered here: the rings differ
-    /// (membership is still converging), or nil.
+    /// (membership is still converging), or the call carries no fingerprint (every node stamps
+    /// its calls: one without is not answered from a view the caller may not share); or nil.
     public func ringMismatch(_ fingerprint: UInt64) -> String? {
-        guard fingerprint != 0 else { return nil }
+        guard fingerprint != 0 else { return "RING_MISMATCH: the call carries no ring fingerprint; retry" }
         return state.withLock { s in
             s.routing.fingerprint == fingerprint ? nil : "RING_MISMATCH: this node's view of the cluster differs from the caller's; retry"
         }
