@@ -438,6 +438,112 @@ import Testing
         await n.stop()
     }
 
+    /// API.md: a call that names another user's session is PERMISSION_DENIED, one that names an
+    /// unknown session NOT_FOUND — and neither changes anything (membership, state, status, watches).
+    @Test func callsOnAnotherUsersOrAnUnknownSessionChangeNothing() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        let secretFile = dir.appendingPathComponent("secret").path
+        try "s3cret\n".write(toFile: secretFile, atomically: true, encoding: .utf8)
+        let n = try TestNode(authSecretFile: secretFile)
+        let signer = TokenVerifier(secret: Array("s3cret".utf8))
+        let now = Int64(Date().timeIntervalSince1970)
+        let ann = n.client("ann", token: signer.sign(userID: "ann", expires: now + 60))
+        try await ann.connect()
+        try await ann.join("lobby", withPresence: false)
+        try await ann.setState("lobby", ["mic": "on"])
+        try await ann.setStatus(.away)
+        _ = try await ann.watch(["carol"])
+        let session = try #require(ann.sessionID)
+        let id = try #require(SessionID(text: session))
+        func unchanged() async throws {
+            #expect(try await ann.onlineUsers("lobby").users.map(\.userID) == ["ann"])
+            #expect(try await ann.getState("lobby", user: "ann") == [StateItem(key: "mic", value: "on")])
+            #expect(try await ann.statuses(["ann"]).first?.status == .away)
+            #expect(n.node.engine.core.gatewayShard(id).held(id)?.watching == ["carol"])
+        }
+        var bobConfig = ClientConfiguration(target: n.address)
+        bobConfig.metadata = [("authorization", "Bearer " + signer.sign(userID: "bob", expires: now + 60))]
+        let bob = GRPCClient(configuration: bobConfig, group: n.group)
+        for (target, code, name) in [(session, GRPCStatus.Code.permissionDenied, "NOT_YOUR_SESSION"),
+                                      ("00000000000000ab", .notFound, "SESSION_NOT_FOUND")] {
+            await expectError(code, name) {
+                _ = try await bob.unary(PresenceMethods.leave, LeaveRequest(sessionID: target, channelName: "lobby", channelType: .message))
+            }
+            await expectError(code, name) {
+                _ = try await bob.unary(PresenceMethods.setState, SetStateRequest(sessionID: target, channelName: "lobby", channelType: .message,
+                                                                                  items: [StateItem(key: "mic", value: "off")]))
+            }
+            await expectError(code, name) {
+                _ = try await bob.unary(PresenceMethods.removeState, RemoveStateRequest(sessionID: target, channelName: "lobby", channelType: .message, keys: ["mic"]))
+            }
+            await expectError(code, name) {
+                _ = try await bob.unary(PresenceMethods.setStatus, SetStatusRequest(sessionID: target, status: .busy))
+            }
+            await expectError(code, name) {
+                _ = try await bob.unary(PresenceMethods.watch, WatchRequest(sessionID: target, userIDs: ["dave"], unwatchUserIDs: ["carol"]))
+            }
+            try await unchanged()
+        }
+        bob.close()
+        await ann.close()
+        await n.stop()
+    }
+
+    /// API.md: a user's first session joining sends REMOTE_JOIN, and only the last one's going
+    /// sends an event: closing one of two sessions, or one timing out, says nothing.
+    @Test func aUsersOtherSessionGoingSaysNothingWhileOneIsLive() async throws {
+        let n = try TestNode(presenceTimeout: 0.5)
+        let ann = n.client("ann")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await ann.join("lobby", withPresence: true)
+        let raw = n.raw()
+        var calls: [ServerStreamingCall<SessionEvent>] = []
+        var ids: [String] = []
+        for _ in 0..<3 {
+            let call = raw.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: "multi"))
+            guard case .opened(let o)? = try await next(call)?.event else { Issue.record("no opened"); return }
+            _ = try await raw.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: "lobby", channelType: .message))
+            calls.append(call)
+            ids.append(o.sessionID)
+        }
+        try await inbox.waitFor(.remoteJoin, publisher: "multi")
+        // one closes, one times out (its stream broken past the presence timeout): nothing
+        _ = try await raw.unary(PresenceMethods.closeSession, CloseSessionRequest(sessionID: ids[0]))
+        calls[1].cancel()
+        try await waitUntil("the broken session timed out") { await n.node.engine.sessionCount() == 2 }
+        #expect(try await ann.onlineUsers("lobby").users.map(\.userID) == ["ann", "multi"])
+        // the last one leaving is the one event after the join
+        _ = try await raw.unary(PresenceMethods.leave, LeaveRequest(sessionID: ids[2], channelName: "lobby", channelType: .message))
+        try await inbox.waitFor(.remoteLeave, publisher: "multi")
+        #expect(inbox.presence.filter { $0.publisher == "multi" }.map(\.type) == [.remoteJoin, .remoteLeave])
+        calls[2].cancel()
+        raw.close()
+        await ann.close()
+        await n.stop()
+    }
+
+    /// API.md: only sessions that joined with presence receive a channel's events.
+    @Test func aSessionJoinedWithoutPresenceGetsNoEvents() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann"), bob = n.client("bob"), cy = n.client("cy")
+        let annInbox = Inbox(ann), cyInbox = Inbox(cy)
+        for c in [ann, bob, cy] { try await c.connect() }
+        try await ann.join("lobby", withPresence: false)
+        try await cy.join("lobby", withPresence: true)
+        try await bob.join("lobby", withPresence: false)
+        try await bob.setState("lobby", ["mic": "on"])
+        try await bob.leave("lobby")
+        try await cyInbox.waitFor(.remoteLeave, publisher: "bob")
+        // following the channel now brings its SNAPSHOT, after anything sent to ann before it
+        try await ann.join("lobby", withPresence: true)
+        try await annInbox.waitFor(.snapshot)
+        #expect(annInbox.presence.map(\.type) == [.snapshot], "\(annInbox.presence.map(\.type))")
+        for c in [ann, bob, cy] { await c.close() }
+        await n.stop()
+    }
+
     @Test func tokenMode() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)

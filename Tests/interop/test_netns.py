@@ -1,7 +1,8 @@
 """Three presenced hosts in network namespaces (Cluster/netns): a node cut off the network for less
 than the presence timeout; when the partition heals, the membership merges back and every node
-lists every user with its state again. Needs root and iproute2; every wait is
-bounded and the namespaces are removed at the end."""
+lists every user with its state again; and a node left alone answers UNAVAILABLE for channels it
+cannot reach once its retry window ran out. Needs root and iproute2; every wait is bounded and the
+namespaces are removed at the end."""
 import os
 import subprocess
 import tempfile
@@ -111,6 +112,39 @@ def test_a_partition_shorter_than_the_timeout_heals_and_loses_nothing():
                 wait_until(f"{ch} on {n.node_id} after the partition", lambda: listing(n, ch) == expected, 10)
         # (users of the cut-off node may still have flapped meanwhile, REMOTE_TIMEOUT then REMOTE_JOIN,
         # where an orphan timer fired before the node's re-announce or session check: see the README)
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.close()
+
+
+def test_a_node_that_cannot_reach_an_owner_answers_unavailable_after_its_retry_window():
+    """API.md, Errors: UNAVAILABLE when the cluster cannot reach the owner right now (safe to retry).
+    Node-1 alone, the other two cut off: a minority keeps its ring, so the channels the others own
+    stay theirs; each read of one is retried for the routing window, then answered UNAVAILABLE —
+    neither hanging nor answered from a view that is not the owner's."""
+    c = NetnsCluster(3)
+    try:
+        wait_until("three hosts alive everywhere", lambda: alive_everywhere(c.nodes), 20)
+        n1 = c.nodes[0]
+        for ch in CHANNELS:
+            wait_until(f"{ch} readable on node-1", lambda: listing(n1, ch) == {}, 10)
+        c.ctl("partition", "2")
+        c.ctl("partition", "3")
+        outcomes = {}
+        for ch in CHANNELS:
+            t0 = time.monotonic()
+            try:
+                n1.stub.GetOnlineUsers(p.GetOnlineUsersRequest(channel_name=ch, channel_type=MSG), timeout=60)
+                outcomes[ch] = ("ok", time.monotonic() - t0)
+            except grpc.RpcError as e:
+                outcomes[ch] = (e.code(), time.monotonic() - t0, e.details())
+        refused = [o for o in outcomes.values() if o[0] != "ok"]
+        assert refused, f"node-1 owns all of {CHANNELS}: pick other channel names ({outcomes})"
+        for o in refused:
+            assert o[0] == grpc.StatusCode.UNAVAILABLE, outcomes
+            assert o[1] < 30, outcomes   # the retry window and its last attempt, not the 60 s deadline
     except BaseException:
         print(c.logs())
         raise
