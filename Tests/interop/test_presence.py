@@ -77,6 +77,16 @@ def short_node():
     n.finish()
 
 
+def sessions_in_state(node, state):
+    """The node's `presenced_sessions{state=...}` gauge, read from /metrics."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(f'presenced_sessions{{state="{state}"}} '):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def stub_of(node):
     return pg.PresenceStub(node.channel)
 
@@ -120,7 +130,11 @@ def test_timeout_resume_and_status(short_node):
     st.Join(p.JoinRequest(session_id=tony.id, channel_name="room", channel_type=MSG), timeout=5)
     assert ann.next_presence().type == p.PRESENCE_EVENT_TYPE_REMOTE_JOIN
     tony.cancel()
-    time.sleep(0.2)
+    # the node has seen the stream break (the session waits to be resumed) before tony comes back
+    deadline = time.monotonic() + 5
+    while sessions_in_state(short_node, "disconnected") != 1:
+        assert time.monotonic() < deadline, "the node did not see tony's stream break"
+        time.sleep(0.01)
     back = Session(st, "tony", resume_session_id=tony.id)
     assert back.resumed and back.id == tony.id
     ann.quiet(0.6)
