@@ -48,12 +48,14 @@ let package = Package(
         .executableTarget(name: "presencectl", dependencies: ["PresenceCtl", "EventLoop"]),
         .executableTarget(name: "presence-bench", dependencies: ["PresenceNode", "PresenceCore", "PresenceWire", "EventLoop", "ClusterCore"]),
 
+        // waits with deadlines shared by the test targets (no test may hang)
+        .target(name: "TestSupport", dependencies: ["EventLoop"], path: "Tests/TestSupport"),
         .testTarget(name: "PresenceWireTests", dependencies: ["PresenceWire", "PresenceCore"]),
         .testTarget(name: "EventLoopTests", dependencies: ["EventLoop"]),
         .testTarget(name: "HTTPFrontDoorTests", dependencies: ["HTTPFrontDoor", "Metrics", "EventLoop"]),
-        .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim"]),
+        .testTarget(name: "GRPCTransportTests", dependencies: ["GRPCTransport", "PresenceWire", "EventLoop", "CSystemShim", "TestSupport"]),
         .testTarget(name: "PresenceCoreTests", dependencies: ["PresenceCore", "PresenceWire"]),
         .testTarget(name: "ClusterCoreTests", dependencies: ["ClusterCore", "PresenceCore", "PresenceWire"]),
-        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "PresenceCtl", "GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop"]),
+        .testTarget(name: "PresenceNodeTests", dependencies: ["PresenceNode", "PresenceClient", "PresenceCtl", "GRPCTransport", "PresenceWire", "PresenceCore", "ClusterCore", "EventLoop", "TestSupport"]),
     ]
 )

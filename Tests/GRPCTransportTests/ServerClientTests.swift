@@ -3,6 +3,7 @@ import Foundation
 @testable import GRPCTransport
 import PresenceWire
 import Synchronization
+import TestSupport
 import Testing
 
 @Suite(.serialized) struct ServerClientTests {
@@ -54,13 +55,16 @@ import Testing
     @Test func serverStreamOf10000WithSlowReaderStaysBounded() async throws {
         let h = try Harness()
         let call = h.client.serverStreaming(TestMethods.stream, StateItem(key: "10000", value: "1000"))
-        var expected = 0
-        for try await item in call {
-            #expect(item.key == String(expected))
-            expected += 1
-            if expected % 50 == 0 { try await Task.sleep(nanoseconds: 1_000_000) } // a slow reader
+        let received = try await within(60, "10,000 messages") {
+            var expected = 0
+            for try await item in call {
+                #expect(item.key == String(expected))
+                expected += 1
+                if expected % 50 == 0 { try await Task.sleep(nanoseconds: 1_000_000) } // a slow reader
+            }
+            return expected
         }
-        #expect(expected == 10_000)
+        #expect(received == 10_000)
         let writer = try #require(h.seen.writers.withLock { $0.first })
         // The server never held more than its high-water mark plus one message...
         #expect(writer.peakQueuedBytes <= writer.highWaterMark + 1_100)
@@ -149,11 +153,19 @@ import Testing
     @Test func clientCancellationResetsTheStreamAndCancelsTheHandler() async throws {
         let h = try Harness()
         let call = h.client.serverStreaming(TestMethods.hang, StateItem(key: "first"))
-        var it = call.makeAsyncIterator()
-        #expect(try await it.next()?.key == "first")
+        let first = try await within(5, "the first message") { () -> StateItem? in
+            var it = call.makeAsyncIterator()
+            return try await it.next()
+        }
+        #expect(first?.key == "first")
         call.cancel()
         try await eventually("server handler cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
-        await expectStatus(.cancelled) { _ = try await it.next() }
+        await expectStatus(.cancelled) {
+            _ = try await within(5, "the end of the cancelled call") { () -> StateItem? in
+                var it = call.makeAsyncIterator()
+                return try await it.next()
+            }
+        }
         await h.stop()
     }
 

@@ -5,6 +5,7 @@ import Foundation
 import PresenceCore
 @testable import PresenceNode
 import PresenceWire
+import TestSupport
 import Testing
 
 /// Anti-entropy through real nodes (RELIABILITY.md): an owner that lost a live session's membership

@@ -6,6 +6,7 @@ import GRPCTransport
 import PresenceCore
 @testable import PresenceNode
 import PresenceWire
+import TestSupport
 import Testing
 
 /// Several nodes in one process, each with its own ports and loops, talking over loopback.

@@ -5,6 +5,7 @@ import GRPCTransport
 @testable import PresenceNode
 import PresenceWire
 import Synchronization
+import TestSupport
 import Testing
 
 @Suite(.serialized) struct MembershipTests {

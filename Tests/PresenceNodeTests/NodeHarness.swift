@@ -6,6 +6,7 @@ import PresenceCore
 @testable import PresenceNode
 import PresenceWire
 import Synchronization
+import TestSupport
 import Testing
 
 /// A node on a loopback port with short timers, plus clients for it.
@@ -98,18 +99,6 @@ final class Inbox: Sendable {
     }
 }
 
-struct TimedOutWaiting: Error, CustomStringConvertible {
-    let what: String
-    var description: String { "timed out waiting for \(what)" }
-}
-
-func waitUntil(_ what: String, within seconds: Double = 5, _ condition: () async throws -> Bool) async throws {
-    let deadline = MonotonicClock.now() + UInt64(seconds * 1e9)
-    while !(try await condition()) {
-        if MonotonicClock.now() > deadline { throw TimedOutWaiting(what: what) }
-        try await Task.sleep(nanoseconds: 2_000_000)
-    }
-}
 
 /// Expects a gRPC error with `code` whose message starts with `prefix`.
 func expectError(_ code: GRPCStatus.Code, _ prefix: String = "", sourceLocation: SourceLocation = #_sourceLocation, _ body: () async throws -> Void) async {
@@ -121,21 +110,6 @@ func expectError(_ code: GRPCStatus.Code, _ prefix: String = "", sourceLocation:
         #expect(s.message.hasPrefix(prefix), "\(s)", sourceLocation: sourceLocation)
     } catch {
         Issue.record("expected GRPCStatus \(code.name), got \(error)", sourceLocation: sourceLocation)
-    }
-}
-
-/// Runs `body` (a stream read, say) with a deadline: its result, or `TimedOutWaiting` once
-/// `seconds` pass (the body is cancelled then). A test reading a stream fails instead of hanging.
-func within<T: Sendable>(_ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-    try await withThrowingTaskGroup(of: T?.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try? await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
-            return nil
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next(), let value = first else { throw TimedOutWaiting(what: what) }
-        return value
     }
 }
 

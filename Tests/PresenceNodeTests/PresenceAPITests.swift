@@ -6,6 +6,7 @@ import PresenceCore
 @testable import PresenceNode
 import PresenceWire
 import Synchronization
+import TestSupport
 import Testing
 
 @Suite(.serialized) struct PresenceAPITests {
