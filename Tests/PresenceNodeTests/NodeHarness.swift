@@ -36,6 +36,15 @@ final class TestNode: Sendable {
         try node.start()
     }
 
+    /// A node in token mode, and a signer of tokens it accepts.
+    static func inTokenMode() throws -> (TestNode, TokenVerifier) {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        let secretFile = dir.appendingPathComponent("secret").path
+        try "s3cret\n".write(toFile: secretFile, atomically: true, encoding: .utf8)
+        return (try TestNode(authSecretFile: secretFile), TokenVerifier(secret: Array("s3cret".utf8)))
+    }
+
     func client(_ user: String, token: String = "") -> PresenceClient {
         PresenceClient(server: address, userID: user, token: token, group: group)
     }

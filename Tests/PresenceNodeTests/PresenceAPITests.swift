@@ -442,12 +442,7 @@ import Testing
     /// API.md: a call that names another user's session is PERMISSION_DENIED, one that names an
     /// unknown session NOT_FOUND — and neither changes anything (membership, state, status, watches).
     @Test func callsOnAnotherUsersOrAnUnknownSessionChangeNothing() async throws {
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-        let secretFile = dir.appendingPathComponent("secret").path
-        try "s3cret\n".write(toFile: secretFile, atomically: true, encoding: .utf8)
-        let n = try TestNode(authSecretFile: secretFile)
-        let signer = TokenVerifier(secret: Array("s3cret".utf8))
+        let (n, signer) = try TestNode.inTokenMode()
         let now = Int64(Date().timeIntervalSince1970)
         let ann = n.client("ann", token: signer.sign(userID: "ann", expires: now + 60))
         try await ann.connect()
@@ -546,12 +541,7 @@ import Testing
     }
 
     @Test func tokenMode() async throws {
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("presenced-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-        let secretFile = dir.appendingPathComponent("secret").path
-        try "s3cret\n".write(toFile: secretFile, atomically: true, encoding: .utf8)
-        let n = try TestNode(authSecretFile: secretFile)
-        let signer = TokenVerifier(secret: Array("s3cret".utf8))
+        let (n, signer) = try TestNode.inTokenMode()
         let now = Int64(Date().timeIntervalSince1970)
         let good = n.client("ann", token: signer.sign(userID: "ann", expires: now + 60))
         try await good.connect()
