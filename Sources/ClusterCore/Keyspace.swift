@@ -172,7 +172,25 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// Whether the process a session lives at is live on the current ring.
     public func isLive(_ sink: NodeInstance) -> Bool { ring.isLive(sink.id, boot: sink.boot) }
 
+    /// A copy of an owned value (every field retained: on a per-call path, read it in place with
+    /// `inspectOwned` instead).
     public subscript(owned key: V.Key) -> V? { owned[key] }
+
+    /// Whether the key's value is held here as its owner (without copying it).
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
+    public func hasOwned(_ key: V.Key) -> Bool { owned.index(forKey: key) != nil }
+
+    /// Lets `read` look at an owned value where it lies (an in-place access: no copy of the value
+    /// and its fields). `read` must not change it (it is `inout` only to avoid the copy). False
+    /// when the key is not owned here.
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
+    public mutating func inspectOwned(_ key: V.Key, _ read: (inout V) -> Void) -> Bool {
+        guard let i = owned.index(forKey: key) else { return false }
+        read(&owned.values[i])
+        return true
+    }
 
     /// Whether an owned key was taken over from a possibly stale copy and is not to be served
     /// yet (`staleHold`): calls are refused (retryable), and its followers' fresh start waits.

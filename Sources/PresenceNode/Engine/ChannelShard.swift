@@ -95,7 +95,7 @@ actor ChannelShard {
     /// After anything that may have changed which channels need ticking or sweeping.
     private func reschedule(_ keys: some Sequence<ChannelKey>) {
         for key in keys {
-            if space[owned: key]?.isIntervalMode == true { startTicking(key) } else { intervalChannels.remove(key) }
+            if owned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
         }
         scheduleSweep()
     }
@@ -134,7 +134,7 @@ actor ChannelShard {
     /// A call from a gateway this owner knows to be superseded for the session (its client resumed
     /// it elsewhere): refused, and the gateway drops the session.
     private func refuseIfMoved(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
-        if let newer = space[owned: key]?.supersedingVersion(of: c.id, c.version) {
+        if let newer = owned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil {
             throw PresenceError.sessionMoved(c.id, supersededBy: newer)
         }
     }
@@ -146,7 +146,7 @@ actor ChannelShard {
         let replicated = user != nil && !space.replicas(of: key).isEmpty
         var routed: [RoutedDelivery<NodeInstance>] = []
         var deltas: [ChannelCopy<NodeInstance>] = []
-        let created = space[owned: key] == nil
+        let created = !space.hasOwned(key)
         var r: R? = nil
         _ = try space.withOwnedValue(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) in
             let (d, result) = try body(&m)
@@ -158,13 +158,21 @@ actor ChannelShard {
         }
         deliver(routed)
         for delta in deltas { carryOut(space.replicate(delta)) }
-        if space[owned: key]?.isIntervalMode == true { startTicking(key) } else { intervalChannels.remove(key) }
+        if owned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
+        return r
+    }
+
+    /// What `read` makes of the channel's owned machine, read in place (no copy), or nil when it
+    /// is not owned here.
+    private func owned<R>(_ key: ChannelKey, _ read: (inout Machine) -> R) -> R? {
+        var r: R? = nil
+        _ = space.inspectOwned(key) { r = read(&$0) }
         return r
     }
 
     private func stateResult(_ key: ChannelKey, _ user: String) -> ClusterChannelResult {
         var r = ClusterChannelResult()
-        if let m = space[owned: key] {
+        _ = owned(key) { m in
             r.state = m.state(of: user) ?? []
             r.stateVersion = m.stateVersion(of: user)
         }
@@ -174,7 +182,7 @@ actor ChannelShard {
     /// The session is not in the channel here: its gateway (which holds it there) says so again
     /// with an announce, then retries.
     private func requireMember(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
-        guard space[owned: key]?.contains(user: c.user, session: c.id) == true else {
+        guard owned(key, { $0.contains(user: c.user, session: c.id) }) == true else {
             throw PresenceError(.failedPrecondition, "NOT_A_MEMBER", "session \(c.id) is not in \(key) at its owner")
         }
     }
@@ -193,7 +201,7 @@ actor ChannelShard {
             let c = try caller(call)
             try refuseIfMoved(c, key)
             let pending = try Validate.stateItems(call.items)
-            if space[owned: key]?.leftAfter(c.id, c.version) == true { return stateResult(key, c.user) }  // a join from before its leave
+            if owned(key, { $0.leftAfter(c.id, c.version) }) == true { return stateResult(key, c.user) }  // a join from before its leave
             _ = try update(key, user: c.user, create: true) { m in
                 (m.join(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
                         version: c.version, pendingState: pending, now: now), ())
@@ -219,9 +227,9 @@ actor ChannelShard {
         case .leave:
             let c = try caller(call)
             var result = ClusterChannelResult()
-            guard space[owned: key]?.supersedingVersion(of: c.id, c.version) == nil else {
+            guard (owned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil) == nil else {
                 // a superseded gateway's leave: the session lives on elsewhere
-                result.userGone = !(space[owned: key]?.contains(user: c.user) ?? false)
+                result.userGone = !(owned(key, { $0.contains(user: c.user) }) ?? false)
                 return result
             }
             let gone = try update(key, user: c.user, left: c.id, create: false) { m in
@@ -250,19 +258,20 @@ actor ChannelShard {
         case .getState:
             let user = try Validate.userID(call.userID)
             var result = ClusterChannelResult()
-            if let items = space[owned: key]?.state(of: user) {
+            if let items = owned(key, { $0.state(of: user) }) ?? nil {
                 result.found = true
                 result.state = items
             }
             return result
         case .list:
             var result = ClusterChannelResult()
-            let m = space[owned: key]
-            result.total = UInt32(m?.occupancy ?? 0)
-            if !call.countOnly, let m {
-                let (users, next) = m.page(after: call.after.isEmpty ? nil : call.after, includeState: call.includeState)
-                result.users = users
-                result.next = next ?? ""
+            _ = owned(key) { m in
+                result.total = UInt32(m.occupancy)
+                if !call.countOnly {
+                    let (users, next) = m.page(after: call.after.isEmpty ? nil : call.after, includeState: call.includeState)
+                    result.users = users
+                    result.next = next ?? ""
+                }
             }
             return result
         case .resnapshot:
@@ -426,7 +435,7 @@ actor ChannelShard {
             var routed: [RoutedDelivery<NodeInstance>] = []
             _ = try? space.withOwned(key, create: false, now: now) { m in routed = m.route(m.tick(now: now)) }
             deliver(routed)
-            if space[owned: key]?.isIntervalMode != true { intervalChannels.remove(key) }
+            if owned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
         }
         if intervalChannels.isEmpty {
             ticker = nil
