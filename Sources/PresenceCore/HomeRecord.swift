@@ -234,10 +234,10 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @discardableResult
     public mutating func sessionJoined(session: SessionID, channel: ChannelKey, withPresence: Bool, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        guard var s = sessions[session] else { return nil }
-        s.channels[channel] = withPresence
-        s.version = max(s.version, version)
-        sessions[session] = s
+        // (changed in place: a copy written back would copy the session's channels whole)
+        guard let i = sessions.index(forKey: session) else { return nil }
+        sessions.values[i].channels[channel] = withPresence
+        sessions.values[i].version = max(sessions.values[i].version, version)
         revised()
         return nil
     }
@@ -247,10 +247,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @discardableResult
     public mutating func sessionLeft(session: SessionID, channel: ChannelKey, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        guard var s = sessions[session] else { return nil }
-        s.channels[channel] = nil
-        s.version = max(s.version, version)
-        sessions[session] = s
+        guard let i = sessions.index(forKey: session) else { return nil }
+        sessions.values[i].channels[channel] = nil
+        sessions.values[i].version = max(sessions.values[i].version, version)
         revised()
         return nil
     }

@@ -150,78 +150,97 @@ public struct SessionTable {
 
     // MARK: Membership
 
+    /// Runs `body` on the session where it lies: a change to its channels or watch list is made in
+    /// place, not on a copy written back (which would copy those collections whole on every call:
+    /// O(channels) per join). `body` must check before it changes anything: a throw leaves what it
+    /// changed.
+    private mutating func withSession<R>(_ id: SessionID, _ body: (inout Session) throws(PresenceError) -> R) throws(PresenceError) -> R {
+        guard let i = sessions.index(forKey: id) else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+        return try body(&sessions.values[i])
+    }
+
     /// Records a join; returns state set earlier for that channel (now consumed), whether the
     /// session was already in it, and the session version the join is stamped with.
     public mutating func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (pending: [StateItem], already: Bool, version: UInt64) {
-        guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
-        let already = s.channels[channel] != nil
-        if !already && s.channels.count >= Limits.maxChannelsPerSession {
-            throw PresenceError(.resourceExhausted, "CHANNEL_LIMIT", "a session may be in at most \(Limits.maxChannelsPerSession) channels")
+        try withSession(id) { (s: inout Session) throws(PresenceError) in
+            let already = s.channels[channel] != nil
+            if !already && s.channels.count >= Limits.maxChannelsPerSession {
+                throw PresenceError(.resourceExhausted, "CHANNEL_LIMIT", "a session may be in at most \(Limits.maxChannelsPerSession) channels")
+            }
+            s.version = SessionVersion.bumped(s.version)
+            let version = s.version
+            if s.channels[channel] == nil {
+                s.channels[channel] = Membership(withPresence: withPresence, joinVersion: version)
+            } else {
+                s.channels[channel]!.withPresence = withPresence
+                s.channels[channel]!.joinVersion = version
+            }
+            let pending = s.pendingState.removeValue(forKey: channel)?.items ?? []
+            return (pending, already, version)
         }
-        s.version = SessionVersion.bumped(s.version)
-        var m = s.channels[channel] ?? Membership(withPresence: withPresence, joinVersion: s.version)
-        m.withPresence = withPresence
-        m.joinVersion = s.version
-        s.channels[channel] = m
-        let pending = s.pendingState.removeValue(forKey: channel)?.items ?? []
-        sessions[id] = s
-        return (pending, already, s.version)
     }
 
     /// Records a leave; returns the version it is stamped with, or nil when the session was not in
     /// the channel.
     public mutating func left(_ id: SessionID, channel: ChannelKey) -> UInt64? {
-        guard var s = sessions[id], s.channels.removeValue(forKey: channel) != nil else { return nil }
-        s.version = SessionVersion.bumped(s.version)
-        sessions[id] = s
-        return s.version
+        try? withSession(id) { (s: inout Session) -> UInt64? in
+            guard s.channels.removeValue(forKey: channel) != nil else { return nil }
+            s.version = SessionVersion.bumped(s.version)
+            return s.version
+        } ?? nil
     }
 
     /// The user's state in a channel of the session, as its owner acknowledged it at `version`
     /// (kept if it is not older than what the session holds).
     public mutating func stateAcknowledged(_ id: SessionID, channel: ChannelKey, state: [StateItem], version: UInt64) {
-        guard let m = sessions[id]?.channels[channel], version >= m.stateVersion else { return }
-        sessions[id]?.channels[channel]?.state = state
-        sessions[id]?.channels[channel]?.stateVersion = version
+        _ = try? withSession(id) { (s: inout Session) in
+            guard let held = s.channels[channel]?.stateVersion, version >= held else { return }
+            s.channels[channel]!.state = state
+            s.channels[channel]!.stateVersion = version
+        }
     }
 
     /// Keeps state for a channel the session has not joined (applied when it joins).
     public mutating func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {
-        guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
-        if s.pendingState[channel] == nil && s.pendingState.count >= Limits.maxPendingStateChannels {
-            throw PresenceError(.resourceExhausted, "PENDING_STATE_LIMIT",
-                                "a session may hold state for at most \(Limits.maxPendingStateChannels) channels it has not joined")
+        try withSession(id) { (s: inout Session) throws(PresenceError) in
+            if s.pendingState[channel] == nil && s.pendingState.count >= Limits.maxPendingStateChannels {
+                throw PresenceError(.resourceExhausted, "PENDING_STATE_LIMIT",
+                                    "a session may hold state for at most \(Limits.maxPendingStateChannels) channels it has not joined")
+            }
+            var state = s.pendingState[channel] ?? StateItems()
+            let after = state.countAfterMerging(items)
+            guard after <= Limits.maxStateKeys else {
+                throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
+            }
+            state.merge(items)
+            s.pendingState[channel] = state
         }
-        var state = s.pendingState[channel] ?? StateItems()
-        let after = state.countAfterMerging(items)
-        guard after <= Limits.maxStateKeys else {
-            throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
-        }
-        state.merge(items)
-        s.pendingState[channel] = state
-        sessions[id] = s
     }
 
     public mutating func removePendingState(_ id: SessionID, channel: ChannelKey, keys: [String]) {
-        guard var s = sessions[id], var state = s.pendingState[channel] else { return }
-        state.remove(keys)
-        s.pendingState[channel] = state.isEmpty ? nil : state
-        sessions[id] = s
+        _ = try? withSession(id) { (s: inout Session) in
+            guard var state = s.pendingState[channel] else { return }
+            state.remove(keys)
+            s.pendingState[channel] = state.isEmpty ? nil : state
+        }
     }
 
     // MARK: Watching
 
-    /// Adds and removes watched users; returns the newly watched ones. Throws when over the limit.
+    /// Adds and removes watched users; returns the newly watched ones. Throws when over the limit
+    /// (and changes nothing then).
     public mutating func watch(_ id: SessionID, add: [String], remove: [String]) throws(PresenceError) -> [String] {
-        guard var s = sessions[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
-        for u in remove { s.watching.remove(u) }
-        let added = add.filter { !s.watching.contains($0) }
-        let unique = Array(Set(added)).sorted()
-        guard s.watching.count + unique.count <= Limits.maxWatchedPerSession else {
-            throw PresenceError(.resourceExhausted, "WATCH_LIMIT", "a session may watch at most \(Limits.maxWatchedPerSession) users")
+        try withSession(id) { (s: inout Session) throws(PresenceError) in
+            let removing = Set(remove)
+            // (newly watched: not watched now, or watched and removed by this same call)
+            let unique = Array(Set(add.filter { !s.watching.contains($0) || removing.contains($0) })).sorted()
+            let stay = s.watching.count - removing.reduce(0) { $0 + (s.watching.contains($1) ? 1 : 0) }
+            guard stay + unique.count <= Limits.maxWatchedPerSession else {
+                throw PresenceError(.resourceExhausted, "WATCH_LIMIT", "a session may watch at most \(Limits.maxWatchedPerSession) users")
+            }
+            for u in removing { s.watching.remove(u) }
+            s.watching.formUnion(unique)
+            return unique
         }
-        s.watching.formUnion(unique)
-        sessions[id] = s
-        return unique
     }
 }

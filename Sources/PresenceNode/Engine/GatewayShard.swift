@@ -197,9 +197,14 @@ final class GatewayShard: Sendable {
     func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (user: String, outbox: SessionOutbox, pending: [StateItem], already: Bool, version: UInt64) {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in
-            let (s, o) = try Self.lookup(&st, id, now: now)
+            // (the copy `lookup` returns ends before the table changes the session in place)
+            let (user, o): (String, SessionOutbox)
+            do {
+                let (s, outbox) = try Self.lookup(&st, id, now: now)
+                (user, o) = (s.userID, outbox)
+            }
             let (pending, already, version) = try st.table.joined(id, channel: channel, withPresence: withPresence)
-            return (s.userID, o, pending, already, version)
+            return (user, o, pending, already, version)
         }
     }
 
@@ -207,8 +212,9 @@ final class GatewayShard: Sendable {
     func left(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (user: String, version: UInt64?) {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in
-            let (s, _) = try Self.lookup(&st, id, now: now)
-            return (s.userID, st.table.left(id, channel: channel))
+            let user: String
+            do { user = try Self.lookup(&st, id, now: now).0.userID }
+            return (user, st.table.left(id, channel: channel))
         }
     }
 

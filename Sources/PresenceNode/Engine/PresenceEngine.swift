@@ -72,6 +72,16 @@ final class EngineCore: Sendable {
         ClusterSessionRef(sessionID: s.id.description, userID: s.userID, gateway: me.id, withPresence: withPresence,
                           gatewayBoot: me.boot, version: version ?? s.version)
     }
+
+    /// The session's ref for a call on a channel it is in (stamped with its join's version), or nil
+    /// when it is not in the channel. Throws for an unknown or moved session. (No copy of the
+    /// session outlives this: one kept across a call would make the next change to the session's
+    /// channels copy them whole.)
+    func memberRef(_ g: GatewayShard, _ id: SessionID, _ key: ChannelKey) throws(PresenceError) -> ClusterSessionRef? {
+        let (s, _) = try g.session(id)
+        guard let m = s.channels[key] else { return nil }
+        return ref(s, version: m.joinVersion)
+    }
 }
 
 /// Every presence call of API.md on this node, in the three roles of ARCHITECTURE.md: gateway
@@ -197,12 +207,19 @@ public final class PresenceEngine: Sendable {
         let g = core.gatewayShard(id)
         let j = try g.joined(id, channel: key, withPresence: withPresence)
         if !withPresence { core.gateway.subscriptions.unsubscribe(key, id) }
-        guard let s = g.held(id) else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+        // (the refs are made here, not from a copy of the session kept across the calls: that copy
+        // would make the next change to the session's channels copy them whole)
+        let (channelRef, homeRef): (ClusterSessionRef, ClusterSessionRef)
+        do {
+            guard let s = g.held(id) else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+            channelRef = core.ref(s, withPresence: withPresence, version: j.version)
+            homeRef = core.ref(s, version: j.version)
+        }
         let r: ClusterChannelResult
         do {
             r = try await sessionCall(id) { () async throws(PresenceError) in
                 try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .join,
-                                                                     session: core.ref(s, withPresence: withPresence, version: j.version), items: j.pending))
+                                                                     session: channelRef, items: j.pending))
             }
         } catch {
             if !j.already { _ = try? g.left(id, channel: key) }
@@ -215,7 +232,7 @@ public final class PresenceEngine: Sendable {
         // from a record without this join, and must make it there)
         _ = try await sessionCall(id) { () async throws(PresenceError) in
             try await router.homeCall(j.user, .sessionJoined) { c in
-                c.session = core.ref(s, version: j.version)
+                c.session = homeRef
                 c.channel = ClusterSessionChannel(key, withPresence: withPresence)
             }
         }
@@ -226,12 +243,15 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         let g = core.gatewayShard(id)
         let (user, left) = try g.left(id, channel: key)
-        guard let s = g.held(id) else { return }
         // (not in the channel here: a retry of a leave whose acknowledgement failed, or a leave of
         // a channel never joined; both ends are told again, which changes nothing if they knew)
-        let version = left ?? s.version
+        let ref: ClusterSessionRef
+        do {
+            guard let s = g.held(id) else { return }
+            ref = core.ref(s, version: left ?? s.version)
+        }
         core.gateway.subscriptions.unsubscribe(key, id)
-        let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: core.ref(s, version: version))
+        let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ref)
         do {
             _ = try await router.channelCall(key, call)
         } catch {
@@ -242,7 +262,7 @@ public final class PresenceEngine: Sendable {
         // acknowledged only once its home's record says so too (a resume elsewhere starts from it)
         _ = try await sessionCall(id) { () async throws(PresenceError) in
             try await router.homeCall(user, .sessionLeft) { c in
-                c.session = core.ref(s, version: version)
+                c.session = ref
                 c.channel = ClusterSessionChannel(key, withPresence: false)
             }
         }
@@ -253,14 +273,13 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         let items = try Validate.stateItems(items)
         let g = core.gatewayShard(id)
-        let (s, _) = try g.session(id)
-        guard let m = s.channels[key] else {
+        guard let ref = try core.memberRef(g, id, key) else {
             try g.setPendingState(id, channel: key, items: items)
             return
         }
         let r = try await sessionCall(id, key) { () async throws(PresenceError) in
             try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .setState,
-                                                                 session: core.ref(s, version: m.joinVersion), items: items))
+                                                                 session: ref, items: items))
         }
         g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
     }
@@ -270,14 +289,13 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         for k in keys { try Validate.stateKey(k) }
         let g = core.gatewayShard(id)
-        let (s, _) = try g.session(id)
-        guard let m = s.channels[key] else {
+        guard let ref = try core.memberRef(g, id, key) else {
             g.removePendingState(id, channel: key, keys: keys)
             return
         }
         let r = try await sessionCall(id, key) { () async throws(PresenceError) in
             try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .removeState,
-                                                                 session: core.ref(s, version: m.joinVersion), keys: keys))
+                                                                 session: ref, keys: keys))
         }
         g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
     }

@@ -35,8 +35,9 @@ final class Subscriptions: Sendable {
 
     func unsubscribe(_ key: ChannelKey, _ id: SessionID) {
         shard(key).map.withLock { m in
-            guard var subs = m[key], subs.removeValue(forKey: id) != nil else { return }
-            m[key] = subs.isEmpty ? nil : subs
+            // (in place: a copy written back would copy the channel's subscribers whole)
+            guard m[key]?.removeValue(forKey: id) != nil else { return }
+            if m[key]?.isEmpty == true { m[key] = nil }
         }
     }
 
