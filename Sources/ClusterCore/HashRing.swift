@@ -25,7 +25,8 @@ public struct HashRing: Sendable, Equatable {
         self.virtualNodes = virtualNodes
         self.members = Array(set).sorted()
         self.boots = boots.filter { set.contains($0.key) }
-        self.fingerprint = StableHash.of(self.members.map { "\($0)@\(boots[$0] ?? 0)" }.joined(separator: "\n"))
+        // (never 0: a peer call stamped 0 carries no ring and is refused)
+        self.fingerprint = max(1, StableHash.of(self.members.map { "\($0)@\(boots[$0] ?? 0)" }.joined(separator: "\n")))
         self.points = []
         rebuild()
     }

@@ -42,9 +42,10 @@ public struct LoopBound<Value: AnyObject>: @unchecked Sendable {
         return wrapped
     }
 
-    /// Runs `body` with the value on its loop.
-    public func execute(_ body: @escaping @Sendable (Value) -> Void) {
+    /// Runs `body` with the value on its loop. False when the loop has stopped (`body` never runs).
+    @discardableResult
+    public func execute(_ body: @escaping @Sendable (Value) -> Void) -> Bool {
         let box = self
-        loop.execute { body(box.value) }
+        return loop.execute { body(box.value) }
     }
 }

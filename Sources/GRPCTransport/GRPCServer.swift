@@ -87,7 +87,10 @@ public final class GRPCServer: Sendable {
     public func connectionsPerLoop() async -> [Int] {
         var counts: [Int] = []
         for core in cores.withLock({ $0 }) {
-            counts.append(await withCheckedContinuation { done in core.execute { done.resume(returning: $0.openConnections) } })
+            counts.append(await withCheckedContinuation { done in
+                // (a stopped loop runs nothing: it holds no connections)
+                if !core.execute({ done.resume(returning: $0.openConnections) }) { done.resume(returning: 0) }
+            })
         }
         return counts
     }

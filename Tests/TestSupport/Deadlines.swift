@@ -9,6 +9,8 @@ public struct TimedOutWaiting: Error, CustomStringConvertible {
 
 /// Runs `body` (a stream read, say) with a deadline: its result, or `TimedOutWaiting` once
 /// `seconds` pass (the body is cancelled then). A test reading a stream fails instead of hanging.
+/// (The body must honour cancellation — stream reads do, they cancel their call — since the
+/// task group waits for it to return.)
 public func within<T: Sendable>(_ seconds: Double, _ what: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
     try await withThrowingTaskGroup(of: T?.self) { group in
         group.addTask { try await body() }
