@@ -42,27 +42,45 @@ public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible
         return SessionID(hi: g.next(), lo: g.next() | 1)  // never 0
     }
 
-    /// Parses the 32-hex-digit text form (or the 16-digit form of 64-bit ids); nil for anything else.
+    /// Parses the 32-hex-digit text form (or the 16-digit form of 64-bit ids), lower-case; nil for
+    /// anything else. (Read straight from the UTF-8 bytes: every call names its session this way.)
     public init?(text: String) {
-        let n = text.utf8.count
-        guard n == 16 || n == 32, text.utf8.allSatisfy({ ($0 >= 48 && $0 <= 57) || ($0 >= 97 && $0 <= 102) }) else { return nil }
-        if n == 16 {
-            guard let v = UInt64(text, radix: 16), v != 0 else { return nil }
-            hi = 0
-            raw = v
-        } else {
-            guard let h = UInt64(text.prefix(16), radix: 16), let l = UInt64(text.suffix(16), radix: 16), h != 0 || l != 0 else { return nil }
-            hi = h
-            raw = l
+        var text = text
+        let parsed = text.withUTF8 { bytes -> (hi: UInt64, lo: UInt64)? in
+            guard bytes.count == 16 || bytes.count == 32 else { return nil }
+            var hi: UInt64 = 0, lo: UInt64 = 0
+            for (i, c) in bytes.enumerated() {
+                let digit: UInt64
+                switch c {
+                case 48...57: digit = UInt64(c &- 48)    // 0-9
+                case 97...102: digit = UInt64(c &- 87)   // a-f
+                default: return nil
+                }
+                if bytes.count == 32 && i < 16 { hi = hi << 4 | digit } else { lo = lo << 4 | digit }
+            }
+            return (hi, lo)
+        }
+        guard let parsed, parsed.hi != 0 || parsed.lo != 0 else { return nil }
+        hi = parsed.hi
+        raw = parsed.lo
+    }
+
+    public var description: String {
+        let digits = hi == 0 ? 16 : 32
+        return String(unsafeUninitializedCapacity: digits) { out in
+            var i = 0
+            func put(_ word: UInt64) {
+                for shift in stride(from: 60, through: 0, by: -4) {
+                    let d = UInt8(truncatingIfNeeded: word >> UInt64(shift)) & 0xf
+                    out[i] = d < 10 ? 48 &+ d : 87 &+ d
+                    i += 1
+                }
+            }
+            if hi != 0 { put(hi) }
+            put(raw)
+            return digits
         }
     }
-
-    private static func hex16(_ v: UInt64) -> String {
-        let hex = String(v, radix: 16)
-        return String(repeating: "0", count: 16 - hex.count) + hex
-    }
-
-    public var description: String { hi == 0 ? Self.hex16(raw) : Self.hex16(hi) + Self.hex16(raw) }
 
     /// All 128 bits folded into one number, for digests.
     public var digest: UInt64 { raw ^ (hi &* 0x9E37_79B9_7F4A_7C15) }

@@ -306,6 +306,16 @@ let sec: UInt64 = 1_000_000_000
         #expect(SessionID(text: "xyz") == nil)
         #expect(SessionID(text: "0000000000000000") == nil)
         #expect(SessionID(raw: 255).description == "00000000000000ff")
+        // the text forms, pinned: 32 lower-case hex digits (16 for the 64-bit ids still read)
+        let both = SessionID(hi: 0x0123_4567_89ab_cdef, lo: 0xfedc_ba98_7654_3210)
+        #expect(both.description == "0123456789abcdeffedcba9876543210")
+        #expect(SessionID(text: "0123456789abcdeffedcba9876543210") == both)
+        #expect(SessionID(text: "00000000000000ff") == SessionID(raw: 255))
+        #expect(SessionID(text: "0000000000000000000000000000000a") == SessionID(raw: 10))
+        for bad in ["0123456789ABCDEFFEDCBA9876543210", "0123456789abcdeg", "00000000000000000000000000000000",
+                    "0123456789abcde", "0123456789abcdef0", "0123456789abcdef0123456789abcdef0", " 123456789abcdef", "", "é123456789abcde"] {
+            #expect(SessionID(text: bad) == nil, "\(bad)")
+        }
     }
 
     /// Every node and every version must place a key the same way: the values are pinned (FNV-1a
