@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include "CSystemShim.h"
 
 #define PAGE 4096u
@@ -64,11 +65,24 @@ static void *take(unsigned pages) {
 #  define PAGES_UNDER_ASAN 1
 #endif
 
+/* Blocks are carved in 4 KiB pages: on a kernel with larger pages, madvise would round a block's
+   range up and zero its neighbours, so there the allocator steps aside. */
+static int page_size_is_4k(void) {
+    static int known = -1;   /* (every thread computes the same answer) */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k < 0) {
+        k = sysconf(_SC_PAGESIZE) == (long)PAGE;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k;
+}
+
 static void *pages_alloc(size_t size) {
 #ifdef PAGES_UNDER_ASAN
     (void)size;
     return NULL;   /* under AddressSanitizer everything goes to its malloc, which checks each access */
 #endif
+    if (!page_size_is_4k()) return NULL;
     if (size < PAGE || size > (size_t)MAX_PAGES * PAGE) return NULL;
     unsigned pages = (unsigned)((size + PAGE - 1) / PAGE);
     pthread_mutex_lock(&lock);
@@ -81,7 +95,7 @@ int cshim_pages_enabled(void) {
 #ifdef PAGES_UNDER_ASAN
     return 0;
 #else
-    return 1;
+    return page_size_is_4k();
 #endif
 }
 

@@ -37,7 +37,7 @@ void *cshim_pages_malloc(size_t size, void *user);
 void *cshim_pages_calloc(size_t count, size_t size, void *user);
 void cshim_pages_free(void *p, void *user);
 void *cshim_pages_realloc(void *p, size_t size, void *user);
-/* 0 under AddressSanitizer, where every request goes to its malloc. */
+/* 0 under AddressSanitizer, or on a kernel whose pages are not 4 KiB: every request then goes to malloc. */
 int cshim_pages_enabled(void);
 
 /* One nghttp2 session's view of the allocator, passed as its nghttp2_mem's mem_user_data.
