@@ -192,6 +192,15 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return true
     }
 
+    /// What `read` makes of an owned value, read in place (`inspectOwned`), or nil when the key is
+    /// not owned here. (Inlinable: each caller's result type is specialised where it is called.)
+    @inlinable
+    public mutating func readOwned<R>(_ key: V.Key, _ read: (inout V) -> R) -> R? {
+        var result: R? = nil
+        _ = inspectOwned(key) { result = read(&$0) }
+        return result
+    }
+
     /// Whether an owned key was taken over from a possibly stale copy and is not to be served
     /// yet (`staleHold`): calls are refused (retryable), and its followers' fresh start waits.
     @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
@@ -208,6 +217,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// Runs an owner's call on the key's value (created, with a new lineage, when `create` and it
     /// does not exist); drops the value once it is empty. Nil when the value does not exist.
+    /// (Inlinable: each caller's result type is specialised where it is called; the work is done
+    /// by `withOwnedValue`, pre-specialised.)
+    @inlinable
     public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
                                       _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
         var result: R? = nil

@@ -227,6 +227,15 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         }
     }
 
+    /// Applies `change` to a known session where it lies (a copy written back would copy its
+    /// channels whole on every call) and raises its version to `version`.
+    private mutating func changeSession(_ session: SessionID, version: UInt64, _ change: (inout Session) -> Void) {
+        guard let i = sessions.index(forKey: session) else { return }
+        change(&sessions.values[i])
+        sessions.values[i].version = max(sessions.values[i].version, version)
+        revised()
+    }
+
     /// The session joined a channel (its gateway stamped the join `version`).
     /// The session's gateway says it joined `channel`. Returns the later version this home knows
     /// when that gateway was superseded (its client resumed the session elsewhere): nothing changes,
@@ -234,11 +243,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @discardableResult
     public mutating func sessionJoined(session: SessionID, channel: ChannelKey, withPresence: Bool, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        // (changed in place: a copy written back would copy the session's channels whole)
-        guard let i = sessions.index(forKey: session) else { return nil }
-        sessions.values[i].channels[channel] = withPresence
-        sessions.values[i].version = max(sessions.values[i].version, version)
-        revised()
+        changeSession(session, version: version) { $0.channels[channel] = withPresence }
         return nil
     }
 
@@ -247,10 +252,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @discardableResult
     public mutating func sessionLeft(session: SessionID, channel: ChannelKey, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        guard let i = sessions.index(forKey: session) else { return nil }
-        sessions.values[i].channels[channel] = nil
-        sessions.values[i].version = max(sessions.values[i].version, version)
-        revised()
+        changeSession(session, version: version) { $0.channels[channel] = nil }
         return nil
     }
 

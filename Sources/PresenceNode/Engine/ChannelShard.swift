@@ -95,7 +95,7 @@ actor ChannelShard {
     /// After anything that may have changed which channels need ticking or sweeping.
     private func reschedule(_ keys: some Sequence<ChannelKey>) {
         for key in keys {
-            if owned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
+            if space.readOwned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
         }
         scheduleSweep()
     }
@@ -134,7 +134,7 @@ actor ChannelShard {
     /// A call from a gateway this owner knows to be superseded for the session (its client resumed
     /// it elsewhere): refused, and the gateway drops the session.
     private func refuseIfMoved(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
-        if let newer = owned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil {
+        if let newer = space.readOwned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil {
             throw PresenceError.sessionMoved(c.id, supersededBy: newer)
         }
     }
@@ -147,32 +147,23 @@ actor ChannelShard {
         var routed: [RoutedDelivery<NodeInstance>] = []
         var deltas: [ChannelCopy<NodeInstance>] = []
         let created = !space.hasOwned(key)
-        var r: R? = nil
-        _ = try space.withOwnedValue(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) in
-            let (d, result) = try body(&m)
-            r = result
+        let r = try space.withOwned(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) -> R in
+            let (d, r) = try body(&m)
             routed = m.route(d)
             // (taken here: a channel left empty is gone once this returns; a channel this call
             // created goes whole, so its replicas hold all of it from the start)
             if replicated, let user { deltas = created ? m.fullCopies(handoff: false) : [m.delta(users: [user], left: left)] }
+            return r
         }
         deliver(routed)
         for delta in deltas { carryOut(space.replicate(delta)) }
-        if owned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
-        return r
-    }
-
-    /// What `read` makes of the channel's owned machine, read in place (no copy), or nil when it
-    /// is not owned here.
-    private func owned<R>(_ key: ChannelKey, _ read: (inout Machine) -> R) -> R? {
-        var r: R? = nil
-        _ = space.inspectOwned(key) { r = read(&$0) }
+        if space.readOwned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
         return r
     }
 
     private func stateResult(_ key: ChannelKey, _ user: String) -> ClusterChannelResult {
         var r = ClusterChannelResult()
-        _ = owned(key) { m in
+        _ = space.readOwned(key) { m in
             r.state = m.state(of: user) ?? []
             r.stateVersion = m.stateVersion(of: user)
         }
@@ -182,7 +173,7 @@ actor ChannelShard {
     /// The session is not in the channel here: its gateway (which holds it there) says so again
     /// with an announce, then retries.
     private func requireMember(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
-        guard owned(key, { $0.contains(user: c.user, session: c.id) }) == true else {
+        guard space.readOwned(key, { $0.contains(user: c.user, session: c.id) }) == true else {
             throw PresenceError(.failedPrecondition, "NOT_A_MEMBER", "session \(c.id) is not in \(key) at its owner")
         }
     }
@@ -201,7 +192,7 @@ actor ChannelShard {
             let c = try caller(call)
             try refuseIfMoved(c, key)
             let pending = try Validate.stateItems(call.items)
-            if owned(key, { $0.leftAfter(c.id, c.version) }) == true { return stateResult(key, c.user) }  // a join from before its leave
+            if space.readOwned(key, { $0.leftAfter(c.id, c.version) }) == true { return stateResult(key, c.user) }  // a join from before its leave
             _ = try update(key, user: c.user, create: true) { m in
                 (m.join(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
                         version: c.version, pendingState: pending, now: now), ())
@@ -227,9 +218,9 @@ actor ChannelShard {
         case .leave:
             let c = try caller(call)
             var result = ClusterChannelResult()
-            guard (owned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil) == nil else {
+            guard (space.readOwned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil) == nil else {
                 // a superseded gateway's leave: the session lives on elsewhere
-                result.userGone = !(owned(key, { $0.contains(user: c.user) }) ?? false)
+                result.userGone = !(space.readOwned(key, { $0.contains(user: c.user) }) ?? false)
                 return result
             }
             let gone = try update(key, user: c.user, left: c.id, create: false) { m in
@@ -258,14 +249,14 @@ actor ChannelShard {
         case .getState:
             let user = try Validate.userID(call.userID)
             var result = ClusterChannelResult()
-            if let items = owned(key, { $0.state(of: user) }) ?? nil {
+            if let items = space.readOwned(key, { $0.state(of: user) }) ?? nil {
                 result.found = true
                 result.state = items
             }
             return result
         case .list:
             var result = ClusterChannelResult()
-            _ = owned(key) { m in
+            _ = space.readOwned(key) { m in
                 result.total = UInt32(m.occupancy)
                 if !call.countOnly {
                     let (users, next) = m.page(after: call.after.isEmpty ? nil : call.after, includeState: call.includeState)
@@ -435,7 +426,7 @@ actor ChannelShard {
             var routed: [RoutedDelivery<NodeInstance>] = []
             _ = try? space.withOwned(key, create: false, now: now) { m in routed = m.route(m.tick(now: now)) }
             deliver(routed)
-            if owned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
+            if space.readOwned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
         }
         if intervalChannels.isEmpty {
             ticker = nil

@@ -91,12 +91,11 @@ actor UserHomeShard {
         var change: Record.StatusChange? = nil
         var copy: HomeCopy? = nil
         let replicated = !space.replicas(of: user).isEmpty
-        var r: R? = nil
-        _ = try space.withOwnedValue(user, create: create, now: wall) { (rec: inout Record) throws(PresenceError) in
-            let (c, result) = try body(&rec)
-            r = result
+        let r = try space.withOwned(user, create: create, now: wall) { (rec: inout Record) throws(PresenceError) -> R in
+            let (c, r) = try body(&rec)
             change = c
             if replicated { copy = HomeCopy(record: rec, handoff: false) }
+            return r
         }
         if let change { fabric.deliver(change, at: wall) }
         if let copy { carryOut(space.replicate(copy)) }
@@ -105,13 +104,6 @@ actor UserHomeShard {
 
     private func record(_ id: SessionID, _ s: Record.Session) -> ClusterHomeSession { ClusterHomeSession(id, s) }
 
-    /// What `read` makes of the user's owned record, read in place (no copy), or nil when it is not
-    /// owned here.
-    private func owned<R>(_ user: String, _ read: (inout Record) -> R) -> R? {
-        var r: R? = nil
-        _ = space.inspectOwned(user) { r = read(&$0) }
-        return r
-    }
 
     private func perform(_ call: ClusterHomeCall, users: [String]) throws(PresenceError) -> ClusterHomeResult {
         var result = ClusterHomeResult()
@@ -133,7 +125,7 @@ actor UserHomeShard {
                 try update(user, create: true) { r in (r.announce(session: id, record: rec).change, ()) }
                 if call.status != .unknown { try update(user, create: true) { r in (r.setStatus(call.status), ()) } }
             } else {
-                if owned(user, { $0.sessions[id] == nil && $0.sessions.count >= Limits.maxSessionsPerUser }) == true {
+                if space.readOwned(user, { $0.sessions[id] == nil && $0.sessions.count >= Limits.maxSessionsPerUser }) == true {
                     throw PresenceError(.resourceExhausted, "SESSION_LIMIT", "a user may have at most \(Limits.maxSessionsPerUser) sessions open; close one first")
                 }
                 try update(user, create: true) { r in (r.sessionOpened(session: id, sink: sink, version: version, initial: call.status), ()) }
@@ -170,7 +162,7 @@ actor UserHomeShard {
                 return (r.sessionEnded(session: id, version: version, now: wall), ())
             }
         case .setStatus:
-            if let (id, _, version) = try? caller(call), let newer = owned(user, { $0.supersedingVersion(of: id, version) }) ?? nil {
+            if let (id, _, version) = try? caller(call), let newer = space.readOwned(user, { $0.supersedingVersion(of: id, version) }) ?? nil {
                 throw PresenceError.sessionMoved(id, supersededBy: newer)
             }
             try update(user, create: true) { r in (r.setStatus(call.status), ()) }
@@ -197,16 +189,16 @@ actor UserHomeShard {
                 return (nil, ())
             }
         case .channels:
-            result.channels = (owned(user, { $0.channels }) ?? []).map { ClusterSessionChannel($0, withPresence: false) }
+            result.channels = (space.readOwned(user, { $0.channels }) ?? []).map { ClusterSessionChannel($0, withPresence: false) }
         case .statuses:
-            result.statuses = users.map { u in UserStatusEntry(userID: u, status: owned(u, { $0.visibleStatus }) ?? .unknown) }
+            result.statuses = users.map { u in UserStatusEntry(userID: u, status: space.readOwned(u, { $0.visibleStatus }) ?? .unknown) }
         case .watch:
             let (id, sink, version) = try caller(call)
             for u in users {
                 try update(u, create: true) { r in (r.watch(by: id, sink: sink, version: version), ()) }
                 space.placed(u, at: sink, now: now)
             }
-            result.statuses = users.map { u in UserStatusEntry(userID: u, status: owned(u, { $0.visibleStatus }) ?? .unknown) }
+            result.statuses = users.map { u in UserStatusEntry(userID: u, status: space.readOwned(u, { $0.visibleStatus }) ?? .unknown) }
             scheduleSweep()
         case .unwatch:
             let (id, sink, _) = try caller(call)
@@ -218,7 +210,7 @@ actor UserHomeShard {
             }
         case .lookupSession:
             let (id, _, _) = try caller(call)
-            if let s = owned(user, { $0.sessions[id] }) ?? nil {
+            if let s = space.readOwned(user, { $0.sessions[id] }) ?? nil {
                 result.found = true
                 result.session = record(id, s)
             }
