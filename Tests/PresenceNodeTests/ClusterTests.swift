@@ -119,6 +119,74 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// Names (from `prefix`) whose channel owner, or user home, is `node` on `nodes[0]`'s ring.
+    func names(_ count: Int, ownedBy node: String, in nodes: [TestNode], prefix: String, home: Bool = false) -> [String] {
+        let topology = nodes[0].node.engine.topology
+        return (0..<10_000).lazy.map { "\(prefix)\($0)" }
+            .filter { (home ? topology.home(of: $0) : topology.owner(of: ChannelKey(name: $0, type: .message))) == node }
+            .prefix(count).map { $0 }
+    }
+
+    /// RELIABILITY.md, invariant 7: a CloseSession whose owners and home cannot be reached from its
+    /// gateway (a cut link: both ends alive) goes through another member for each, all at once: it
+    /// is answered after one unanswered attempt, not one per channel, and everyone sees the leave.
+    @Test func aCloseAcrossACutLinkIsAnsweredAfterOneUnansweredAttemptNotOnePerChannel() async throws {
+        let nodes = try await cluster(3)
+        let far = nodes[1].node.configuration.nodeID
+        let user = try #require(names(1, ownedBy: far, in: nodes, prefix: "u", home: true).first)
+        let rooms = names(6, ownedBy: far, in: nodes, prefix: "far-room-")
+        let watched = names(3, ownedBy: far, in: nodes, prefix: "w", home: true)
+        let ann = nodes[0].client(user), bob = nodes[2].client("bob")
+        let inbox = Inbox(bob)
+        try await ann.connect()
+        try await bob.connect()
+        for r in rooms {
+            try await bob.join(r, withPresence: true)
+            try await ann.join(r, withPresence: false)
+        }
+        _ = try await ann.watch(watched)
+        try await inbox.waitFor(.remoteJoin, publisher: user, count: rooms.count)
+        let link = try #require(nodes[0].node.engine.core.link)
+        link.leaveCallsUnansweredForTesting(to: far, true)
+        let t0 = MonotonicClock.now()
+        _ = try await nodes[0].raw().unary(PresenceMethods.closeSession, CloseSessionRequest(sessionID: try #require(ann.sessionID)))
+        let took = MonotonicClock.now() - t0
+        let attempt = nodes[0].node.engine.settings.timings.firstPushTimeout
+        // (one after another, the 6 leaves, the home and the unwatch would take 8 attempts)
+        #expect(took < attempt * 3, "CloseSession took \(took / 1_000_000) ms; one unanswered attempt is \(attempt / 1_000_000) ms")
+        try await inbox.waitFor(.remoteLeave, publisher: user, count: rooms.count, within: 2)
+        link.leaveCallsUnansweredForTesting(to: far, false)
+        #expect(try await bob.userChannels(user).isEmpty)
+        await ann.close()
+        await bob.close()
+        for n in nodes { await n.stop() }
+    }
+
+    /// RELIABILITY.md, invariant 7: a call whose owner answers neither directly nor through the
+    /// other members is answered UNAVAILABLE once the retry window has passed, its last attempt cut
+    /// short to fit (not a whole peer call timeout past the window).
+    @Test func aCallNobodyCanCarryIsAnsweredUnavailableSoonAfterTheRetryWindow() async throws {
+        let nodes = try await cluster(3)
+        let far = nodes[1].node.configuration.nodeID
+        let room = try #require(names(1, ownedBy: far, in: nodes, prefix: "far-room-").first)
+        let ann = nodes[0].client("ann")
+        try await ann.connect()
+        try await ann.join(room, withPresence: false)
+        for n in [nodes[0], nodes[2]] { try #require(n.node.engine.core.link).leaveCallsUnansweredForTesting(to: far, true) }
+        let timings = nodes[0].node.engine.settings.timings
+        let t0 = MonotonicClock.now()
+        await expectError(.unavailable) { try await ann.setState(room, ["mic": "on"]) }
+        let took = MonotonicClock.now() - t0
+        #expect(took >= timings.routingRetry - timings.routingRetry / 10, "gave up after \(took / 1_000_000) ms, before the retry window")
+        // (here the second attempt, through the third node, would run 2 s past the window's start;
+        // it is cut to what is left of the window)
+        #expect(took < timings.routingRetry + timings.firstPushTimeout / 2,
+                "answered after \(took / 1_000_000) ms; the window is \(timings.routingRetry / 1_000_000) ms")
+        for n in [nodes[0], nodes[2]] { try #require(n.node.engine.core.link).leaveCallsUnansweredForTesting(to: far, false) }
+        await ann.close()
+        for n in nodes { await n.stop() }
+    }
+
     @Test func aKilledNodeLosesNothingOfLiveSessionsAndItsOwnTimeOut() async throws {
         let nodes = try await cluster(3)
         let ann = nodes[0].client("ann"), bob = nodes[1].client("bob"), cy = nodes[2].client("cy")

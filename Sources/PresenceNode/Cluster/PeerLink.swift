@@ -70,6 +70,19 @@ public final class PeerLink: Sendable {
         }
     }
 
+    /// (tests) Nodes whose channel and home calls get no answer, as over a cut link: each waits
+    /// for its timeout and fails. (Pushes, SWIM and calls relayed by other members are untouched.)
+    private let unansweredForTesting = Mutex<Set<String>>([])
+    private let anyUnansweredForTesting = Atomic<Bool>(false)
+
+    /// (tests) Leaves the channel and home calls to `node` unanswered until called with `false`.
+    public func leaveCallsUnansweredForTesting(to node: String, _ cut: Bool) {
+        unansweredForTesting.withLock { cuts in
+            if cut { cuts.insert(node) } else { cuts.remove(node) }
+            anyUnansweredForTesting.store(!cuts.isEmpty, ordering: .relaxed)
+        }
+    }
+
     /// Counts by peer, with each peer's queue now (items and bytes waiting to be sent).
     public func peerStats() -> [(peer: String, counts: PeerCounts, queuedItems: Int, queuedBytes: Int)] {
         let depths = queues.withLock { qs in qs.map { ($0.key.id, $0.value.depth) } }
@@ -101,6 +114,10 @@ public final class PeerLink: Sendable {
                                                       timeout: UInt64? = nil) async throws(PresenceError) -> Resp {
         guard let client = clientFor(node) else {
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")
+        }
+        if anyUnansweredForTesting.load(ordering: .relaxed), unansweredForTesting.withLock({ $0.contains(node) }) {
+            try? await Task.sleep(nanoseconds: timeout ?? timings.peerCallTimeout)
+            throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer (cut for a test)")
         }
         do {
             return try await client.unary(method, request, timeout: .nanoseconds(Int64(timeout ?? timings.peerCallTimeout)))

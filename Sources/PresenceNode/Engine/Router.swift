@@ -52,16 +52,21 @@ struct Router: Sendable {
 
     /// Where one attempt of a call goes. The first goes straight to the owner and is given little
     /// time; after the owner could not be reached (a link may be cut while both ends live), every
-    /// other attempt goes through another member, which forwards it once.
+    /// other attempt goes through another member, which forwards it once. No attempt runs past the
+    /// retry window by more than a first attempt's time, so a call is answered within
+    /// `routingRetry + firstPushTimeout` (2.7 s) even when its last attempt gets no answer.
     struct Attempt {
         let number: Int
         let unreachable: Bool
         let timings: ClusterTimings
+        /// Nanoseconds left of the call's retry window.
+        var windowLeft: UInt64 = .max
 
         func target(_ owner: String, relays: [String]) -> (String, UInt64) {
             if number == 0 { return (owner, timings.firstPushTimeout) }
-            if unreachable && number % 2 == 1, let relay = relays.randomElement() { return (relay, timings.peerCallTimeout) }
-            return (owner, timings.peerCallTimeout)
+            let timeout = min(timings.peerCallTimeout, max(timings.firstPushTimeout, windowLeft))
+            if unreachable && number % 2 == 1, let relay = relays.randomElement() { return (relay, timeout) }
+            return (owner, timeout)
         }
     }
 
@@ -80,10 +85,11 @@ struct Router: Sendable {
                 return try await body(attempt)
             } catch where error.kind == .unavailable && core.clock.monotonicNanoseconds() + pause < deadline && !Task.isCancelled {
                 // (a node that did not answer at all is unreachable; one that refused is not)
-                attempt = Attempt(number: attempt.number + 1, unreachable: attempt.unreachable || error.name == "NODE_UNAVAILABLE",
-                                  timings: core.timings)
                 try? await Task.sleep(nanoseconds: pause)
                 pause = min(pause * 2, 200_000_000)
+                let now = core.clock.monotonicNanoseconds()
+                attempt = Attempt(number: attempt.number + 1, unreachable: attempt.unreachable || error.name == "NODE_UNAVAILABLE",
+                                  timings: core.timings, windowLeft: deadline > now ? deadline - now : 0)
             }
         }
     }

@@ -89,20 +89,24 @@ struct SessionLifecycle: Sendable {
 
     /// Tells the session's channels' owners and its watched users' homes that it lives here now,
     /// at its new version (with the state this gateway holds for it).
+    /// (All at once, as a session's end: one unreachable owner costs its retry window once.)
     func announce(_ s: SessionTable.Session) async {
-        for key in s.channels.keys.sorted() {
-            do {
+        let refusals = await concurrently(s.channels.keys.sorted()) { [self] key -> UInt64? in
+            do throws(PresenceError) {
                 try await announce(s, key)
             } catch {
-                if error.name == "SESSION_MOVED" {
-                    superseded(s.id, by: error.supersededBy)
-                    return
-                }
+                if error.name == "SESSION_MOVED" { return error.supersededBy }
                 // (anti-entropy tells the owner later)
             }
+            return nil
         }
-        for users in router.byHome(s.watching.sorted()) {
-            _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: core.ref(s)))
+        if let movedTo = refusals.compactMap({ $0 }).max() {
+            superseded(s.id, by: movedTo)
+            return
+        }
+        let ref = core.ref(s)
+        _ = await concurrently(router.byHome(s.watching.sorted())) { [router] users in
+            _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: ref))
         }
     }
 
@@ -167,16 +171,34 @@ struct SessionLifecycle: Sendable {
 
     /// Tells the session's owners and home that it ended (stamped with its last version, so an
     /// owner that knows a later epoch ignores it).
+    /// The owners and the home are told at the same time: one unreachable owner (a cut link) costs
+    /// its retry window once, not once per channel (RELIABILITY.md, invariant 7).
     private func end(_ s: SessionTable.Session, timedOut: Bool) async {
         let version = SessionVersion.bumped(s.version)
+        var ends: [EndCall] = []
         for key in s.channels.keys.sorted() {
             core.gateway.subscriptions.unsubscribe(key, s.id)
-            let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: core.ref(s, version: version), timedOut: timedOut)
-            if (try? await router.channelCall(key, call)) == nil { endLater { [router] () async throws(PresenceError) in _ = try await router.channelCall(key, call) } }
+            ends.append(.channel(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave,
+                                                         session: core.ref(s, version: version), timedOut: timedOut)))
         }
-        let ended = ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: core.ref(s, version: version))
-        if (try? await router.homeCall(ended)) == nil { endLater { [router] () async throws(PresenceError) in _ = try await router.homeCall(ended) } }
+        ends.append(.home(ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: core.ref(s, version: version))))
+        _ = await concurrently(ends) { [self] end in
+            if (try? await send(end)) == nil { endLater { [self] () async throws(PresenceError) in try await send(end) } }
+        }
         await unwatch(Array(s.watching), by: s)
+    }
+
+    /// One of the calls that tell a session's owners and home it ended.
+    private enum EndCall: Sendable {
+        case channel(ChannelKey, ClusterChannelCall)
+        case home(ClusterHomeCall)
+    }
+
+    private func send(_ end: EndCall) async throws(PresenceError) {
+        switch end {
+        case .channel(let key, let call): _ = try await router.channelCall(key, call)
+        case .home(let call): _ = try await router.homeCall(call)
+        }
     }
 
     /// A session's end must reach its owners even if they were unreachable for the whole retry
@@ -186,8 +208,9 @@ struct SessionLifecycle: Sendable {
     }
 
     func unwatch(_ users: [String], by s: SessionTable.Session) async {
-        for us in router.byHome(users) {
-            _ = try? await router.homeCall(ClusterHomeCall(userIDs: us, op: .unwatch, session: core.ref(s)))
+        let ref = core.ref(s)
+        _ = await concurrently(router.byHome(users)) { [router] us in
+            _ = try? await router.homeCall(ClusterHomeCall(userIDs: us, op: .unwatch, session: ref))
         }
     }
 
