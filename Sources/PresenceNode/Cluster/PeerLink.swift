@@ -70,17 +70,26 @@ public final class PeerLink: Sendable {
         }
     }
 
-    /// (tests) Nodes whose channel and home calls get no answer, as over a cut link: each waits
-    /// for its timeout and fails. (Pushes, SWIM and calls relayed by other members are untouched.)
-    private let unansweredForTesting = Mutex<Set<String>>([])
-    private let anyUnansweredForTesting = Atomic<Bool>(false)
+    /// (tests) Nodes whose channel and home calls are slow or get no answer, as over a slow or cut
+    /// link: each call waits its delay (or its timeout, when shorter, and then fails unsent).
+    /// Pushes, SWIM and anti-entropy are untouched.
+    private let delayedForTesting = Mutex<[String: UInt64]>([:])
+    private let anyDelayedForTesting = Atomic<Bool>(false)
 
-    /// (tests) Leaves the channel and home calls to `node` unanswered until called with `false`.
-    public func leaveCallsUnansweredForTesting(to node: String, _ cut: Bool) {
-        unansweredForTesting.withLock { cuts in
-            if cut { cuts.insert(node) } else { cuts.remove(node) }
-            anyUnansweredForTesting.store(!cuts.isEmpty, ordering: .relaxed)
+    /// (tests) Delays the channel and home calls to `node` by `delay` ns (`.max`: never answered,
+    /// a cut link), or ends the delay with nil.
+    public func delayCallsForTesting(to node: String, by delay: UInt64?) {
+        delayedForTesting.withLock { delays in
+            delays[node] = delay
+            anyDelayedForTesting.store(!delays.isEmpty, ordering: .relaxed)
         }
+    }
+
+    private func delayIfSlowForTesting(_ node: String, timeout: UInt64?) async throws(PresenceError) {
+        guard anyDelayedForTesting.load(ordering: .relaxed), let delay = delayedForTesting.withLock({ $0[node] }) else { return }
+        let timeout = timeout ?? timings.peerCallTimeout
+        try? await Task.sleep(nanoseconds: min(delay, timeout))
+        if delay > timeout { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer (delayed for a test)") }
     }
 
     /// Counts by peer, with each peer's queue now (items and bytes waiting to be sent).
@@ -97,12 +106,14 @@ public final class PeerLink: Sendable {
     // MARK: Calls
 
     public func channel(_ node: String, _ call: ClusterChannelCall, timeout: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
+        try await delayIfSlowForTesting(node, timeout: timeout)
         let r = try await unary(node, PeerPresenceMethods.channel, call, timeout: timeout)
         if let e = r.error { throw PresenceError(wire: e) }
         return r
     }
 
     public func home(_ node: String, _ call: ClusterHomeCall, timeout: UInt64? = nil) async throws(PresenceError) -> ClusterHomeResult {
+        try await delayIfSlowForTesting(node, timeout: timeout)
         let r = try await unary(node, PeerPresenceMethods.home, call, timeout: timeout)
         if let e = r.error { throw PresenceError(wire: e) }
         return r
@@ -114,10 +125,6 @@ public final class PeerLink: Sendable {
                                                       timeout: UInt64? = nil) async throws(PresenceError) -> Resp {
         guard let client = clientFor(node) else {
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")
-        }
-        if anyUnansweredForTesting.load(ordering: .relaxed), unansweredForTesting.withLock({ $0.contains(node) }) {
-            try? await Task.sleep(nanoseconds: timeout ?? timings.peerCallTimeout)
-            throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer (cut for a test)")
         }
         do {
             return try await client.unary(method, request, timeout: .nanoseconds(Int64(timeout ?? timings.peerCallTimeout)))

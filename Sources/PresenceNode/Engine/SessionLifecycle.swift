@@ -91,23 +91,31 @@ struct SessionLifecycle: Sendable {
     /// at its new version (with the state this gateway holds for it).
     /// (All at once, as a session's end: one unreachable owner costs its retry window once.)
     func announce(_ s: SessionTable.Session) async {
-        let refusals = await concurrently(s.channels.keys.sorted()) { [self] key -> UInt64? in
-            do throws(PresenceError) {
-                try await announce(s, key)
-            } catch {
-                if error.name == "SESSION_MOVED" { return error.supersededBy }
-                // (anti-entropy tells the owner later)
+        // (the watches go out with the announces: a home ignores a watch from an epoch older
+        // than the one it knows, should the session have moved on meanwhile)
+        let ref = core.ref(s)
+        let watches = router.byHome(s.watching.sorted())
+        let jobs = s.channels.keys.sorted().map { Announce.channel($0) } + watches.map { Announce.watch($0) }
+        let refusals = await concurrently(jobs) { [self, router] job -> UInt64? in
+            switch job {
+            case .channel(let key):
+                do throws(PresenceError) {
+                    try await announce(s, key)
+                } catch {
+                    if error.name == "SESSION_MOVED" { return error.supersededBy }
+                    // (anti-entropy tells the owner later)
+                }
+            case .watch(let users):
+                _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: ref))
             }
             return nil
         }
-        if let movedTo = refusals.compactMap({ $0 }).max() {
-            superseded(s.id, by: movedTo)
-            return
-        }
-        let ref = core.ref(s)
-        _ = await concurrently(router.byHome(s.watching.sorted())) { [router] users in
-            _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: ref))
-        }
+        if let movedTo = refusals.compactMap({ $0 }).max() { superseded(s.id, by: movedTo) }
+    }
+
+    private enum Announce: Sendable {
+        case channel(ChannelKey)
+        case watch([String])
     }
 
     /// Tells a channel's owner that the session is in it, as this gateway holds it.
@@ -175,23 +183,31 @@ struct SessionLifecycle: Sendable {
     /// its retry window once, not once per channel (RELIABILITY.md, invariant 7).
     private func end(_ s: SessionTable.Session, timedOut: Bool) async {
         let version = SessionVersion.bumped(s.version)
-        var ends: [EndCall] = []
+        // (the home first: with thousands of channels its end, and the user's status, must not
+        // wait behind the channels' leaves)
+        var ends: [EndCall] = [.home(ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: core.ref(s, version: version)))]
         for key in s.channels.keys.sorted() {
             core.gateway.subscriptions.unsubscribe(key, s.id)
             ends.append(.channel(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave,
                                                          session: core.ref(s, version: version), timedOut: timedOut)))
         }
-        ends.append(.home(ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: core.ref(s, version: version))))
-        _ = await concurrently(ends) { [self] end in
-            if (try? await send(end)) == nil { endLater { [self] () async throws(PresenceError) in try await send(end) } }
+        let unwatches = router.byHome(s.watching.sorted()).map { EndCall.home(ClusterHomeCall(userIDs: $0, op: .unwatch, session: core.ref(s))) }
+        _ = await concurrently(ends + unwatches) { [self] end in
+            if (try? await send(end)) == nil, end.mustArrive { endLater { [self] () async throws(PresenceError) in try await send(end) } }
         }
-        await unwatch(Array(s.watching), by: s)
     }
 
-    /// One of the calls that tell a session's owners and home it ended.
+    /// One of the calls that tell a session's owners and homes it ended.
     private enum EndCall: Sendable {
         case channel(ChannelKey, ClusterChannelCall)
         case home(ClusterHomeCall)
+
+        /// Retried in the background when it could not be carried now: what others see. (An
+        /// unwatch is not: a status change still sent for a gone session is dropped by its gateway.)
+        var mustArrive: Bool {
+            if case .home(let call) = self { return call.op != .unwatch }
+            return true
+        }
     }
 
     private func send(_ end: EndCall) async throws(PresenceError) {
