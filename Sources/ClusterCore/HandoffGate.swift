@@ -58,7 +58,19 @@ public struct HandoffGate: Sendable {
         current = new
         // (an earlier owner off the new ring stays on the list: if it comes back during the wait,
         // it holds what it took over meanwhile and must hand it back first)
-        let owners = earlier.union(old.members.filter { alive.contains($0) && new.members.contains($0) })
+        var owners = earlier.union(old.members.filter { alive.contains($0) && new.members.contains($0) })
+        if !sinceReturn.isEmpty {
+            // still waiting after a return from death: a member back on the ring that this node
+            // had believed dead owned its keys meanwhile, by the ring without this node (found by
+            // Cluster/chaos, netns seed 67: they were served from the stale copy before it handed back)
+            let reappeared = new.members.filter { $0 != me && !old.members.contains($0) && alive.contains($0) && !said.contains($0) }
+            if !reappeared.isEmpty {
+                sinceReturn.formUnion(reappeared)
+                owners.formUnion(reappeared)
+                bases.append(new.removing(me))
+                if bases.count > Self.maxBases { bases.removeFirst(bases.count - Self.maxBases) }
+            }
+        }
         waitingFor = Set(owners.filter { $0 != me && !said.contains($0) })
         deadline = now &+ limit
         // keep only what can still matter

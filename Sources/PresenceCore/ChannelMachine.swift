@@ -569,7 +569,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                     }
                     continue
                 }
-                if let d = departed[s.id], d.version >= s.version { continue }  // it left here after that
+                // it left here after that — unless this version only timed it out and its gateway
+                // is live (this side was cut off from that gateway: found by Cluster/chaos, seed 67)
+                if let d = departed[s.id], d.version >= s.version, d.byGateway || !isLive(s.sink) { continue }
                 out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version,
                             pendingState: [], datingState: false, now: now)
             }

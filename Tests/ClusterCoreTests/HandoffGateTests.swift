@@ -130,6 +130,35 @@ import Testing
         #expect(h2.mayServe(keyHash: h, now: 3_010))
     }
 
+    /// Found by Cluster/chaos (netns seed 67, partition-long): cut off, d had kept a ring without
+    /// b (it had seen b die before its own partition); back from death it waited for the members
+    /// of that ring only. b was alive all along and had owned d's keys meanwhile: when b came back
+    /// onto d's ring, d served those keys (anti-entropy, SNAPSHOTs) from its stale copy before
+    /// b's handoff arrived, listing users who had left. A member that comes back onto the ring of
+    /// a node still waiting after its return from death is waited for too, for the keys it would
+    /// have owned without this node.
+    @Test func aMemberThatReappearsWhileANodeBackFromDeathWaitsIsWaitedForToo() {
+        let five = HashRing(members: ["a", "b", "c", "d", "e"])
+        let stale = five.removing("b")  // d's ring while cut off
+        var g = HandoffGate(me: "d", limit: 3_000)
+        g.returnedFromDeath(ring: stale, now: 0)
+        // a key d owns on every ring, that b held while d was dead
+        let h = (0..<100_000).map { StableHash.of("k\($0)") }.first {
+            stale.owner(ofHash: $0) == "d" && five.owner(ofHash: $0) == "d" && five.removing("d").owner(ofHash: $0) == "b"
+        }!
+        g.ringChanged(from: stale, to: five, alive: Set(five.members), now: 10)
+        #expect(g.pending == ["a", "b", "c", "e"])
+        for n in ["a", "c", "e"] { g.handoffDone(from: n, fingerprint: five.fingerprint) }
+        #expect(!g.mayServe(keyHash: h, now: 11), "served from its stale copy before b handed back")
+        g.handoffDone(from: "b", fingerprint: five.fingerprint)
+        #expect(g.mayServe(keyHash: h, now: 12))
+        // past the limit it serves whatever happened to b
+        var late = HandoffGate(me: "d", limit: 3_000)
+        late.returnedFromDeath(ring: stale, now: 0)
+        late.ringChanged(from: stale, to: five, alive: Set(five.members), now: 10)
+        #expect(late.mayServe(keyHash: h, now: 3_011))
+    }
+
     @Test func aChangeAfterTheWaitEndedStartsAFreshOne() {
         let three = HashRing(members: ["a", "b", "c"])
         var g = HandoffGate(me: "c", limit: 3_000)

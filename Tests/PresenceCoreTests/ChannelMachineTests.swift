@@ -242,6 +242,37 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(learnt.map(\.event.type) == [.remoteLeave] && !old.contains(user: "a"))
     }
 
+    /// Found by Cluster/chaos (netns seed 67): a node cut off by a partition timed out, in the copy
+    /// it kept, the sessions of gateways it could not see; back in the cluster, that copy merged
+    /// with the majority's (where those gateways were alive all along) and its own timeouts
+    /// removed live users from the SNAPSHOTs it then sent (a flap, repaired by anti-entropy 0.5 s
+    /// later). A timeout one version decided does not outweigh a session whose gateway is live —
+    /// whichever side of the merge decided it.
+    @Test func aTimeoutThisVersionDecidedDoesNotRemoveASessionWhoseGatewayIsLive() {
+        var base = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = base.join(user: "w", session: s1, withPresence: true, sink: "gw-near", version: 1, now: 1)
+        _ = base.join(user: "a", session: s2, withPresence: false, sink: "gw-far", version: 1, now: 1)
+        var cutOff = base, majority = base
+        majority.startLineage(now: 10)  // the majority took the channel over
+        // the cut-off side sees gw-far's process as gone and times its session out
+        _ = cutOff.timeOut(sessionsAt: "gw-far", now: 5)
+        #expect(!cutOff.contains(user: "a"))
+        // back together: gw-far was alive all along
+        let d = cutOff.merge(majority.fullCopies()[0], isLive: { $0 == "gw-far" }, now: 12)
+        #expect(cutOff.contains(user: "a"), "a live gateway's session comes back with the merge")
+        #expect(d.map(\.event.type) == [.remoteJoin])
+        // while a gateway that is gone indeed keeps its session out
+        var cutOff2 = base
+        _ = cutOff2.timeOut(sessionsAt: "gw-far", now: 5)
+        _ = cutOff2.merge(majority.fullCopies()[0], isLive: { _ in false }, now: 12)
+        #expect(!cutOff2.contains(user: "a"))
+        // and a leave the gateway itself made does too
+        var left = base
+        _ = left.leave(user: "a", session: s2, version: 2, now: 5)
+        _ = left.merge(majority.fullCopies()[0], isLive: { _ in true }, now: 12)
+        #expect(!left.contains(user: "a"))
+    }
+
     @Test func mergingTwoVersionsKeepsEveryJoinAndTheLaterState() throws {
         var base = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         _ = base.join(user: "w", session: s1, withPresence: true, sink: "gw", version: 1, now: 1)

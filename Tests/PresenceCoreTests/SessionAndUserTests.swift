@@ -254,6 +254,25 @@ let sec: UInt64 = 1_000_000_000
         #expect(r.merge(other, isLive: { _ in false })?.status == .offline)
     }
 
+    /// The other direction (Cluster/chaos, netns seed 67): the record that timed the session out
+    /// is the one merging — a home cut off from the gateway, back in the cluster, merges the
+    /// majority's record, where that gateway was alive all along: its own timeout does not win.
+    @Test func aTimeoutThisRecordDecidedDoesNotKeepOutASessionWhoseGatewayIsLive() {
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw1", version: 10, initial: .unknown)
+        let majority = r
+        var cutOff = r
+        _ = cutOff.timeOut(at: "gw1", now: 5)
+        #expect(cutOff.sessions[s1] == nil)
+        _ = cutOff.merge(majority, isLive: { $0 == "gw1" })
+        #expect(cutOff.sessions[s1] != nil && cutOff.visibleStatus == .online)
+        // a gateway gone indeed keeps it out
+        var gone = r
+        _ = gone.timeOut(at: "gw1", now: 5)
+        _ = gone.merge(majority, isLive: { _ in false })
+        #expect(gone.sessions[s1] == nil)
+    }
+
     @Test func aRecordCopyRoundTrips() {
         var r = HomeRecord<String>(userID: "ann")
         _ = r.sessionOpened(session: s1, sink: "gw1", initial: .away)
