@@ -401,6 +401,35 @@ struct Simulation {
         #expect(reply.contains(U(id: "y", address: "y", status: .dead, incarnation: 0)))   // still spread
     }
 
+    /// Found by Cluster/chaos (netns seeds 67-69): the node cut off by a partition answered the
+    /// first pings after the heal with the accusations it had queued while alone, before it heard
+    /// it had been declared dead; every healthy member took "dead" of some other one, refuted, and
+    /// held its keys back for a handoff (calls refused for over 5 s; views agreeing 3.25 s after
+    /// the heal). While it sees only a minority it keeps those accusations to itself.
+    @Test func aNodeThatSeesOnlyAMinoritySpreadsNoAccusations() {
+        var e = SWIM.Instance(id: "e", address: "e")
+        _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: nil, now: 0)
+        _ = e.merge(["a", "b", "c"].map { U(id: $0, address: $0, status: .dead, incarnation: 0) }, from: nil, now: 1)
+        _ = e.merge([U(id: "d", address: "d", status: .suspect, incarnation: 0)], from: "e", now: 1)
+        // healed: a pings e first, carrying nothing e would learn from
+        let answer = e.receivedPing(from: "a", address: "a", sequence: 7, gossip: [], now: 2)
+        guard case .sendAck(_, _, _, let gossip)? = answer.first(where: { if case .sendAck = $0 { true } else { false } }) else {
+            Issue.record("no ack"); return
+        }
+        // (what e holds of a itself goes to a alone, deliberately: a refutes, and e learns it is back)
+        #expect(!gossip.contains { $0.id != "e" && $0.id != "a" && ($0.status == .dead || $0.status == .suspect) },
+                "accusations spread from a minority: \(gossip.map { "\($0.id)=\($0.status)" })")
+        // while a node in the majority spreads what it concludes
+        var a = SWIM.Instance(id: "a", address: "a")
+        _ = a.merge(["b", "c", "d", "e"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: nil, now: 0)
+        _ = a.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: nil, now: 1)
+        let told = a.receivedPing(from: "b", address: "b", sequence: 3, gossip: [], now: 2)
+        guard case .sendAck(_, _, _, let spread)? = told.first(where: { if case .sendAck = $0 { true } else { false } }) else {
+            Issue.record("no ack"); return
+        }
+        #expect(spread.contains(U(id: "e", address: "e", status: .dead, incarnation: 0)))
+    }
+
     /// The member a reconnect ping is addressed to (it carries what the sender believes of it).
     func gossipTarget(_ gossip: [U]) -> String? { gossip.first?.id }
 

@@ -188,6 +188,28 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// Found by Cluster/chaos (netns seed 68, a rolling restart): a CloseSession that reached its
+    /// node after it had handed off and left answered OK, but the session's end could not reach
+    /// anyone any more (its retries stop with the node) and the client's SDK resumed the session
+    /// elsewhere: a session its client was told is closed lived on. A leaving node refuses the
+    /// close (retryable): the client closes it where it resumes.
+    @Test func aLeavingNodeRefusesACloseItCouldNotCarryOut() async throws {
+        let nodes = try await cluster(3)
+        let ann = nodes[0].client("ann")
+        try await ann.connect()
+        try await ann.join("room-0", withPresence: false)
+        let id = try #require(ann.sessionID)
+        nodes[0].node.engine.topology.startLeaving()
+        let raw = nodes[0].raw()
+        await expectError(.unavailable, "SHUTTING_DOWN") {
+            _ = try await raw.unary(PresenceMethods.closeSession, CloseSessionRequest(sessionID: id))
+        }
+        let sid = try #require(SessionID(text: id))
+        #expect(nodes[0].node.engine.core.gatewayShard(sid).held(sid) != nil, "the refused close ended the session")
+        await ann.close()
+        for n in nodes { await n.stop() }
+    }
+
     @Test func aKilledNodeLosesNothingOfLiveSessionsAndItsOwnTimeOut() async throws {
         let nodes = try await cluster(3)
         let ann = nodes[0].client("ann"), bob = nodes[1].client("bob"), cy = nodes[2].client("cy")

@@ -170,6 +170,11 @@ struct SessionLifecycle: Sendable {
     /// CloseSession: REMOTE_LEAVE where the user has no other session; the stream ends.
     func close(_ sessionID: String) async throws(PresenceError) {
         let id = try Validate.sessionID(sessionID)
+        // (a leaving node could not see the session's end through: its retries stop with it, and
+        // the client resumes the session elsewhere — closed there instead; Cluster/chaos seed 68)
+        if topology.isLeaving {
+            throw PresenceError(.unavailable, "SHUTTING_DOWN", "this node is leaving the cluster: resume the session on another node and close it there")
+        }
         guard let (s, outbox) = core.gatewayShard(id).close(id) else {
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(sessionID)")
         }
