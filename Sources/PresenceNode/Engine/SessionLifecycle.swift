@@ -191,15 +191,14 @@ struct SessionLifecycle: Sendable {
     /// events), but the interop suite's `Session.next_presence` drops the status events it reads
     /// past, so `test_timeout_resume_and_status` failed; that helper should keep them.
     private func end(_ s: SessionTable.Session, timedOut: Bool) async {
-        let version = SessionVersion.bumped(s.version)
+        let ended = core.ref(s, version: SessionVersion.bumped(s.version))
         var ends: [EndCall] = []
         for key in s.channels.keys.sorted() {
             core.gateway.subscriptions.unsubscribe(key, s.id)
-            ends.append(.channel(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave,
-                                                         session: core.ref(s, version: version), timedOut: timedOut)))
+            ends.append(.channel(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ended, timedOut: timedOut)))
         }
-        ends.append(.home(ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: core.ref(s, version: version))))
-        let unwatches = router.byHome(s.watching.sorted()).map { EndCall.home(ClusterHomeCall(userIDs: $0, op: .unwatch, session: core.ref(s))) }
+        ends.append(.home(ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: ended)))
+        let unwatches = unwatchCalls(s.watching.sorted(), by: s).map(EndCall.home)
         _ = await concurrently(ends + unwatches) { [self] end in
             if (try? await send(end)) == nil, end.mustArrive { endLater { [self] () async throws(PresenceError) in try await send(end) } }
         }
@@ -232,10 +231,13 @@ struct SessionLifecycle: Sendable {
     }
 
     func unwatch(_ users: [String], by s: SessionTable.Session) async {
+        _ = await concurrently(unwatchCalls(users, by: s)) { [router] call in _ = try? await router.homeCall(call) }
+    }
+
+    /// One unwatch call per home of `users`.
+    private func unwatchCalls(_ users: [String], by s: SessionTable.Session) -> [ClusterHomeCall] {
         let ref = core.ref(s)
-        _ = await concurrently(router.byHome(users)) { [router] us in
-            _ = try? await router.homeCall(ClusterHomeCall(userIDs: us, op: .unwatch, session: ref))
-        }
+        return router.byHome(users).map { ClusterHomeCall(userIDs: $0, op: .unwatch, session: ref) }
     }
 
     /// The session's client resumed it on another gateway (an owner or its home says so): this
