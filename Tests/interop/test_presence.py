@@ -47,17 +47,25 @@ class Session:
             raise e
         return e
 
-    def next_presence(self, timeout=5):
+    def _next_of(self, kind, timeout):
+        # (events of the other kind read past are kept: API.md promises no order between status
+        # and presence events)
+        held = self.__dict__.setdefault("held", {})
+        if held.get(kind):
+            return held[kind].pop(0)
         while True:
             e = self.next(timeout)
-            if e.WhichOneof("event") == "presence":
-                return e.presence
+            got = e.WhichOneof("event")
+            if got == kind:
+                return getattr(e, kind)
+            if got in ("presence", "status"):
+                held.setdefault(got, []).append(getattr(e, got))
+
+    def next_presence(self, timeout=5):
+        return self._next_of("presence", timeout)
 
     def next_status(self, timeout=5):
-        while True:
-            e = self.next(timeout)
-            if e.WhichOneof("event") == "status":
-                return e.status
+        return self._next_of("status", timeout)
 
     def quiet(self, seconds=0.2):
         try:
