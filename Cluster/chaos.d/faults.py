@@ -48,6 +48,7 @@ class Fault:
         self.t_end = None
         self.convergence = None        # seconds from t_end until one membership view (None: not within the wait)
         self.views = None              # the membership views when it did not converge in time
+        self.trace = []                # while converging: when each node stopped answering or disagreeing
         self.notes = []
 
     def label(self):
@@ -81,34 +82,54 @@ class Admin:
             ch = self.chans[node.index] = grpc.insecure_channel(node.client_address, options=ADMIN_OPTIONS)
         return self.env.ag.AdminStub(ch)
 
-    def view(self, node):
-        """(alive node ids, ring member ids) as the node sees them, or None if it does not answer."""
+    def view(self, node, why=None):
+        """(alive node ids, ring member ids) as the node sees them, or None if it does not answer
+        (then `why` gets the reason, and the node's connection is dropped: one that went through a
+        network fault may sit in TCP's retransmission backoff for seconds after the fault ends,
+        which says nothing of the node's view)."""
         try:
             stub = self.stub(node)
             members = stub.Members(self.env.a.MembersRequest(), timeout=0.8)
             ring = stub.Ring(self.env.a.RingRequest(channel_name="ch-0", channel_type=1, user_id="u00"), timeout=0.8)
-        except grpc.RpcError:
+        except grpc.RpcError as e:
+            if why is not None:
+                why.append(e.code().name if hasattr(e, "code") else "error")
+            ch = self.chans.pop(node.index, None)
+            if ch is not None:
+                ch.close()
             return None
         alive = frozenset(m.node_id for m in members.members if m.status == 1)
         return alive, frozenset(ring.ring_members)
 
-    def converged(self, nodes):
+    def converged(self, nodes, lagging=None):
+        """Whether every node reports the alive membership and ring `nodes`, and the views; `lagging`
+        (if given) gets, per node that does not, why: the error it answered with, or its view."""
         expected = frozenset(n.node_id for n in nodes)
         views = {}
         for n in nodes:
-            v = self.view(n)
+            why = []
+            v = self.view(n, why)
             views[n.node_id] = v
+            if lagging is not None and (v is None or v[0] != expected or v[1] != expected):
+                lagging[n.node_id] = f"no answer ({why[0]})" if v is None else \
+                    f"alive={','.join(sorted(v[0]))} ring={','.join(sorted(v[1]))}"
         ok = all(v is not None and v[0] == expected and v[1] == expected for v in views.values())
         return ok, views
 
-    def measure(self, nodes, since, wait=CONVERGENCE_WAIT, abort=None):
+    def measure(self, nodes, since, wait=CONVERGENCE_WAIT, abort=None, trace=None):
         """Seconds from `since` until every node reports the same alive membership and ring (the
-        set of `nodes`); None if that did not happen within `wait`."""
+        set of `nodes`); None if that did not happen within `wait`. `trace` (if given) gets each
+        change in which nodes lag and why, as (seconds since `since`, {node: why})."""
         views = {}
+        last = None
         while now() - since < wait:
             if abort is not None and abort.is_set():
                 return None, views
-            ok, views = self.converged(nodes)
+            lagging = {}
+            ok, views = self.converged(nodes, lagging)
+            if trace is not None and lagging != last:
+                trace.append((round(now() - since, 2), lagging))
+                last = lagging
             if ok:
                 return max(0.0, now() - since), views
             time.sleep(0.15)
@@ -300,9 +321,13 @@ class Faults:
                 self.current = None
         env.log(f"fault: {fault.label()} ended after {fault.t_end - fault.t_start:.1f}s; measuring convergence")
         if not env.aborted.is_set():
-            fault.convergence, views = self.admin.measure(self.eligible(), fault.t_end, abort=env.aborted)
+            fault.convergence, views = self.admin.measure(self.eligible(), fault.t_end, abort=env.aborted, trace=fault.trace)
             if fault.convergence is None or fault.convergence > CONVERGENCE_BOUND:
                 fault.views = format_views(views) if views else "no views"
+            if fault.convergence is None or fault.convergence > 1.0:
+                for at, lagging in fault.trace:
+                    env.log(f"fault: {fault.label()}: +{at:.2f}s lagging: " +
+                            ("; ".join(f"{n}: {w}" for n, w in sorted(lagging.items())) or "none"))
             env.log(f"fault: {fault.label()}: " + (f"converged in {fault.convergence:.2f}s" if fault.convergence is not None
                                                    else f"NOT converged within {CONVERGENCE_WAIT:.0f}s: {fault.views}"))
         return fault
