@@ -2122,7 +2122,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__call_error__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__call_error__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[15] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[16] =
 {
   {
     "channel_name",
@@ -2304,12 +2304,25 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "encoded",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, encoded),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_call__field_indices_by_name[] = {
   8,   /* field[8] = after */
   0,   /* field[0] = channel_name */
   1,   /* field[1] = channel_type */
   10,   /* field[10] = count_only */
+  15,   /* field[15] = encoded */
   13,   /* field[13] = floor */
   3,   /* field[3] = hops */
   9,   /* field[9] = include_state */
@@ -2325,7 +2338,7 @@ static const unsigned presence__cluster__v1__channel_call__field_indices_by_name
 static const ProtobufCIntRange presence__cluster__v1__channel_call__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 15 }
+  { 0, 16 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor =
 {
@@ -2335,14 +2348,14 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor
   "Presence__Cluster__V1__ChannelCall",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelCall),
-  15,
+  16,
   presence__cluster__v1__channel_call__field_descriptors,
   presence__cluster__v1__channel_call__field_indices_by_name,
   1,  presence__cluster__v1__channel_call__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__channel_call__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[8] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[9] =
 {
   {
     "error",
@@ -2440,10 +2453,23 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "listing",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, listing),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_result__field_indices_by_name[] = {
   0,   /* field[0] = error */
   2,   /* field[2] = found */
+  8,   /* field[8] = listing */
   6,   /* field[6] = next */
   3,   /* field[3] = state */
   7,   /* field[7] = state_version */
@@ -2454,7 +2480,7 @@ static const unsigned presence__cluster__v1__channel_result__field_indices_by_na
 static const ProtobufCIntRange presence__cluster__v1__channel_result__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descriptor =
 {
@@ -2464,7 +2490,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descript
   "Presence__Cluster__V1__ChannelResult",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelResult),
-  8,
+  9,
   presence__cluster__v1__channel_result__field_descriptors,
   presence__cluster__v1__channel_result__field_indices_by_name,
   1,  presence__cluster__v1__channel_result__number_ranges,

@@ -150,6 +150,14 @@ public struct ServiceRegistry: Sendable {
         })
     }
 
+    /// A unary method whose async handler answers with the response already encoded (a `Resp` as
+    /// protobuf bytes), for answers kept encoded between calls.
+    public mutating func unaryEncoded<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> [UInt8]) {
+        register(path: m.path, .unary { bytes, ctx in
+            MessageFraming.framed(encoded: try await handler(try Self.decode(Req.self, bytes), ctx))
+        })
+    }
+
     /// A bidirectional streaming method: requests decoded as they arrive (a malformed one ends
     /// the call with INVALID_ARGUMENT), responses sent through the writer.
     public mutating func bidiStreaming<Req, Resp>(_ m: MethodDescriptor<Req, Resp>,
@@ -173,6 +181,15 @@ public enum MessageFraming {
     public static func framed<M: ProtoMessage>(_ message: M) -> [UInt8] {
         var bytes = message.serializedBytes(prefix: 5)
         MessageDeframer.writeHeader(into: &bytes, length: bytes.count - 5)
+        return bytes
+    }
+
+    /// Bytes of an already encoded message behind a 5-byte gRPC message header.
+    public static func framed(encoded message: [UInt8]) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: 5)
+        bytes.reserveCapacity(5 + message.count)
+        MessageDeframer.writeHeader(into: &bytes, length: message.count)
+        bytes.append(contentsOf: message)
         return bytes
     }
 }

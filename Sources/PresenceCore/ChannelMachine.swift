@@ -78,9 +78,13 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     enum Mode: Equatable { case realtime, interval }
 
-    private var members: [String: Member] = [:]
+    private var members: [String: Member] = [:] { didSet { listingRevision = ListingRevision.next() } }
     /// User ids in order, for paging.
-    private var order: [String] = []
+    private var order: [String] = [] { didSet { listingRevision = ListingRevision.next() } }
+    /// Changes whenever what `page` lists may have changed (its users, their state, the occupancy),
+    /// to a value no other change in this process had: two machines, or two copies of one, with
+    /// the same revision list the same pages. What a cache of encoded pages is keyed by.
+    public private(set) var listingRevision: UInt64 = ListingRevision.next()
     public private(set) var places: [SessionID: Place] = [:]
     /// Subscribers per sink: where each event must go.
     public private(set) var subscriberSinks: [Sink: Int] = [:]

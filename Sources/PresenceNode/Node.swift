@@ -52,6 +52,7 @@ public final class Node: Sendable {
                                       maxInstantEvents: configuration.maxInstantEvents, presenceInterval: configuration.presenceInterval,
                                       probeInterval: configuration.probeInterval)
         settings.maxSessions = configuration.maxSessions
+        settings.listingCacheBytes = configuration.listingCacheBytes
         let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
                                 handoffLimit: settings.timings.handoffLimit, lease: settings.timings.lease,
                                 ready: !configuration.seeds.contains { $0 != (configuration.peerAdvertise ?? configuration.peerListen) })

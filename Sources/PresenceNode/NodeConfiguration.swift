@@ -22,6 +22,8 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var maxInstantEvents = 50
     /// Seconds between interval events.
     public var presenceInterval: Double = 1
+    /// Bytes of encoded GetOnlineUsers pages kept, per node, until their channel changes (0: none).
+    public var listingCacheBytes = 16 << 20
     /// Sessions this node holds as their gateway at most; a new one past it is RESOURCE_EXHAUSTED
     /// (resumes of sessions from other nodes are still taken).
     public var maxSessions = 1_000_000
@@ -82,6 +84,9 @@ public struct NodeConfiguration: Sendable, Equatable {
         },
         Flag(name: "max-instant-events", valueName: "N", help: "occupancy above which a channel sends interval events (default 50)") { c, v throws(ConfigurationError) in
             c.maxInstantEvents = try integer("max-instant-events", v, min: 1, max: 1_000_000)
+        },
+        Flag(name: "listing-cache", valueName: "BYTES", help: "encoded GetOnlineUsers pages kept until their channel changes, in bytes per node; 0 keeps none (default 16777216)") { c, v throws(ConfigurationError) in
+            c.listingCacheBytes = try integer("listing-cache", v, min: 0, max: 1 << 34)
         },
         Flag(name: "max-sessions", valueName: "N", help: "sessions this node holds at most; more are refused, RESOURCE_EXHAUSTED (default 1000000)") { c, v throws(ConfigurationError) in
             c.maxSessions = try integer("max-sessions", v, min: 1, max: 100_000_000)

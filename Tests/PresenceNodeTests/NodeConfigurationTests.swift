@@ -43,6 +43,7 @@ import Testing
         let c = try parse(["--node-id", "n7", "--listen", "0.0.0.0:9000", "--peer-listen=[::1]:9001",
                            "--seeds", "10.0.0.1:7401,h2:7401", "--presence-timeout", "2.5",
                            "--max-instant-events", "3", "--presence-interval", "0.25", "--replication-factor", "3", "--probe-interval", "0.5",
+                           "--listing-cache", "0",
                            "--auth-secret-file", "/dev/null", "--cluster-secret-file", "/dev/null",
                            "--log-level", "debug", "--log-format", "json"])
         #expect(c.nodeID == "n7")
@@ -54,6 +55,7 @@ import Testing
         #expect(c.presenceInterval == 0.25)
         #expect(c.replicationFactor == 3)
         #expect(c.probeInterval == 0.5)
+        #expect(c.listingCacheBytes == 0)
         #expect(c.authSecretFile == "/dev/null" && c.clusterSecretFile == "/dev/null")
         #expect(c.logLevel == .debug && c.logFormat == .json)
     }
@@ -84,6 +86,7 @@ import Testing
         let cases: [([String], String)] = [
             (["--listen", "x"], "--listen"), (["--presence-timeout", "0"], "--presence-timeout"),
             (["--presence-timeout", "nan"], "--presence-timeout"), (["--max-instant-events", "0"], "--max-instant-events"),
+            (["--listing-cache", "-1"], "--listing-cache"),
             (["--replication-factor", "x"], "--replication-factor"), (["--probe-interval", "0"], "--probe-interval"), (["--node-id", "has space"], "--node-id"),
             (["--seeds", "a:1,b"], "--seeds"), (["--log-level", "loud"], "--log-level"), (["--nope"], "--nope"),
             (["--listen"], "--listen"), (["stray"], "stray"),

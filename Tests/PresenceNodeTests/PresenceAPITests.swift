@@ -384,6 +384,40 @@ import Testing
         await n.stop()
     }
 
+    /// The owner keeps encoded pages until their channel changes (`ListingCache`): every change
+    /// shows in the next listing, with or without state, on the first page and past it.
+    @Test func aListingShowsEveryChangeMadeAfterThePageWasKept() async throws {
+        let n = try TestNode()
+        let ann = n.client("ann"), bob = n.client("bob"), cy = n.client("cy")
+        for c in [ann, bob, cy] { try await c.connect() }
+        func listed(_ includeState: Bool = true, page: String = "") async throws -> [String] {
+            try await cy.onlineUsers("lobby", includeState: includeState, page: page).users.map { u in
+                u.userID + u.states.map { ":\($0.key)=\($0.value)" }.joined()
+            }
+        }
+        try await ann.join("lobby")
+        #expect(try await listed() == ["ann"])
+        #expect(try await listed() == ["ann"])  // (served as kept)
+        try await bob.join("lobby")
+        #expect(try await listed() == ["ann", "bob"])
+        try await ann.setState("lobby", ["mic": "on"])
+        #expect(try await listed() == ["ann:mic=on", "bob"])
+        #expect(try await listed(false) == ["ann", "bob"])
+        #expect(try await listed(page: PageBookmark.make(after: "ann")) == ["bob"])
+        try await bob.setState("lobby", ["mic": "off"])
+        #expect(try await listed(page: PageBookmark.make(after: "ann")) == ["bob:mic=off"])
+        try await ann.removeState("lobby")
+        #expect(try await listed() == ["ann", "bob:mic=off"])
+        try await bob.leave("lobby")
+        #expect(try await listed() == ["ann"])
+        #expect(try await cy.onlineUsers("lobby").totalOccupancy == 1)
+        try await ann.leave("lobby")
+        #expect(try await listed() == [])
+        #expect(try await cy.onlineUsers("lobby").totalOccupancy == 0)
+        await ann.close(); await bob.close(); await cy.close()
+        await n.stop()
+    }
+
     @Test func intervalModeThroughTheNode() async throws {
         let n = try TestNode(maxInstantEvents: 2, presenceInterval: 0.2)
         let ann = n.client("ann")

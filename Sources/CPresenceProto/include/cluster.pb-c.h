@@ -305,10 +305,15 @@ struct  Presence__Cluster__V1__ChannelCall
    * ANNOUNCE: the user's state there as the gateway holds it, and the owner's version of it.
    */
   uint64_t state_version;
+  /*
+   * LIST: answer with the page already encoded as the client's answer (ChannelResult.listing, a
+   * presence.v1.GetOnlineUsersResponse) instead of in `users`, `total` and `next`.
+   */
+  protobuf_c_boolean encoded;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_CALL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_call__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Presence__Cluster__V1__ChannelResult
@@ -339,10 +344,14 @@ struct  Presence__Cluster__V1__ChannelResult
    * JOIN, SET_STATE, REMOVE_STATE: the owner's version of that state.
    */
   uint64_t state_version;
+  /*
+   * LIST with `encoded`: the encoded presence.v1.GetOnlineUsersResponse (empty for an empty page).
+   */
+  ProtobufCBinaryData listing;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_RESULT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_result__descriptor) \
-    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string, 0 }
+    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string, 0, {0,NULL} }
 
 
 struct  Presence__Cluster__V1__SessionChannel

@@ -25,10 +25,13 @@ actor ChannelShard {
     private var early: [(ChannelCopy<NodeInstance>, String?, [NodeInstance: UInt64])] = []
     /// Replica copies sent by the call being handled: the call answers once they arrived.
     private var replicaTickets: [PeerLink.Ticket] = []
+    /// Encoded pages of the channels this shard owns, until they change.
+    private var listings: ListingCache
 
     init(maxInstantEvents: Int, intervalNanoseconds: UInt64, presenceTimeout: UInt64, staleHold: UInt64, replicationFactor: Int,
-         clock: EngineClock, fabric: Fabric, loop: EventLoop) {
+         listingCacheBytes: Int = 0, clock: EngineClock, fabric: Fabric, loop: EventLoop) {
         self.loop = loop
+        listings = ListingCache(byteLimit: listingCacheBytes)
         self.intervalNanoseconds = intervalNanoseconds
         self.clock = clock
         self.fabric = fabric
@@ -161,6 +164,22 @@ actor ChannelShard {
         return r
     }
 
+    /// A page as the client's GetOnlineUsersResponse, encoded: kept from an earlier call while the
+    /// channel has not changed since, else made (and kept).
+    private func listing(_ key: ChannelKey, after: String, includeState: Bool) -> [UInt8] {
+        let page = ListingCache.Page(channel: key, after: after, includeState: includeState)
+        // (a channel with nobody in it is not owned here: its page is empty, and encodes as nothing)
+        guard let revision = space.readOwned(key, { $0.listingRevision }) else { return [] }
+        if let kept = listings.page(page, at: revision) { return kept }
+        let bytes: [UInt8] = space.readOwned(key) { (m: inout Machine) -> [UInt8] in
+            let (users, next) = m.page(after: after.isEmpty ? nil : after, includeState: includeState)
+            return GetOnlineUsersResponse(totalOccupancy: UInt32(m.occupancy), users: users,
+                                          nextPage: next.map { PageBookmark.make(after: $0) } ?? "").serializedBytes()
+        } ?? []
+        listings.keep(page, at: revision, bytes: bytes)
+        return bytes
+    }
+
     private func stateResult(_ key: ChannelKey, _ user: String) -> ClusterChannelResult {
         var r = ClusterChannelResult()
         _ = space.readOwned(key) { m in
@@ -256,6 +275,10 @@ actor ChannelShard {
             return result
         case .list:
             var result = ClusterChannelResult()
+            if call.encoded && !call.countOnly {
+                result.listing = listing(key, after: call.after, includeState: call.includeState)
+                return result
+            }
             _ = space.readOwned(key) { m in
                 result.total = UInt32(m.occupancy)
                 if !call.countOnly {

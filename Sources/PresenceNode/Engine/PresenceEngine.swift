@@ -14,6 +14,8 @@ public struct EngineSettings: Sendable {
     public var maxSessions = 1_000_000
     /// Shard actors per role.
     public var shards = 32
+    /// Bytes of encoded GetOnlineUsers pages kept until their channel changes, over all shards.
+    public var listingCacheBytes = 16 << 20
     /// The cluster's timings (derived from the probe interval and the presence timeout).
     public var timings: ClusterTimings
 
@@ -54,7 +56,8 @@ final class EngineCore: Sendable {
         channelShards = (0..<n).map { i in
             ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds,
                          presenceTimeout: settings.presenceTimeoutNanoseconds, staleHold: settings.timings.staleTakeoverHold,
-                         replicationFactor: topology.replicationFactor, clock: clock, fabric: fabric, loop: loops[i % loops.count])
+                         replicationFactor: topology.replicationFactor, listingCacheBytes: settings.listingCacheBytes / n,
+                         clock: clock, fabric: fabric, loop: loops[i % loops.count])
         }
         userHomes = (0..<n).map { i in
             UserHomeShard(clock: clock, presenceTimeout: settings.presenceTimeoutNanoseconds, staleHold: settings.timings.staleTakeoverHold,
@@ -311,17 +314,38 @@ public final class PresenceEngine: Sendable {
     }
 
     public func getOnlineUsers(_ r: GetOnlineUsersRequest) async throws(PresenceError) -> GetOnlineUsersResponse {
+        let (key, call) = try listCall(r, encoded: false)
+        let result = try await router.channelCall(key, call)
+        if call.countOnly { return GetOnlineUsersResponse(totalOccupancy: result.total) }
+        return Self.listingResponse(result)
+    }
+
+    /// GetOnlineUsers answered encoded (protobuf bytes of a `GetOnlineUsersResponse`): the channel's
+    /// owner encodes the page, or gives the one it kept since the channel last changed, and this
+    /// node passes it on as it is.
+    public func getOnlineUsersEncoded(_ r: GetOnlineUsersRequest) async throws(PresenceError) -> [UInt8] {
+        let (key, call) = try listCall(r, encoded: true)
+        let result = try await router.channelCall(key, call)
+        if call.countOnly { return GetOnlineUsersResponse(totalOccupancy: result.total).serializedBytes() }
+        // (an owner that does not encode pages answers with the users)
+        if result.listing.isEmpty && (result.total != 0 || !result.users.isEmpty) { return Self.listingResponse(result).serializedBytes() }
+        return result.listing
+    }
+
+    private func listCall(_ r: GetOnlineUsersRequest, encoded: Bool) throws(PresenceError) -> (ChannelKey, ClusterChannelCall) {
         let key = try Validate.channel(r.channelName, r.channelType)
         let includeUserID = r.includeUserID ?? true
         if r.includeState && !includeUserID {
             throw PresenceError(.invalidArgument, "INVALID_INCLUDE_FLAGS", "include_state needs include_user_id (state is listed per user)")
         }
         let after = r.page.isEmpty ? nil : try PageBookmark.parse(r.page)
-        let result = try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .list,
-                                                                          after: after ?? "", includeState: r.includeState, countOnly: !includeUserID))
-        if !includeUserID { return GetOnlineUsersResponse(totalOccupancy: result.total) }
-        return GetOnlineUsersResponse(totalOccupancy: result.total, users: result.users,
-                                      nextPage: result.next.isEmpty ? "" : PageBookmark.make(after: result.next))
+        return (key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .list, after: after ?? "",
+                                        includeState: r.includeState, countOnly: !includeUserID, encoded: encoded))
+    }
+
+    private static func listingResponse(_ result: ClusterChannelResult) -> GetOnlineUsersResponse {
+        GetOnlineUsersResponse(totalOccupancy: result.total, users: result.users,
+                               nextPage: result.next.isEmpty ? "" : PageBookmark.make(after: result.next))
     }
 
     public func getUserChannels(_ user: String) async throws(PresenceError) -> GetUserChannelsResponse {

@@ -129,10 +129,10 @@ public struct PresenceService: Sendable {
             }
             return LeaveResponse()
         }
-        registry.unary(PresenceMethods.getOnlineUsers) { req, ctx in
+        registry.unaryEncoded(PresenceMethods.getOnlineUsers) { req, ctx in
             try await Self.call { () async throws(PresenceError) in
                 try service.checkReader(ctx)
-                return try await engine.getOnlineUsers(req)
+                return try await engine.getOnlineUsersEncoded(req)
             }
         }
         registry.unary(PresenceMethods.getUserChannels) { req, ctx in

@@ -569,10 +569,11 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
     public var ringFingerprint: UInt64 = 0
     public var floor: UInt64 = 0
     public var stateVersion: UInt64 = 0
+    public var encoded: Bool = false
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false, ringFingerprint: UInt64 = 0, floor: UInt64 = 0, stateVersion: UInt64 = 0) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false, ringFingerprint: UInt64 = 0, floor: UInt64 = 0, stateVersion: UInt64 = 0, encoded: Bool = false) {
         self.channelName = channelName
         self.channelType = channelType
         self.op = op
@@ -588,6 +589,7 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
         self.ringFingerprint = ringFingerprint
         self.floor = floor
         self.stateVersion = stateVersion
+        self.encoded = encoded
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -625,6 +627,7 @@ extension ClusterChannelCall: CMessageBridge {
         self.ringFingerprint = c.pointee.ring_fingerprint
         self.floor = c.pointee.floor
         self.stateVersion = c.pointee.state_version
+        self.encoded = c.pointee.encoded != 0
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -644,6 +647,7 @@ extension ClusterChannelCall: CMessageBridge {
         c.pointee.ring_fingerprint = self.ringFingerprint
         c.pointee.floor = self.floor
         c.pointee.state_version = self.stateVersion
+        c.pointee.encoded = self.encoded ? 1 : 0
     }
 }
 
@@ -657,10 +661,11 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
     public var users: [UserState] = []
     public var next: String = ""
     public var stateVersion: UInt64 = 0
+    public var listing: [UInt8] = []
 
     public init() {}
 
-    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "", stateVersion: UInt64 = 0) {
+    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "", stateVersion: UInt64 = 0, listing: [UInt8] = []) {
         self.error = error
         self.userGone = userGone
         self.found = found
@@ -669,6 +674,7 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
         self.users = users
         self.next = next
         self.stateVersion = stateVersion
+        self.listing = listing
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -699,6 +705,7 @@ extension ClusterChannelResult: CMessageBridge {
         self.users = try WireCodec.readArray(c.pointee.users, c.pointee.n_users) { try UserState(cStruct: $0!) }
         self.next = try WireCodec.readString(c.pointee.next)
         self.stateVersion = c.pointee.state_version
+        self.listing = WireCodec.readBytes(c.pointee.listing)
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -711,6 +718,7 @@ extension ClusterChannelResult: CMessageBridge {
         (c.pointee.n_users, c.pointee.users) = arena.messageArray(self.users)
         if !self.next.isEmpty { c.pointee.next = arena.cString(self.next) }
         c.pointee.state_version = self.stateVersion
+        c.pointee.listing = arena.binary(self.listing)
     }
 }
 
