@@ -127,6 +127,9 @@ public enum SWIM {
         private var probes: [UInt64: Probe] = [:]
         private var relays: [UInt64: (requester: String, requesterSequence: UInt64)] = [:]
         private var suspicions: [String: Suspicion] = [:]
+        /// Members this node declared dead itself while it saw at most half of the cluster alive
+        /// (its suspicion timers ran out one by one, cut off from everyone): verdicts of isolation.
+        private var isolatedVerdicts = Set<String>()
         private var gossip: [String: (update: Update, sent: Int)] = [:]
         private var rng: SplitMix64
 
@@ -208,10 +211,14 @@ public enum SWIM {
         }
 
         /// This node learnt it had been declared dead: it was the one cut off or paused, so what it
-        /// concluded of others meanwhile is stale. Its queued accusations are not spread, and its
-        /// pending suspicions are dropped (the suspect, who never heard them, could not refute);
-        /// whoever is really gone its probes find again, and it tells each member it holds dead
-        /// directly when it pings it (`reconnect`).
+        /// concluded of others meanwhile is stale. Its queued accusations are not spread, its
+        /// pending suspicions are dropped (the suspect, who never heard them, could not refute), and
+        /// so are the deaths it declared itself while it saw at most half of the cluster alive (the
+        /// members it lost one by one as it was cut off: held dead, they would leave its ring the
+        /// moment it sees a majority again, and come back as they refute — two ring changes and
+        /// handoffs for nothing; found by Cluster/chaos, netns seed 77, calls refused for 6 s after
+        /// a heal). Whoever is really gone its probes find again; it tells each member it still
+        /// holds dead directly when it pings it (`reconnect`).
         private mutating func forgetOwnAccusations(into out: inout [Directive]) {
             gossip = gossip.filter { $0.key == myself.id || !($0.value.update.status == .suspect || $0.value.update.status == .dead) }
             for id in suspicions.keys.sorted() {
@@ -221,6 +228,14 @@ public enum SWIM {
                 members[id] = m
                 out.append(.memberChanged(m))
             }
+            for id in isolatedVerdicts.sorted() {
+                guard var m = members[id], m.status == .dead else { continue }
+                m.status = .alive
+                members[id] = m
+                addToProbeOrder(id)
+                out.append(.memberChanged(m))
+            }
+            isolatedVerdicts = []
         }
 
         private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive], accuserHeldDead: Bool = false) {
@@ -286,6 +301,7 @@ public enum SWIM {
             }
             guard u.supersedes(old) else { return }
             members[u.id] = u
+            isolatedVerdicts.remove(u.id)
             enqueue(u)
             if old.status == .dead && u.status == .alive { reconnectAll = true }
             switch u.status {
@@ -330,6 +346,9 @@ public enum SWIM {
                     continue
                 }
                 suspicions[id] = nil
+                let alive = members.values.filter { $0.status == .alive }.count
+                let known = members.values.filter { $0.status != .left }.count
+                if alive * 2 <= known { isolatedVerdicts.insert(id) } else { isolatedVerdicts.remove(id) }
                 m.status = .dead
                 members[id] = m
                 enqueue(m)

@@ -259,6 +259,52 @@ struct Simulation {
         #expect(worst <= 2_000 * ms, "worst \(Double(worst) / 1e6) ms")
     }
 
+    /// Found by Cluster/chaos (netns seed 77: calls refused for 6 s after a 6 s partition of one
+    /// node): the node cut off had declared the others dead one by one; healed, it learnt it had
+    /// been declared dead, and still held them dead until each refuted — the moment it saw a
+    /// majority again its ring shrank to the members that had refuted, then grew back. The deaths
+    /// it declared while alone go with its other accusations when it learns it was the one cut off.
+    @Test func aNodeCutOffHoldsNoOneDeadOnceItLearnsItWasDeclaredDead() {
+        let ids = ["a", "b", "c", "d", "e"]
+        for seed in 0..<6 {
+            var sim = Simulation(ids: ids)
+            sim.rng = SplitMix64(seed: UInt64(300 + seed))
+            sim.jitter = 2 * ms
+            sim.run(for: 700 * ms + UInt64(seed) * 41 * ms)
+            sim.side = ["e": 1]
+            sim.run(for: 6_000 * ms)
+            #expect(ids.filter { $0 != "e" }.allSatisfy { sim.status(of: $0, seenBy: "e") == .dead })
+            sim.side = [:]
+            let healed = sim.now
+            while !sim.declaredDead.contains(where: { $0.node == "e" && $0.at >= healed }), sim.now < healed + 3_000 * ms {
+                sim.run(for: 1 * ms)
+            }
+            let heldDead = ids.filter { $0 != "e" && sim.status(of: $0, seenBy: "e") == .dead }
+            #expect(heldDead.isEmpty, "seed \(seed): e still holds \(heldDead) dead \(Double(sim.now - healed) / 1e6) ms after the heal")
+            sim.run(for: 3_000 * ms)
+            for o in ids { for m in ids where m != o { #expect(sim.status(of: m, seenBy: o) == .alive) } }
+        }
+    }
+
+    /// Deaths a node declared while it saw a majority alive are not undone when it learns it was
+    /// declared dead itself: a member that crashed stays dead in its view.
+    @Test func aDeathDeclaredWithAMajorityInViewStands() {
+        var e = SWIM.Instance(id: "e", address: "e")
+        _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: nil, now: 0)
+        // e's own probes lose d, with a, b and c still alive in its view
+        _ = e.merge([U(id: "d", address: "d", status: .suspect, incarnation: 0)], from: "e", now: 1)
+        _ = e.suspicionsDue(now: 60_000 * ms)
+        #expect(e.members["d"]?.status == .dead)
+        // then e is cut off: its probes of a, b and c fail together, and their timers run out
+        _ = e.merge(["a", "b", "c"].map { U(id: $0, address: $0, status: .suspect, incarnation: 0) }, from: "e", now: 61_000 * ms)
+        _ = e.suspicionsDue(now: 70_000 * ms)
+        #expect(["a", "b", "c"].allSatisfy { e.members[$0]?.status == .dead })
+        // healed: a tells e it was declared dead
+        _ = e.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 100_000 * ms)
+        #expect(e.members["d"]?.status == .dead, "a death declared with a majority in view was undone")
+        #expect(["a", "b", "c"].allSatisfy { e.members[$0]?.status == .alive })
+    }
+
     /// Found by Cluster/chaos (netns seed 43, one view only 3.3 s after a heal): the node cut off
     /// had declared the others dead; when the partition healed its gossip made the majority declare
     /// healthy members dead, and they had to refute — ring changes for nothing. A node that learns
