@@ -128,7 +128,8 @@ public enum SWIM {
         private var relays: [UInt64: (requester: String, requesterSequence: UInt64)] = [:]
         private var suspicions: [String: Suspicion] = [:]
         /// Members this node declared dead itself while it saw at most half of the cluster alive
-        /// (its suspicion timers ran out one by one, cut off from everyone): verdicts of isolation.
+        /// (its suspicion timers running out one by one, cut off from everyone): verdicts of
+        /// isolation. Forgotten once it sees a majority again.
         private var isolatedVerdicts = Set<String>()
         private var gossip: [String: (update: Update, sent: Int)] = [:]
         private var rng: SplitMix64
@@ -302,6 +303,9 @@ public enum SWIM {
             guard u.supersedes(old) else { return }
             members[u.id] = u
             isolatedVerdicts.remove(u.id)
+            // (seeing a majority again, the node was not the one cut off, or is back: the members
+            // still dead are not refuting, their deaths are not its isolation's)
+            if !isolatedVerdicts.isEmpty, u.status == .alive, !seesOnlyAMinority { isolatedVerdicts = [] }
             enqueue(u)
             if old.status == .dead && u.status == .alive { reconnectAll = true }
             switch u.status {

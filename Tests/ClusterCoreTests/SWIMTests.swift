@@ -305,6 +305,22 @@ struct Simulation {
         #expect(["a", "b", "c"].allSatisfy { e.members[$0]?.status == .alive })
     }
 
+    /// The deaths a node declared while cut off are forgotten as verdicts of isolation once it sees
+    /// a majority again: the members still dead then did not refute, and a later "declared dead"
+    /// (a pause, an hour on) does not bring them back.
+    @Test func verdictsOfIsolationDoNotOutliveTheIsolation() {
+        var e = SWIM.Instance(id: "e", address: "e")
+        _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: nil, now: 0)
+        _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .suspect, incarnation: 0) }, from: "e", now: 1_000 * ms)
+        _ = e.suspicionsDue(now: 10_000 * ms)
+        #expect(["a", "b", "c", "d"].allSatisfy { e.members[$0]?.status == .dead })
+        // a and b refute (c and d really are gone): e sees a majority again
+        _ = e.merge(["a", "b"].map { U(id: $0, address: $0, status: .alive, incarnation: 1) }, from: "a", now: 11_000 * ms)
+        // much later, e is paused and declared dead
+        _ = e.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 3_600_000 * ms)
+        #expect(e.members["c"]?.status == .dead && e.members["d"]?.status == .dead)
+    }
+
     /// Found by Cluster/chaos (netns seed 43, one view only 3.3 s after a heal): the node cut off
     /// had declared the others dead; when the partition healed its gossip made the majority declare
     /// healthy members dead, and they had to refute — ring changes for nothing. A node that learns
