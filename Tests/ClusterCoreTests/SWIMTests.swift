@@ -157,6 +157,18 @@ struct Simulation {
 
     func status(of id: String, seenBy observer: String) -> SWIM.Status? { nodes[observer]!.members[id]?.status }
 
+    /// `ids` with 2 ms of jitter, running `after`, then `node` cut off from the rest for 6 s (still
+    /// cut off: the caller heals it).
+    static func withOneCutOff(_ node: String, of ids: [String], seed: UInt64, after: UInt64) -> Simulation {
+        var sim = Simulation(ids: ids)
+        sim.rng = SplitMix64(seed: seed)
+        sim.jitter = 2_000_000
+        sim.run(for: after)
+        sim.side = [node: 1]
+        sim.run(for: 6_000_000_000)
+        return sim
+    }
+
     /// When each observer first saw `id` with `status`.
     func firstSeen(_ id: String, _ status: SWIM.Status, after t: UInt64) -> [String: UInt64] {
         var out: [String: UInt64] = [:]
@@ -267,12 +279,7 @@ struct Simulation {
     @Test func aNodeCutOffHoldsNoOneDeadOnceItLearnsItWasDeclaredDead() {
         let ids = ["a", "b", "c", "d", "e"]
         for seed in 0..<6 {
-            var sim = Simulation(ids: ids)
-            sim.rng = SplitMix64(seed: UInt64(300 + seed))
-            sim.jitter = 2 * ms
-            sim.run(for: 700 * ms + UInt64(seed) * 41 * ms)
-            sim.side = ["e": 1]
-            sim.run(for: 6_000 * ms)
+            var sim = Simulation.withOneCutOff("e", of: ids, seed: UInt64(300 + seed), after: 700 * ms + UInt64(seed) * 41 * ms)
             #expect(ids.filter { $0 != "e" }.allSatisfy { sim.status(of: $0, seenBy: "e") == .dead })
             sim.side = [:]
             let healed = sim.now
@@ -328,12 +335,7 @@ struct Simulation {
     @Test func aNodeCutOffDoesNotMakeTheMajorityDeclareHealthyMembersDead() {
         let ids = ["a", "b", "c", "d", "e"]
         for seed in 0..<6 {
-            var sim = Simulation(ids: ids)
-            sim.rng = SplitMix64(seed: UInt64(200 + seed))
-            sim.jitter = 2 * ms
-            sim.run(for: 700 * ms + UInt64(seed) * 53 * ms)
-            sim.side = ["e": 1]
-            sim.run(for: 6_000 * ms)
+            var sim = Simulation.withOneCutOff("e", of: ids, seed: UInt64(200 + seed), after: 700 * ms + UInt64(seed) * 53 * ms)
             sim.side = [:]
             let healed = sim.now
             sim.run(for: 5_000 * ms)

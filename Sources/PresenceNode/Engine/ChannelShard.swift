@@ -168,15 +168,17 @@ actor ChannelShard {
     /// channel has not changed since, else made (and kept).
     private func listing(_ key: ChannelKey, after: String, includeState: Bool) -> [UInt8] {
         let page = ListingCache.Page(channel: key, after: after, includeState: includeState)
+        var made: (revision: UInt64, bytes: [UInt8])? = nil
         // (a channel with nobody in it is not owned here: its page is empty, and encodes as nothing)
-        guard let revision = space.readOwned(key, { $0.listingRevision }) else { return [] }
-        if let kept = listings.page(page, at: revision) { return kept }
         let bytes: [UInt8] = space.readOwned(key) { (m: inout Machine) -> [UInt8] in
+            if let kept = listings.page(page, at: m.listingRevision) { return kept }
             let (users, next) = m.page(after: after.isEmpty ? nil : after, includeState: includeState)
-            return GetOnlineUsersResponse(totalOccupancy: UInt32(m.occupancy), users: users,
-                                          nextPage: next.map { PageBookmark.make(after: $0) } ?? "").serializedBytes()
+            let encoded = GetOnlineUsersResponse(totalOccupancy: UInt32(m.occupancy), users: users,
+                                                 nextPage: next.map { PageBookmark.make(after: $0) } ?? "").serializedBytes()
+            made = (m.listingRevision, encoded)
+            return encoded
         } ?? []
-        listings.keep(page, at: revision, bytes: bytes)
+        if let made { listings.keep(page, at: made.revision, bytes: made.bytes) }
         return bytes
     }
 

@@ -186,10 +186,9 @@ struct SessionLifecycle: Sendable {
     /// owner that knows a later epoch ignores it).
     /// The owners and the home are told at the same time: one unreachable owner (a cut link) costs
     /// its retry window once, not once per channel (RELIABILITY.md, invariant 7). The home's end
-    /// is started last, as before: started first, a watcher got the user's OFFLINE before the
-    /// channel's REMOTE_TIMEOUT — allowed (API.md promises no order between status and presence
-    /// events), but the interop suite's `Session.next_presence` drops the status events it reads
-    /// past, so `test_timeout_resume_and_status` failed; that helper should keep them.
+    /// is started last, as before (started first, a watcher got the user's OFFLINE before the
+    /// channel's REMOTE_TIMEOUT: allowed, API.md promises no order between status and presence
+    /// events; the interop suite's helpers now keep the events of the other kind they read past).
     private func end(_ s: SessionTable.Session, timedOut: Bool) async {
         let ended = core.ref(s, version: SessionVersion.bumped(s.version))
         var ends: [EndCall] = []
