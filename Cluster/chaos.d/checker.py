@@ -593,10 +593,8 @@ class Checker:
         for f in faults:
             if f.convergence is None or f.convergence > 3.0:
                 took = "not within 10 s" if f.convergence is None else f"{f.convergence:.2f}s"
-                trace = [f"+{at:.2f}s lagging: " + ("; ".join(f"{n}: {w}" for n, w in sorted(lag.items())) or "none")
-                         for at, lag in getattr(f, "trace", [])]
                 self.add(Violation(6, f"after {f.label()} (ended {f.t_end:.2f}s) membership converged {took}",
-                                   ([f"views: {f.views}"] if f.views else []) + trace, t=f.t_end))
+                                   ([f"views: {f.views}"] if f.views else []) + f.trace_lines(), t=f.t_end))
         if final is not None and (final[0] is None or final[0] > 3.0):
             took = "not within 10 s" if final[0] is None else f"{final[0]:.2f}s"
             self.add(Violation(6, f"at the end, with every node back, membership converged {took}",

@@ -54,6 +54,11 @@ class Fault:
     def label(self):
         return f"{self.kind} {','.join(self.nodes)}"
 
+    def trace_lines(self):
+        """The convergence trace as text: when which nodes lagged, and why."""
+        return [f"+{at:.2f}s lagging: " + ("; ".join(f"{n}: {w}" for n, w in sorted(lagging.items())) or "none")
+                for at, lagging in self.trace]
+
     def describe(self):
         end = f"{self.t_end:.2f}s" if self.t_end is not None else "?"
         conv = f"converged in {self.convergence:.2f}s" if self.convergence is not None else "NOT converged"
@@ -325,9 +330,8 @@ class Faults:
             if fault.convergence is None or fault.convergence > CONVERGENCE_BOUND:
                 fault.views = format_views(views) if views else "no views"
             if fault.convergence is None or fault.convergence > 1.0:
-                for at, lagging in fault.trace:
-                    env.log(f"fault: {fault.label()}: +{at:.2f}s lagging: " +
-                            ("; ".join(f"{n}: {w}" for n, w in sorted(lagging.items())) or "none"))
+                for line in fault.trace_lines():
+                    env.log(f"fault: {fault.label()}: {line}")
             env.log(f"fault: {fault.label()}: " + (f"converged in {fault.convergence:.2f}s" if fault.convergence is not None
                                                    else f"NOT converged within {CONVERGENCE_WAIT:.0f}s: {fault.views}"))
         return fault
