@@ -57,6 +57,14 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         public var version: UInt64
     }
 
+    /// A `Place` as the machine stores it.
+    struct Placement: Sendable {
+        var user: String
+        var version: UInt64
+        var sink: UInt32
+        var withPresence: Bool
+    }
+
     /// A session that left: whose it was, its version then, and whether its gateway said so (a
     /// leave) or this owner decided it (a timeout of a session whose gateway was gone).
     public struct Departure: Equatable, Sendable {
@@ -78,14 +86,19 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     enum Mode: Equatable { case realtime, interval }
 
-    private var members: [String: Member] = [:] { didSet { listingRevision = ListingRevision.next() } }
+    private var members: DenseDictionary<String, Member> = [:] { didSet { listingRevision = ListingRevision.next() } }
     /// User ids in order, for paging.
     private var order: [String] = [] { didSet { listingRevision = ListingRevision.next() } }
     /// Changes whenever what `page` lists may have changed (its users, their state, the occupancy),
     /// to a value no other change in this process had: two machines, or two copies of one, with
     /// the same revision list the same pages. What a cache of encoded pages is keyed by.
     public private(set) var listingRevision: UInt64 = ListingRevision.next()
-    public private(set) var places: [SessionID: Place] = [:]
+    /// Where each session lives, its sink named by its index in `sinkTable`: a channel has many
+    /// sessions and few gateways, and a sink (a node's id and boot) is 24 bytes where its index is 4.
+    private var placements: DenseDictionary<SessionID, Placement> = [:]
+    /// The sinks sessions live at; the entry of a sink no session lives at any more is reused.
+    private var sinkTable: [Sink?] = []
+    private var sinkIndex: [Sink: UInt32] = [:]
     /// Subscribers per sink: where each event must go.
     public private(set) var subscriberSinks: [Sink: Int] = [:]
     /// Sessions per sink (with or without presence).
@@ -102,7 +115,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// that arrives after a later one (relayed pushes can overtake each other) is older and
     /// skipped: installed, it would bring back a user who had left since (found by Cluster/chaos,
     /// netns: a replica took over and its SNAPSHOT listed a user who had left).
-    private var installedAt: [String: UInt64] = [:]
+    private var installedAt: DenseDictionary<String, UInt64> = [:]
     /// On a replica: the owner's sequence when the last full copy was taken. A change of the same
     /// lineage from before it is already in it, also for users it no longer lists (they left:
     /// found by Cluster/chaos, netns seed 50, a change queued during a partition arrived after the
@@ -124,12 +137,25 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public func state(of user: String) -> [StateItem]? { members[user]?.state.items }
     public func stateVersion(of user: String) -> UInt64 { members[user]?.stateVersion ?? 0 }
     /// The user a session of this channel belongs to.
-    public func user(of session: SessionID) -> String? { places[session]?.user }
+    public func user(of session: SessionID) -> String? { placements[session]?.user }
+
+    /// Where a session of this channel lives (nil: not here).
+    public func place(of session: SessionID) -> Place? {
+        guard let p = placements[session] else { return nil }
+        return Place(user: p.user, sink: sinkTable[Int(p.sink)]!, withPresence: p.withPresence, version: p.version)
+    }
+
+    /// Every session's place (for inspection and tests: it is built on each call).
+    public var places: [SessionID: Place] {
+        var out: [SessionID: Place] = [:]
+        for (id, _) in placements { out[id] = place(of: id) }
+        return out
+    }
 
     /// Sessions with presence and where they live.
     public var subscribers: [SessionID: Sink] {
         var out: [SessionID: Sink] = [:]
-        for (id, p) in places where p.withPresence { out[id] = p.sink }
+        for (id, p) in placements where p.withPresence { out[id] = sinkTable[Int(p.sink)]! }
         return out
     }
 
@@ -139,7 +165,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// under a later epoch), the version that superseded it; nil when the call may act.
     @_specialize(exported: true, where Sink == NodeInstance)
     public func supersedingVersion(of session: SessionID, _ version: UInt64) -> UInt64? {
-        if let p = places[session], SessionVersion.epoch(p.version) > SessionVersion.epoch(version) { return p.version }
+        if let p = placements[session], SessionVersion.epoch(p.version) > SessionVersion.epoch(version) { return p.version }
         if let d = departed[session], SessionVersion.epoch(d.version) > SessionVersion.epoch(version) { return d.version }
         return nil
     }
@@ -214,7 +240,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
             if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
         }
-        let before = places[session]
+        let before = place(of: session)
         place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
         if withPresence && (before?.withPresence != true || before?.sink != sink) {
             snapshot(for: session, now: now, into: &out)
@@ -255,7 +281,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version,
                                       pendingState: [], datingState: false, now: now)
         } else {
-            let before = places[session]
+            let before = place(of: session)
             place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
             let resumed = SessionVersion.epoch(before?.version ?? 0) < SessionVersion.epoch(version)
             if withPresence && (before?.withPresence != true || before?.sink != sink || resumed) {
@@ -279,28 +305,49 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Where a session of this channel lives.
-    public func sink(of session: SessionID) -> Sink? { places[session]?.sink }
+    public func sink(of session: SessionID) -> Sink? { placements[session].map { sinkTable[Int($0.sink)]! } }
 
     /// Every place a session of this channel lives.
     public var allSinks: Set<Sink> { Set(sinkCounts.keys) }
 
     /// Every session living at `sink`, with its user.
     public func sessions(at sink: Sink) -> [(user: String, session: SessionID)] {
-        guard sinkCounts[sink] != nil else { return [] }
-        return places.filter { $0.value.sink == sink }.map { ($0.value.user, $0.key) }.sorted { $0.1 < $1.1 }
+        guard let index = sinkIndex[sink] else { return [] }
+        return placements.filter { $0.value.sink == index }.map { ($0.value.user, $0.key) }.sorted { $0.1 < $1.1 }
     }
 
     private mutating func place(_ session: SessionID, user: String, at sink: Sink, withPresence: Bool, version: UInt64) {
         unplace(session)
-        places[session] = Place(user: user, sink: sink, withPresence: withPresence, version: version)
+        placements[session] = Placement(user: user, version: version, sink: interned(sink), withPresence: withPresence)
         sinkCounts[sink, default: 0] += 1
         if withPresence { subscriberSinks[sink, default: 0] += 1 }
     }
 
     private mutating func unplace(_ session: SessionID) {
-        guard let old = places.removeValue(forKey: session) else { return }
-        Self.decrement(&sinkCounts, old.sink)
-        if old.withPresence { Self.decrement(&subscriberSinks, old.sink) }
+        guard let old = placements.removeValue(forKey: session) else { return }
+        let sink = sinkTable[Int(old.sink)]!
+        Self.decrement(&sinkCounts, sink)
+        if old.withPresence { Self.decrement(&subscriberSinks, sink) }
+        if sinkCounts[sink] == nil {
+            // (no session lives there any more: its entry is free for the next sink)
+            sinkTable[Int(old.sink)] = nil
+            sinkIndex[sink] = nil
+        }
+    }
+
+    /// `sink`'s index in `sinkTable`, entered if it has none.
+    private mutating func interned(_ sink: Sink) -> UInt32 {
+        if let i = sinkIndex[sink] { return i }
+        let i: Int
+        if let free = sinkTable.firstIndex(where: { $0 == nil }) {
+            i = free
+            sinkTable[i] = sink
+        } else {
+            i = sinkTable.count
+            sinkTable.append(sink)
+        }
+        sinkIndex[sink] = UInt32(i)
+        return UInt32(i)
     }
 
     private static func decrement(_ counts: inout [Sink: Int], _ sink: Sink) {
@@ -316,19 +363,19 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         // a gateway's leave from before the session's latest join here (found by Cluster/chaos: a
         // leave the gateway had given up on and retried elsewhere, delivered by TCP once a
         // partition healed) changes nothing: versions of a session only grow
-        if byGateway, version != 0, let p = places[session], version < p.version { return [] }
+        if byGateway, version != 0, let p = placements[session], version < p.version { return [] }
         guard var m = members[user], m.sessions.contains(session) else {
             // (a gateway's leave of a session this version does not hold — it joined in another
             // version of the channel, not merged here yet — is remembered all the same: that
             // version, merged later, must not bring the session back)
-            if byGateway, places[session] == nil, (departed[session]?.version ?? 0) < version {
+            if byGateway, placements[session] == nil, (departed[session]?.version ?? 0) < version {
                 forgetOldDepartures(now: now)
                 departed[session] = Departure(user: user, version: version, byGateway: true, at: now)
             }
             return []
         }
         forgetOldDepartures(now: now)
-        departed[session] = Departure(user: user, version: max(places[session]?.version ?? 0, version), byGateway: byGateway, at: now)
+        departed[session] = Departure(user: user, version: max(placements[session]?.version ?? 0, version), byGateway: byGateway, at: now)
         unplace(session)
         m.sessions.remove(session)
         if !m.sessions.isEmpty {
@@ -400,7 +447,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// (the last sequence its gateway passed on).
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func resnapshot(for session: SessionID, floor: UInt64 = 0, now: Int64) -> Delivery? {
-        guard places[session]?.withPresence == true else { return nil }
+        guard placements[session]?.withPresence == true else { return nil }
         advanceSequence(to: floor)
         return snapshotDelivery(for: session, now: now)
     }
@@ -413,8 +460,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// A fresh SNAPSHOT for every subscriber living at `sink` (pushes to it may have been lost).
     public mutating func snapshotForAll(at sink: Sink, now: Int64) -> [Delivery] {
-        guard subscriberSinks[sink] != nil else { return [] }
-        return places.filter { $0.value.withPresence && $0.value.sink == sink }.keys.sorted().map { snapshotDelivery(for: $0, now: now) }
+        guard subscriberSinks[sink] != nil, let index = sinkIndex[sink] else { return [] }
+        return placements.filter { $0.value.withPresence && $0.value.sink == index }.map(\.key).sorted().map { snapshotDelivery(for: $0, now: now) }
     }
 
     /// Resolves deliveries to the sinks they go to (one per sink with subscribers for a channel
@@ -425,7 +472,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         for d in deliveries {
             switch d.to {
             case .session(let id):
-                guard let sink = places[id]?.sink else { continue }
+                guard let sink = sink(of: id) else { continue }
                 out.append(RoutedDelivery(sink: sink, event: d.event, sessions: [id], except: nil))
             case .subscribers(let except):
                 for sink in subscriberSinks.keys {
@@ -442,7 +489,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public func copy(of user: String) -> MemberCopy<Sink> {
         guard let m = members[user] else { return MemberCopy(userID: user, sessions: [], state: []) }
         let sessions = m.sessions.all.compactMap { s in
-            places[s].map { MemberCopy<Sink>.Session(id: s, sink: $0.sink, withPresence: $0.withPresence, version: $0.version) }
+            place(of: s).map { MemberCopy<Sink>.Session(id: s, sink: $0.sink, withPresence: $0.withPresence, version: $0.version) }
         }
         return MemberCopy(userID: user, sessions: sessions, state: m.state.items, stateVersion: m.stateVersion)
     }
@@ -518,7 +565,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             installedAt[m.userID] = copy.sequence
             install(m)
         }
-        for (id, d) in copy.departed where places[id] == nil { departed[id] = d }
+        for (id, d) in copy.departed where placements[id] == nil { departed[id] = d }
         term = max(term, copy.term)
         sequence = max(sequence, copy.sequence)
     }
@@ -547,7 +594,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         let result = body(&self)
         let owed = deferredSnapshots ?? []
         deferredSnapshots = nil
-        let snapshots = owed.filter { places[$0]?.withPresence == true }.map { snapshotDelivery(for: $0, now: now) }
+        let snapshots = owed.filter { placements[$0]?.withPresence == true }.map { snapshotDelivery(for: $0, now: now) }
         return (result, snapshots)
     }
 
@@ -557,15 +604,15 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         term = max(term, other.term)
         // sessions the other version saw leave after the version this one holds
         for (id, d) in other.departed {
-            if let p = places[id], d.version >= p.version, d.byGateway || !isLive(p.sink) {
+            if let p = place(of: id), d.version >= p.version, d.byGateway || !isLive(p.sink) {
                 out += leave(user: p.user, session: id, version: d.version, timedOut: !d.byGateway, byGateway: d.byGateway, now: now)
-            } else if places[id] == nil, departed[id].map({ $0.version < d.version }) ?? true {
+            } else if placements[id] == nil, departed[id].map({ $0.version < d.version }) ?? true {
                 departed[id] = d
             }
         }
         for c in other.members {
             for s in c.sessions {
-                if let p = places[s.id] {
+                if let p = place(of: s.id) {
                     // the same session on both sides: the later placement wins, silently
                     if s.version > p.version {
                         place(s.id, user: c.userID, at: s.sink, withPresence: s.withPresence, version: s.version)

@@ -1,6 +1,10 @@
 // presence-bench: in-process measurements of the presence engine (no network).
 //   presence-bench memory [--users N] [--channels-per-user K] [--channels C] [--in-flight N]
 // prints resident bytes per (user, channel) membership.
+//   presence-bench breakdown [--users N] [--channels-per-user K] [--channels C]
+// builds the same memberships in each of the engine's per-membership structures alone (the
+// channels' machines, the gateway's session table, the users' home records) and prints the resident
+// bytes each costs per membership: where `memory`'s figure goes.
 import ClusterCore
 import EventLoop
 import Foundation
@@ -23,8 +27,8 @@ func option(_ name: String, _ d: Int) -> Int {
 }
 
 let args = CommandLine.arguments
-guard args.count >= 2, ["memory", "ring"].contains(args[1]) else {
-    print("usage: presence-bench memory [--users N] [--channels-per-user K] [--channels C] [--in-flight N]\n       presence-bench ring [--nodes N] [--keys K]")
+guard args.count >= 2, ["memory", "ring", "breakdown"].contains(args[1]) else {
+    print("usage: presence-bench memory [--users N] [--channels-per-user K] [--channels C] [--in-flight N]\n       presence-bench breakdown [--users N] [--channels-per-user K] [--channels C]\n       presence-bench ring [--nodes N] [--keys K]")
     exit(2)
 }
 if args[1] == "ring" {
@@ -49,6 +53,56 @@ if args[1] == "ring" {
 let users = option("users", 100_000)
 let perUser = option("channels-per-user", 10)
 let channels = option("channels", 10_000)
+if args[1] == "breakdown" {
+    // Each structure alone, filled as `memory` fills the engine (user u joins channels
+    // u*K ... u*K+K-1 modulo C, one session per user, no state), measured by RSS.
+    let sink = NodeInstance("bench", boot: 1)
+    let memberships = Double(users * perUser)
+    func ids(_ u: Int) -> SessionID { SessionID(hi: UInt64(u) &+ 1, lo: UInt64(u) &* 2 &+ 1) }
+    func channel(_ u: Int, _ c: Int) -> ChannelKey { ChannelKey(name: "channel\((u * perUser + c) % channels)", type: .message) }
+    // (everything built stays alive to the end: memory freed by one structure's growth would
+    // otherwise be reused by the next, and counted for neither)
+    var kept: [Any] = []
+    func measure(_ name: String, _ build: () -> Any) {
+        let before = rssBytes()
+        let start = Date()
+        kept.append(build())
+        let after = rssBytes()
+        print(String(format: "bench=breakdown structure=%@ bytes_per_membership=%.0f build_s=%.2f",
+                     name, Double(after - before) / memberships, Date().timeIntervalSince(start)))
+    }
+    measure("channel-machines") {
+        var machines: [ChannelKey: ChannelMachine<NodeInstance>] = [:]
+        for u in 0..<users {
+            for c in 0..<perUser {
+                let key = channel(u, c)
+                _ = machines[key, default: ChannelMachine(key: key, maxInstantEvents: 50)]
+                    .join(user: "user\(u)", session: ids(u), withPresence: false, sink: sink, now: 0)
+            }
+        }
+        return machines
+    }
+    measure("session-table") {
+        var table = SessionTable(resumeWindow: 1)
+        for u in 0..<users {
+            _ = table.open(user: "user\(u)", resume: nil, newID: ids(u), now: 0)
+            for c in 0..<perUser { _ = try? table.joined(ids(u), channel: channel(u, c), withPresence: false) }
+        }
+        return table
+    }
+    measure("home-records") {
+        var homes: [String: HomeRecord<NodeInstance>] = [:]
+        for u in 0..<users {
+            var home = HomeRecord<NodeInstance>(userID: "user\(u)")
+            _ = home.sessionOpened(session: ids(u), sink: sink, initial: .online)
+            for c in 0..<perUser { home.sessionJoined(session: ids(u), channel: channel(u, c), withPresence: false) }
+            homes["user\(u)"] = home
+        }
+        return homes
+    }
+    withExtendedLifetime(kept) {}
+    exit(0)
+}
 let group = EventLoopGroup(name: "bench")
 let engine = PresenceEngine(settings: EngineSettings(nodeID: "bench", presenceTimeout: 10, maxInstantEvents: 50, presenceInterval: 1), loops: group.loops)
 // Warm up allocator pools and shard actors before the baseline.

@@ -436,6 +436,29 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(m.subscriberSinks.isEmpty)
     }
 
+    /// A place names its sink by an entry of the channel's sink table; the entry of a gateway no
+    /// session lives at any more is reused, and every session still finds its own gateway.
+    @Test func eachSessionKeepsItsGatewayWhileGatewaysComeAndGo() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)
+        _ = m.join(user: "bob", session: s2, withPresence: true, sink: "node-b", now: 2)
+        _ = m.join(user: "ann", session: s3, withPresence: false, sink: "node-a", now: 3)
+        _ = m.leave(user: "ann", session: s1, now: 4)
+        #expect(m.sink(of: s3) == "node-a")  // node-a still holds s3: its entry stays
+        _ = m.leave(user: "ann", session: s3, now: 5)
+        _ = m.join(user: "cy", session: s4, withPresence: true, sink: "node-c", now: 6)  // takes node-a's entry
+        #expect(m.sink(of: s2) == "node-b" && m.sink(of: s4) == "node-c" && m.sink(of: s1) == nil)
+        #expect(m.sessions(at: "node-a").isEmpty)
+        #expect(m.sessions(at: "node-c").map(\.session) == [s4] && m.sessions(at: "node-b").map(\.session) == [s2])
+        #expect(m.places.mapValues { "\($0.user)@\($0.sink)" } == [s2: "bob@node-b", s4: "cy@node-c"])
+        #expect(m.subscriberSinks == ["node-b": 1, "node-c": 1] && m.allSinks == ["node-b", "node-c"])
+        // a session that moves between gateways leaves no entry behind
+        _ = m.announce(user: "bob", session: s2, withPresence: true, sink: "node-c", version: 1, now: 7)
+        #expect(m.sink(of: s2) == "node-c" && m.sessions(at: "node-b").isEmpty && m.allSinks == ["node-c"])
+        let snapshot = m.resnapshot(for: s2, now: 8)
+        #expect(m.route(snapshot.map { [$0] } ?? []).map(\.sink) == ["node-c"])
+    }
+
     @Test func announceMovesAKnownSessionSilentlyAndJoinsAnUnknownOne() {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)

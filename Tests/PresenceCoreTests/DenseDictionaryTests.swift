@@ -1,0 +1,77 @@
+@testable import PresenceCore
+import Testing
+
+/// A key whose hash is chosen by the test: many keys in one home slot make the long probe runs
+/// that removal must keep reachable.
+private struct Crowded: Hashable {
+    let id: Int
+    let home: Int
+    func hash(into h: inout Hasher) { h.combine(home) }
+    static func == (a: Crowded, b: Crowded) -> Bool { a.id == b.id }
+}
+
+@Suite struct DenseDictionaryTests {
+    @Test func itStoresReplacesAndRemoves() {
+        var d: DenseDictionary<String, Int> = [:]
+        #expect(d.isEmpty && d["ann"] == nil && d.removeValue(forKey: "ann") == nil)
+        d["ann"] = 1
+        d["bob"] = 2
+        d["ann"] = 3
+        #expect(d.count == 2 && d["ann"] == 3 && d["bob"] == 2)
+        #expect(d.modify("bob") { $0 += 10; return $0 } == 12)
+        #expect(d.modify("cat") { $0 += 1 } == nil)
+        #expect(d.removeValue(forKey: "ann") == 3)
+        #expect(d.count == 1 && d["ann"] == nil && d["bob"] == 12)
+        d["bob"] = nil
+        #expect(d.isEmpty)
+        d["x", default: 5] += 1
+        #expect(d["x"] == 6)
+        #expect(d == ["x": 6] && d != ["x": 7] && d != ["y": 6])
+    }
+
+    /// Random inserts, overwrites and removals, checked against `Dictionary` after every step:
+    /// the same entries, each found, with keys crowded into few home slots so that runs are long
+    /// and removals move entries back.
+    @Test(arguments: [1, 3, 64]) func itAgreesWithADictionaryUnderRandomChanges(homes: Int) {
+        var rng = SplitMix64(seed: UInt64(homes))
+        var dense = DenseDictionary<Crowded, Int>()
+        var model: [Crowded: Int] = [:]
+        for step in 0..<6_000 {
+            // grow to a few hundred entries, then shrink to nothing (the table gives storage back)
+            let phase = step < 3_000 ? 70 : 25
+            let id = Int.random(in: 0..<400, using: &rng)
+            let k = Crowded(id: id, home: id % homes)
+            if Int.random(in: 0..<100, using: &rng) < phase {
+                dense[k] = step
+                model[k] = step
+            } else {
+                #expect(dense.removeValue(forKey: k) == model.removeValue(forKey: k))
+            }
+            #expect(dense.count == model.count)
+            if step % 97 == 0 || dense.count < 5 {
+                for (mk, mv) in model { #expect(dense[mk] == mv) }
+                #expect(Dictionary(uniqueKeysWithValues: dense.map { ($0.key, $0.value) }) == model)
+            }
+        }
+        for k in model.keys { dense[k] = nil }
+        #expect(dense.isEmpty && dense.slots.isEmpty)
+    }
+
+    @Test func aTableThatEmptiedGivesItsStorageBack() {
+        var d = DenseDictionary<Int, Int>()
+        for i in 0..<10_000 { d[i] = i }
+        #expect(d.slots.count >= 20_000)
+        for i in 0..<9_990 { d[i] = nil }
+        #expect(d.count == 10 && d.slots.count <= 64 && d.entryKeys.capacity < 1_000)
+        for i in 9_990..<10_000 { #expect(d[i] == i) }
+    }
+
+    @Test func itStaysAtMostHalfFull() {
+        var d = DenseDictionary<Int, Int>()
+        for i in 0..<1_000 {
+            d[i] = i
+            #expect(d.slots.count >= 2 * d.count)
+            #expect(d.slots.count & (d.slots.count - 1) == 0)
+        }
+    }
+}
