@@ -93,6 +93,40 @@ import Testing
         await h.stop()
     }
 
+    /// The streams of a connection with messages waiting are drained in one hop: only the first
+    /// to ask schedules it, and once the loop took them the next ask schedules again.
+    @Test func oneHopDrainsEveryStreamThatAsked() {
+        let drains = PendingDrains()
+        #expect(drains.add(3) && !drains.add(5) && !drains.add(7))
+        #expect(drains.take() == [3, 5, 7])
+        #expect(drains.take().isEmpty)
+        #expect(drains.add(5))
+        #expect(drains.take() == [5])
+    }
+
+    /// Many streams of one connection streaming at once, each message of each reaching its client
+    /// in order (their writers are drained together).
+    @Test func concurrentStreamsOnOneConnectionEachGetEveryMessage() async throws {
+        let h = try Harness()
+        try await withThrowingTaskGroup(of: [String].self) { g in
+            for _ in 0..<50 {
+                g.addTask {
+                    var keys: [String] = []
+                    for try await item in h.client.serverStreaming(TestMethods.stream, StateItem(key: "200", value: "10")) { keys.append(item.key) }
+                    return keys
+                }
+            }
+            var n = 0
+            while let keys = try await g.next() {
+                #expect(keys == (0..<200).map(String.init))
+                n += 1
+            }
+            #expect(n == 50)
+        }
+        #expect(h.server.connections == 1)
+        await h.stop()
+    }
+
     @Test func batchReadsReturnEverythingQueued() async throws {
         let h = try Harness()
         let raw = h.client.serverStreaming(path: TestMethods.stream.path, framedRequest: MessageFraming.framed(StateItem(key: "300", value: "10")))
