@@ -66,6 +66,12 @@ public struct DenseDictionary<Key: Hashable, Value> {
         set { self[key] = newValue }
     }
 
+    /// The value of the entry at `index` (from `index(forKey:)`), to read or change in place.
+    public subscript(valueAt index: Int) -> Value {
+        get { entryValues[index] }
+        _modify { yield &entryValues[index] }
+    }
+
     /// Changes the value of `key` where it lies (no copy of it is made); nil when `key` is absent.
     @discardableResult
     public mutating func modify<R>(_ key: Key, _ body: (inout Value) throws -> R) rethrows -> R? {

@@ -44,7 +44,9 @@ public struct SessionTable {
     }
 
     public let resumeWindow: UInt64
-    public private(set) var sessions: [SessionID: Session] = [:]
+    /// (A `DenseDictionary`: a node holds many sessions, and a `Dictionary` of them kept up to
+    /// 2.6 times their size in buckets.)
+    public private(set) var sessions: DenseDictionary<SessionID, Session> = [:]
 
     public init(resumeWindow: UInt64) {
         self.resumeWindow = resumeWindow
@@ -156,7 +158,7 @@ public struct SessionTable {
     /// changed.
     private mutating func withSession<R>(_ id: SessionID, _ body: (inout Session) throws(PresenceError) -> R) throws(PresenceError) -> R {
         guard let i = sessions.index(forKey: id) else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
-        return try body(&sessions.values[i])
+        return try body(&sessions[valueAt: i])
     }
 
     /// Records a join; returns state set earlier for that channel (now consumed), whether the
