@@ -93,16 +93,29 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// to a value no other change in this process had: two machines, or two copies of one, with
     /// the same revision list the same pages. What a cache of encoded pages is keyed by.
     public private(set) var listingRevision: UInt64 = ListingRevision.next()
-    /// Where each session lives, its sink named by its index in `sinkTable`: a channel has many
+    /// Where each session lives, its sink named by its index in `sinks`: a channel has many
     /// sessions and few gateways, and a sink (a node's id and boot) is 24 bytes where its index is 4.
     private var placements: DenseDictionary<SessionID, Placement> = [:]
-    /// The sinks sessions live at; the entry of a sink no session lives at any more is reused.
-    private var sinkTable: [Sink?] = []
-    private var sinkIndex: [Sink: UInt32] = [:]
+    /// The sinks sessions live at, with how many sessions and subscribers each holds: a small
+    /// array (one per gateway), searched by scanning. An entry whose sessions all left is reused.
+    private var sinks: [SinkEntry] = []
+    struct SinkEntry: Sendable {
+        var sink: Sink
+        var sessions: Int
+        var subscribers: Int
+    }
     /// Subscribers per sink: where each event must go.
-    public private(set) var subscriberSinks: [Sink: Int] = [:]
+    public var subscriberSinks: [Sink: Int] {
+        var out: [Sink: Int] = [:]
+        for e in sinks where e.subscribers > 0 { out[e.sink] = e.subscribers }
+        return out
+    }
     /// Sessions per sink (with or without presence).
-    public private(set) var sinkCounts: [Sink: Int] = [:]
+    public var sinkCounts: [Sink: Int] {
+        var out: [Sink: Int] = [:]
+        for e in sinks where e.sessions > 0 { out[e.sink] = e.sessions }
+        return out
+    }
     public private(set) var departed: [SessionID: Departure] = [:]
     public private(set) var sequence: UInt64 = 0
     /// Where this owner's lineage of sequence numbers started (copies and merges keep the higher).
@@ -142,7 +155,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// Where a session of this channel lives (nil: not here).
     public func place(of session: SessionID) -> Place? {
         guard let p = placements[session] else { return nil }
-        return Place(user: p.user, sink: sinkTable[Int(p.sink)]!, withPresence: p.withPresence, version: p.version)
+        return Place(user: p.user, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
     }
 
     /// Every session's place (for inspection and tests: it is built on each call).
@@ -155,7 +168,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// Sessions with presence and where they live.
     public var subscribers: [SessionID: Sink] {
         var out: [SessionID: Sink] = [:]
-        for (id, p) in placements where p.withPresence { out[id] = sinkTable[Int(p.sink)]! }
+        for (id, p) in placements where p.withPresence { out[id] = sinks[Int(p.sink)].sink }
         return out
     }
 
@@ -305,53 +318,47 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Where a session of this channel lives.
-    public func sink(of session: SessionID) -> Sink? { placements[session].map { sinkTable[Int($0.sink)]! } }
+    public func sink(of session: SessionID) -> Sink? { placements[session].map { sinks[Int($0.sink)].sink } }
 
     /// Every place a session of this channel lives.
-    public var allSinks: Set<Sink> { Set(sinkCounts.keys) }
+    public var allSinks: Set<Sink> { Set(sinks.lazy.filter { $0.sessions > 0 }.map(\.sink)) }
+
+    /// `sink`'s entry, if a session lives there.
+    private func sinkEntry(_ sink: Sink) -> UInt32? {
+        guard let i = sinks.firstIndex(where: { $0.sessions > 0 && $0.sink == sink }) else { return nil }
+        return UInt32(i)
+    }
 
     /// Every session living at `sink`, with its user.
     public func sessions(at sink: Sink) -> [(user: String, session: SessionID)] {
-        guard let index = sinkIndex[sink] else { return [] }
+        guard let index = sinkEntry(sink) else { return [] }
         return placements.filter { $0.value.sink == index }.map { ($0.value.user, $0.key) }.sorted { $0.1 < $1.1 }
     }
 
     private mutating func place(_ session: SessionID, user: String, at sink: Sink, withPresence: Bool, version: UInt64) {
         unplace(session)
-        placements[session] = Placement(user: user, version: version, sink: interned(sink), withPresence: withPresence)
-        sinkCounts[sink, default: 0] += 1
-        if withPresence { subscriberSinks[sink, default: 0] += 1 }
+        let entry = interned(sink)
+        placements[session] = Placement(user: user, version: version, sink: entry, withPresence: withPresence)
+        sinks[Int(entry)].sessions += 1
+        if withPresence { sinks[Int(entry)].subscribers += 1 }
     }
 
     private mutating func unplace(_ session: SessionID) {
         guard let old = placements.removeValue(forKey: session) else { return }
-        let sink = sinkTable[Int(old.sink)]!
-        Self.decrement(&sinkCounts, sink)
-        if old.withPresence { Self.decrement(&subscriberSinks, sink) }
-        if sinkCounts[sink] == nil {
-            // (no session lives there any more: its entry is free for the next sink)
-            sinkTable[Int(old.sink)] = nil
-            sinkIndex[sink] = nil
-        }
+        // (an entry whose sessions all left is free for the next sink: `sinkEntry` skips it)
+        sinks[Int(old.sink)].sessions -= 1
+        if old.withPresence { sinks[Int(old.sink)].subscribers -= 1 }
     }
 
-    /// `sink`'s index in `sinkTable`, entered if it has none.
+    /// `sink`'s entry in `sinks`, made (or a free one taken) if it has none.
     private mutating func interned(_ sink: Sink) -> UInt32 {
-        if let i = sinkIndex[sink] { return i }
-        let i: Int
-        if let free = sinkTable.firstIndex(where: { $0 == nil }) {
-            i = free
-            sinkTable[i] = sink
-        } else {
-            i = sinkTable.count
-            sinkTable.append(sink)
+        if let i = sinkEntry(sink) { return i }
+        if let free = sinks.firstIndex(where: { $0.sessions == 0 }) {
+            sinks[free] = SinkEntry(sink: sink, sessions: 0, subscribers: 0)
+            return UInt32(free)
         }
-        sinkIndex[sink] = UInt32(i)
-        return UInt32(i)
-    }
-
-    private static func decrement(_ counts: inout [Sink: Int], _ sink: Sink) {
-        if let n = counts[sink], n > 1 { counts[sink] = n - 1 } else { counts[sink] = nil }
+        sinks.append(SinkEntry(sink: sink, sessions: 0, subscribers: 0))
+        return UInt32(sinks.count - 1)
     }
 
     /// A session leaves (`timedOut`: its resume window passed). The user's last session makes
@@ -460,7 +467,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// A fresh SNAPSHOT for every subscriber living at `sink` (pushes to it may have been lost).
     public mutating func snapshotForAll(at sink: Sink, now: Int64) -> [Delivery] {
-        guard subscriberSinks[sink] != nil, let index = sinkIndex[sink] else { return [] }
+        guard let index = sinkEntry(sink), sinks[Int(index)].subscribers > 0 else { return [] }
         return placements.filter { $0.value.withPresence && $0.value.sink == index }.map(\.key).sorted().map { snapshotDelivery(for: $0, now: now) }
     }
 
@@ -475,8 +482,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                 guard let sink = sink(of: id) else { continue }
                 out.append(RoutedDelivery(sink: sink, event: d.event, sessions: [id], except: nil))
             case .subscribers(let except):
-                for sink in subscriberSinks.keys {
-                    out.append(RoutedDelivery(sink: sink, event: d.event, sessions: [], except: except))
+                for e in sinks where e.subscribers > 0 {
+                    out.append(RoutedDelivery(sink: e.sink, event: d.event, sessions: [], except: except))
                 }
             }
         }

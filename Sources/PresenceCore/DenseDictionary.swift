@@ -1,41 +1,56 @@
 /// A hash map for the per-membership tables of a channel (its members, its sessions' places):
-/// the entries packed in two arrays, found through a table of 32-bit slots (open addressing,
-/// linear probing, at most half full).
+/// the entries packed in one array, found by scanning it while they are few and through a table
+/// of 32-bit slots past that (open addressing, linear probing, at most half full).
 ///
 /// Why not `Dictionary`: a Swift dictionary keeps key and value storage for every bucket, full or
 /// empty, with up to 3/4 of the buckets full; a table of 100 entries has 256 buckets, 2.56 times
-/// the entries' size. Here an empty bucket costs 4 bytes, and the entries' arrays grow as arrays do
-/// (at most twice what they hold). Keys are hashed with the standard library's seeded hasher, as a
+/// the entries' size. Here an empty bucket costs 4 bytes, and the entries' array grows as arrays do
+/// (at most twice what it holds). Keys are hashed with the standard library's seeded hasher, as a
 /// `Dictionary`'s are, so ids chosen by clients cannot be made to collide.
 ///
 /// Order: entries are kept in the order they were added, except that removing one moves the last
 /// entry into its place. Callers that need an order (a channel's users by id) keep one themselves.
 public struct DenseDictionary<Key: Hashable, Value> {
-    @usableFromInline var entryKeys: [Key] = []
-    @usableFromInline var entryValues: [Value] = []
-    /// 0: empty; else the index of an entry, plus one. A power of two long, or empty.
+    @usableFromInline struct Entry {
+        @usableFromInline var key: Key
+        @usableFromInline var value: Value
+        @usableFromInline init(key: Key, value: Value) {
+            self.key = key
+            self.value = value
+        }
+    }
+    @usableFromInline var entries: [Entry] = []
+    /// 0: empty; else the index of an entry, plus one. A power of two long; empty while the
+    /// dictionary is small enough to be searched by scanning its entries (most channels have a
+    /// few members: a table of slots would be one more allocation for each).
     @usableFromInline var slots: [UInt32] = []
+    /// Up to this many entries are found by scanning; a table of slots is made past it, and
+    /// dropped again at half of it.
+    @usableFromInline static var scanLimit: Int { 8 }
 
     public init() {}
 
-    public var count: Int { entryKeys.count }
-    public var isEmpty: Bool { entryKeys.isEmpty }
+    public var count: Int { entries.count }
+    public var isEmpty: Bool { entries.isEmpty }
     /// The keys, in entry order.
-    public var keys: [Key] { entryKeys }
+    public var keys: [Key] { entries.map(\.key) }
     /// The values, in entry order.
-    public var values: [Value] { entryValues }
+    public var values: [Value] { entries.map(\.value) }
 
     /// The slot holding `key`'s entry and that entry's index, or the empty slot where it would go
-    /// (slot -1 when there is no table yet).
+    /// (slot -1 when there is no table of slots).
     @inlinable
     func find(_ key: Key) -> (slot: Int, entry: Int?) {
-        guard !slots.isEmpty else { return (-1, nil) }
+        guard !slots.isEmpty else {
+            for i in entries.indices where entries[i].key == key { return (-1, i) }
+            return (-1, nil)
+        }
         let mask = slots.count - 1
         var s = key.hashValue & mask
         while true {
             let e = slots[s]
             if e == 0 { return (s, nil) }
-            if entryKeys[Int(e &- 1)] == key { return (s, Int(e &- 1)) }
+            if entries[Int(e &- 1)].key == key { return (s, Int(e &- 1)) }
             s = (s &+ 1) & mask
         }
     }
@@ -45,13 +60,13 @@ public struct DenseDictionary<Key: Hashable, Value> {
     public subscript(key: Key) -> Value? {
         get {
             guard let i = find(key).entry else { return nil }
-            return entryValues[i]
+            return entries[i].value
         }
         set {
             if let newValue {
                 let (slot, entry) = find(key)
                 if let entry {
-                    entryValues[entry] = newValue
+                    entries[entry].value = newValue
                 } else {
                     insert(key, newValue, at: slot)
                 }
@@ -68,44 +83,41 @@ public struct DenseDictionary<Key: Hashable, Value> {
 
     /// The value of the entry at `index` (from `index(forKey:)`), to read or change in place.
     public subscript(valueAt index: Int) -> Value {
-        get { entryValues[index] }
-        _modify { yield &entryValues[index] }
+        get { entries[index].value }
+        _modify { yield &entries[index].value }
     }
 
     /// Changes the value of `key` where it lies (no copy of it is made); nil when `key` is absent.
     @discardableResult
     public mutating func modify<R>(_ key: Key, _ body: (inout Value) throws -> R) rethrows -> R? {
         guard let i = find(key).entry else { return nil }
-        return try body(&entryValues[i])
+        return try body(&entries[i].value)
     }
 
     private mutating func insert(_ key: Key, _ value: Value, at slot: Int) {
-        var slot = slot
-        if (entryKeys.count + 1) * 2 > slots.count {
-            rebuildSlots(count: Swift.max(8, slots.count * 2))
-            slot = find(key).slot
+        precondition(entries.count < Int(UInt32.max - 1), "DenseDictionary: too many entries")
+        entries.append(Entry(key: key, value: value))
+        if slots.isEmpty {
+            if entries.count > Self.scanLimit { rebuildSlots(count: Self.slotCount(for: entries.count)) }
+        } else if entries.count * 2 > slots.count {
+            rebuildSlots(count: slots.count * 2)
+        } else {
+            slots[slot] = UInt32(entries.count)
         }
-        precondition(entryKeys.count < Int(UInt32.max - 1), "DenseDictionary: too many entries")
-        entryKeys.append(key)
-        entryValues.append(value)
-        slots[slot] = UInt32(entryKeys.count)
     }
 
     @discardableResult
     public mutating func removeValue(forKey key: Key) -> Value? {
         let (slot, entry) = find(key)
         guard let entry else { return nil }
-        clear(slot: slot)
+        if !slots.isEmpty { clear(slot: slot) }
         // the last entry moves into the removed one's place; its slot follows it
-        let last = entryKeys.count - 1
+        let last = entries.count - 1
         if entry != last {
-            let moved = find(entryKeys[last]).slot
-            slots[moved] = UInt32(entry + 1)
-            entryKeys.swapAt(entry, last)
-            entryValues.swapAt(entry, last)
+            if !slots.isEmpty { slots[find(entries[last].key).slot] = UInt32(entry + 1) }
+            entries.swapAt(entry, last)
         }
-        entryKeys.removeLast()
-        let removed = entryValues.removeLast()
+        let removed = entries.removeLast().value
         shrinkIfSparse()
         return removed
     }
@@ -115,11 +127,18 @@ public struct DenseDictionary<Key: Hashable, Value> {
     }
 
     public mutating func reserveCapacity(_ n: Int) {
-        entryKeys.reserveCapacity(n)
-        entryValues.reserveCapacity(n)
-        var size = Swift.max(8, slots.count)
+        entries.reserveCapacity(n)
+        if n > Self.scanLimit {
+            let size = Self.slotCount(for: n)
+            if size > slots.count { rebuildSlots(count: size) }
+        }
+    }
+
+    /// The smallest table of slots that holds `n` entries at most half full.
+    private static func slotCount(for n: Int) -> Int {
+        var size = 16
         while size < n * 2 { size *= 2 }
-        if size > slots.count { rebuildSlots(count: size) }
+        return size
     }
 
     /// Empties `slot` and moves later entries of its run back, so every entry stays reachable from
@@ -132,7 +151,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
             j = (j &+ 1) & mask
             let e = slots[j]
             if e == 0 { break }
-            let home = entryKeys[Int(e &- 1)].hashValue & mask
+            let home = entries[Int(e &- 1)].key.hashValue & mask
             // the entry at j may fill the hole if the hole lies on its probe path (home ... j)
             if (j &- home) & mask >= (j &- hole) & mask {
                 slots[hole] = e
@@ -142,37 +161,32 @@ public struct DenseDictionary<Key: Hashable, Value> {
         slots[hole] = 0
     }
 
-    /// The same elements in storage of their size (`Array(array)` would share the old storage).
-    private static func copied<T>(_ a: [T]) -> [T] {
-        var out: [T] = []
-        out.reserveCapacity(a.count)
-        out.append(contentsOf: a)
-        return out
-    }
-
     private mutating func rebuildSlots(count size: Int) {
         slots = [UInt32](repeating: 0, count: size)
         let mask = size - 1
-        for (i, key) in entryKeys.enumerated() {
-            var s = key.hashValue & mask
+        for i in entries.indices {
+            var s = entries[i].key.hashValue & mask
             while slots[s] != 0 { s = (s &+ 1) & mask }
             slots[s] = UInt32(i + 1)
         }
     }
 
-    /// A table that held many entries and now holds few gives its storage back (arrays and
-    /// dictionaries keep theirs).
+    /// A dictionary that held many entries and now holds few gives its storage back (arrays and
+    /// dictionaries keep theirs); a small one is searched by scanning again.
     private mutating func shrinkIfSparse() {
-        if entryKeys.isEmpty {
+        if entries.isEmpty {
             self = DenseDictionary()
             return
         }
-        guard slots.count > 64, entryKeys.count * 8 < slots.count else { return }
-        entryKeys = Self.copied(entryKeys)
-        entryValues = Self.copied(entryValues)
-        var size = 8
-        while size < entryKeys.count * 2 { size *= 2 }
-        rebuildSlots(count: size)
+        if !slots.isEmpty && entries.count <= Self.scanLimit / 2 {
+            slots = []
+        }
+        guard entries.capacity > 64, entries.count * 8 < entries.capacity else { return }
+        var compact: [Entry] = []
+        compact.reserveCapacity(entries.count)
+        compact.append(contentsOf: entries)
+        entries = compact
+        if !slots.isEmpty { rebuildSlots(count: Self.slotCount(for: entries.count)) }
     }
 }
 
@@ -181,9 +195,9 @@ extension DenseDictionary: Sequence {
         let dictionary: DenseDictionary
         var i = 0
         public mutating func next() -> (key: Key, value: Value)? {
-            guard i < dictionary.entryKeys.count else { return nil }
+            guard i < dictionary.entries.count else { return nil }
             defer { i += 1 }
-            return (dictionary.entryKeys[i], dictionary.entryValues[i])
+            return (dictionary.entries[i].key, dictionary.entries[i].value)
         }
     }
     public func makeIterator() -> Iterator { Iterator(dictionary: self) }
@@ -207,3 +221,4 @@ extension DenseDictionary: Equatable where Value: Equatable {
 }
 
 extension DenseDictionary: Sendable where Key: Sendable, Value: Sendable {}
+extension DenseDictionary.Entry: Sendable where Key: Sendable, Value: Sendable {}

@@ -440,23 +440,30 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
     /// session lives at any more is reused, and every session still finds its own gateway.
     @Test func eachSessionKeepsItsGatewayWhileGatewaysComeAndGo() {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        let s5 = SessionID(raw: 5)
         _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)
         _ = m.join(user: "bob", session: s2, withPresence: true, sink: "node-b", now: 2)
         _ = m.join(user: "ann", session: s3, withPresence: false, sink: "node-a", now: 3)
         _ = m.leave(user: "ann", session: s1, now: 4)
-        #expect(m.sink(of: s3) == "node-a")  // node-a still holds s3: its entry stays
-        _ = m.leave(user: "ann", session: s3, now: 5)
-        _ = m.join(user: "cy", session: s4, withPresence: true, sink: "node-c", now: 6)  // takes node-a's entry
-        #expect(m.sink(of: s2) == "node-b" && m.sink(of: s4) == "node-c" && m.sink(of: s1) == nil)
+        // node-a still holds s3 (no subscriber there any more): its entry is not free
+        _ = m.join(user: "cy", session: s4, withPresence: true, sink: "node-c", now: 5)
+        #expect(m.sink(of: s3) == "node-a" && m.sink(of: s4) == "node-c")
+        #expect(m.sinkCounts == ["node-a": 1, "node-b": 1, "node-c": 1] && m.subscriberSinks == ["node-b": 1, "node-c": 1])
+        _ = m.leave(user: "ann", session: s3, now: 6)
+        _ = m.join(user: "dan", session: s5, withPresence: true, sink: "node-d", now: 7)  // takes node-a's entry
+        #expect(m.sink(of: s2) == "node-b" && m.sink(of: s4) == "node-c" && m.sink(of: s5) == "node-d" && m.sink(of: s1) == nil)
         #expect(m.sessions(at: "node-a").isEmpty)
-        #expect(m.sessions(at: "node-c").map(\.session) == [s4] && m.sessions(at: "node-b").map(\.session) == [s2])
-        #expect(m.places.mapValues { "\($0.user)@\($0.sink)" } == [s2: "bob@node-b", s4: "cy@node-c"])
-        #expect(m.subscriberSinks == ["node-b": 1, "node-c": 1] && m.allSinks == ["node-b", "node-c"])
+        #expect(m.sessions(at: "node-d").map(\.session) == [s5] && m.sessions(at: "node-b").map(\.session) == [s2])
+        #expect(m.places.mapValues { "\($0.user)@\($0.sink)" } == [s2: "bob@node-b", s4: "cy@node-c", s5: "dan@node-d"])
+        #expect(m.subscriberSinks == ["node-b": 1, "node-c": 1, "node-d": 1] && m.allSinks == ["node-b", "node-c", "node-d"])
         // a session that moves between gateways leaves no entry behind
-        _ = m.announce(user: "bob", session: s2, withPresence: true, sink: "node-c", version: 1, now: 7)
-        #expect(m.sink(of: s2) == "node-c" && m.sessions(at: "node-b").isEmpty && m.allSinks == ["node-c"])
-        let snapshot = m.resnapshot(for: s2, now: 8)
+        _ = m.announce(user: "bob", session: s2, withPresence: true, sink: "node-c", version: 1, now: 8)
+        #expect(m.sink(of: s2) == "node-c" && m.sessions(at: "node-b").isEmpty && m.allSinks == ["node-c", "node-d"])
+        let snapshot = m.resnapshot(for: s2, now: 9)
         #expect(m.route(snapshot.map { [$0] } ?? []).map(\.sink) == ["node-c"])
+        // an event goes once to each gateway with subscribers
+        let change = (try? m.setState(user: "dan", session: s5, items: [StateItem(key: "mic", value: "on")], now: 10)) ?? []
+        #expect(Set(m.route(change).map(\.sink)) == ["node-c", "node-d"] && m.route(change).count == 2)
     }
 
     @Test func announceMovesAKnownSessionSilentlyAndJoinsAnUnknownOne() {

@@ -62,16 +62,24 @@ private struct Crowded: Hashable {
         for i in 0..<10_000 { d[i] = i }
         #expect(d.slots.count >= 20_000)
         for i in 0..<9_990 { d[i] = nil }
-        #expect(d.count == 10 && d.slots.count <= 64 && d.entryKeys.capacity < 1_000)
+        #expect(d.count == 10 && d.slots.count <= 64 && d.entries.capacity < 1_000)
         for i in 9_990..<10_000 { #expect(d[i] == i) }
     }
 
+    /// Scanned while small (no table of slots to allocate), hashed past that, at most half full.
     @Test func itStaysAtMostHalfFull() {
         var d = DenseDictionary<Int, Int>()
         for i in 0..<1_000 {
             d[i] = i
-            #expect(d.slots.count >= 2 * d.count)
-            #expect(d.slots.count & (d.slots.count - 1) == 0)
+            if d.count <= 8 {
+                #expect(d.slots.isEmpty)
+            } else {
+                #expect(d.slots.count >= 2 * d.count)
+                #expect(d.slots.count & (d.slots.count - 1) == 0)
+            }
         }
+        for i in 0..<996 { d[i] = nil }
+        #expect(d.slots.isEmpty && d.count == 4)
+        for i in 996..<1_000 { #expect(d[i] == i) }
     }
 }
