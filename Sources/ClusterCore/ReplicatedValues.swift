@@ -77,13 +77,12 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
 
     public mutating func restart(followersAt node: String, now: Int64) -> [Output] {
         var out: [Output] = []
-        for sink in subscriberSinks.keys.sorted() where sink.id == node { out += route(snapshotForAll(at: sink, now: now)) }
+        for sink in subscriberSinks.keys.sorted() where sink.id == node { out += route(snapshotForAll(at: sink, now: now)) }  // (a few sinks)
         return out
     }
 
     public func factHashes(at sink: NodeInstance) -> [UInt64] {
-        guard sinkCounts[sink] != nil else { return [] }
-        return places.filter { $0.value.sink == sink }.map { id, p in
+        places(at: sink).map { id, p in
             FactDigest.hash(id.digest, p.version, p.withPresence ? 1 : 0, stateVersion(of: p.user))
         }
     }
@@ -103,12 +102,12 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
             }
         }
         r.outputs = route(snapshots) + r.outputs
-        for (_, s) in sessions(at: sink) where !mentioned.contains(s) { r.suspects[s] = places[s]?.version ?? 0 }
+        for (_, s) in sessions(at: sink) where !mentioned.contains(s) { r.suspects[s] = place(of: s)?.version ?? 0 }
         return r
     }
 
     public mutating func removeGone(_ session: SessionID, at sink: NodeInstance, version: UInt64, now: Int64) -> [Output] {
-        guard let p = places[session], p.sink == sink, p.version <= version else { return [] }
+        guard let p = place(of: session), p.sink == sink, p.version <= version else { return [] }
         // "not held there at all" (the maximum) speaks for the epoch this owner placed the session
         // in, no later: recorded as the maximum, the departure would refuse the session's next
         // epochs (it resumed on another gateway) for good
@@ -117,7 +116,7 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
     }
 
     public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output] {
-        guard let p = places[session], p.sink == sink, SessionVersion.epoch(version) > SessionVersion.epoch(p.version) else { return [] }
+        guard let p = place(of: session), p.sink == sink, SessionVersion.epoch(version) > SessionVersion.epoch(p.version) else { return [] }
         // (placed where it went under the version it had here: the move says where the session
         // lives, not that it is still in this channel there — its new gateway says that, at its
         // own version; placed under the later epoch, a membership that ended meanwhile elsewhere

@@ -39,6 +39,11 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     let fd: Int32
     var session: OpaquePointer?
     private var outbound: [UInt8] = []
+    /// `flush` writes once this much is buffered (a frame may take it up to 16 KiB past), so the
+    /// buffer of a busy connection settles at 64 KiB...
+    static let writeAt = 47 * 1024
+    /// ...which is what it keeps between flushes at most.
+    static let keptOutbound = 64 * 1024
     private var outboundOffset = 0
     private var flushScheduled = false
     private var writableWanted = false
@@ -237,7 +242,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             } else {
                 outbound.append(contentsOf: UnsafeBufferPointer(start: chunk, count: n))
             }
-            if outbound.count >= 64 * 1024 {
+            if outbound.count >= Self.writeAt {
                 if !writePending() { return }
             }
         }
@@ -272,9 +277,10 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         // All written: the buffer is kept for the next flush (a busy connection, streaming events
         // to many subscribers, filled it up to 64 KiB on every flush: growing it by doubling and
         // freeing it each time was 5-10% of a fan-out profile, in malloc_consolidate and copies);
-        // an oversized one is dropped now, and what is kept goes once the connection is idle
-        // (`idleBufferTimerFired`), so idle connections stay light.
-        if outbound.capacity > 128 * 1024 {
+        // one past `keptOutbound` (a burst that doubled it again) is dropped now, and what is
+        // kept goes once the connection is idle (`idleBufferTimerFired`), so idle connections
+        // stay light.
+        if outbound.capacity > Self.keptOutbound {
             outbound = []
         } else {
             outbound.removeAll(keepingCapacity: true)

@@ -158,11 +158,19 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         return Place(user: p.user, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
     }
 
-    /// Every session's place (for inspection and tests: it is built on each call).
-    public var places: [SessionID: Place] {
+    /// Every session's place, built on each call (for inspection and tests: a lookup is `place(of:)`).
+    public var allPlaces: [SessionID: Place] {
         var out: [SessionID: Place] = [:]
-        for (id, _) in placements { out[id] = place(of: id) }
+        for (id, p) in placements { out[id] = Place(user: p.user, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version) }
         return out
+    }
+
+    /// The places of the sessions living at `sink`, in no particular order.
+    public func places(at sink: Sink) -> [(session: SessionID, place: Place)] {
+        guard let index = sinkEntry(sink) else { return [] }
+        return placements.filter { $0.value.sink == index }.map {
+            ($0.key, Place(user: $0.value.user, sink: sink, withPresence: $0.value.withPresence, version: $0.value.version))
+        }
     }
 
     /// Sessions with presence and where they live.

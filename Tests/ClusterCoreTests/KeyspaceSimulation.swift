@@ -1966,7 +1966,7 @@ struct KeyspaceSim {
         // every placed session is among its user's sessions (the machine's own consistency)
         for n in upNodes {
             for (key, m) in procs[n]!.space.owned.sorted(by: { $0.key < $1.key }) {
-                for (id, p) in m.places.sorted(by: { $0.key < $1.key }) where !m.sessions(of: p.user).contains(id) {
+                for (id, p) in m.allPlaces.sorted(by: { $0.key < $1.key }) where !m.sessions(of: p.user).contains(id) {
                     violation("machine: \(n)'s \(key) places \(p.user)'s session \(id) at \(p.sink) but lists it not among the user's sessions \(m.sessions(of: p.user))")
                 }
             }
@@ -1977,7 +1977,7 @@ struct KeyspaceSim {
             if let r = resumedAt[n], now < r + simSecond { continue }  // (its timers ran late)
             for key in procs[n]!.space.owned.keys.sorted() {
                 let m = procs[n]!.space.owned[key]!
-                for (id, place) in m.places.sorted(by: { $0.key < $1.key }) {
+                for (id, place) in m.allPlaces.sorted(by: { $0.key < $1.key }) {
                     guard let user = userOf[id], let c = clients[user], let ended = c.endedAt else { continue }
                     let from = faultTimes.last { $0 + 2 * simSecond >= ended }.map { max(ended, $0 + settle) } ?? ended
                     guard now > from + limit else { continue }
@@ -2044,7 +2044,7 @@ struct KeyspaceSim {
                     continue
                 }
                 if state != h.m.state { out.append("inv1: \(key) at \(owner): \(user)'s state \(state) but its gateway holds \(h.m.state)") }
-                if let place = m?.places[h.session] {
+                if let place = m?.place(of: h.session) {
                     if place.sink != h.gateway { out.append("inv1: \(key) at \(owner) places \(user) at \(place.sink), it lives at \(h.gateway)") }
                     if place.withPresence != h.m.withPresence { out.append("inv1: \(key) at \(owner): \(user) withPresence \(place.withPresence), gateway says \(h.m.withPresence)") }
                 } else {
@@ -2053,7 +2053,7 @@ struct KeyspaceSim {
                 if m?.sessions(of: user) != [h.session] { out.append("inv1: \(key) at \(owner): \(user)'s sessions \(m?.sessions(of: user) ?? []) ≠ [\(h.session)]") }
             }
             for user in listed.keys.sorted() where expect[user] == nil {
-                out.append("inv1/2 ghost: \(key) at its owner \(owner) lists \(user), whom no live gateway holds there (\(m?.sessions(of: user) ?? []) at \(m?.sessions(of: user).compactMap { m?.places[$0]?.sink } ?? []))")
+                out.append("inv1/2 ghost: \(key) at its owner \(owner) lists \(user), whom no live gateway holds there (\(m?.sessions(of: user) ?? []) at \(m?.sessions(of: user).compactMap { m?.sink(of: $0) } ?? []))")
             }
             for n in live where n != owner && procs[n]!.space[owned: key] != nil { out.append("\(key) is owned by \(n) too (owner: \(owner))") }
             for r in ring.owners(of: key, count: cfg.replicationFactor).dropFirst() {

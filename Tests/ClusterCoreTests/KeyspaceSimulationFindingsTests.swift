@@ -538,7 +538,7 @@ import Testing
         _ = current.leave(user: "u", session: s, version: v(2, 6), now: 2)  // it left, in one version
         // in the other (the other side of a partition), its old gateway says it moved on to b
         _ = stale.moved(s, from: a, to: b, version: v(3, 0), now: 3)
-        #expect(stale.places[s]?.sink == b)
+        #expect(stale.sink(of: s) == b)
         _ = current.merge(stale.fullCopies()[0], now: 4)
         #expect(!current.contains(user: "u"))
     }

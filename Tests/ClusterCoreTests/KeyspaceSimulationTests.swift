@@ -304,7 +304,7 @@ enum SimRuns {
         // and u2's session times out at n2 (its client left it 6 s ago there): its leave loses too
         sim.run(for: 4 * simSecond)
         #expect(Self.listed(sim, "n1", key) == [u1: [R.item("k", "new")], u2: [], w: []])
-        let placed = sim.procs["n1"]!.space[owned: key]!.places
+        let placed = sim.procs["n1"]!.space[owned: key]!.allPlaces
         #expect(placed[sim.clients[u1]!.session]?.sink == sim.procs["n4"]!.instance)
         #expect(placed[sim.clients[u2]!.session]?.sink == sim.procs["n4"]!.instance)
         #expect(sim.procs["n2"]!.table[sim.clients[u1]!.session] == nil && sim.procs["n2"]!.table[sim.clients[u2]!.session] == nil)

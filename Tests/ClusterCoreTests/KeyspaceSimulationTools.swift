@@ -52,7 +52,7 @@ import Testing
             for n in r.sim.upNodes {
                 let sp = r.sim.procs[n]!.space
                 print("DUMP \(n): orphanKeys \(sp.orphanKeys.map(\.name)) goneSince \(sp.goneSince) ring \(sp.ring.members.map { "\($0)@\(sp.ring.boot(of: $0))" })")
-                for (k, m) in sp.owned { print("   \(k.name): \(m.places.values.map { "\($0.user)@\($0.sink)" })") }
+                for (k, m) in sp.owned { print("   \(k.name): \(m.allPlaces.values.map { "\($0.user)@\($0.sink)" })") }
             }
         }
     }

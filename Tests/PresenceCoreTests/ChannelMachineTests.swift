@@ -454,7 +454,7 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(m.sink(of: s2) == "node-b" && m.sink(of: s4) == "node-c" && m.sink(of: s5) == "node-d" && m.sink(of: s1) == nil)
         #expect(m.sessions(at: "node-a").isEmpty)
         #expect(m.sessions(at: "node-d").map(\.session) == [s5] && m.sessions(at: "node-b").map(\.session) == [s2])
-        #expect(m.places.mapValues { "\($0.user)@\($0.sink)" } == [s2: "bob@node-b", s4: "cy@node-c", s5: "dan@node-d"])
+        #expect(m.allPlaces.mapValues { "\($0.user)@\($0.sink)" } == [s2: "bob@node-b", s4: "cy@node-c", s5: "dan@node-d"])
         #expect(m.subscriberSinks == ["node-b": 1, "node-c": 1, "node-d": 1] && m.allSinks == ["node-b", "node-c", "node-d"])
         // a session that moves between gateways leaves no entry behind
         _ = m.announce(user: "bob", session: s2, withPresence: true, sink: "node-c", version: 1, now: 8)
@@ -464,6 +464,45 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         // an event goes once to each gateway with subscribers
         let change = (try? m.setState(user: "dan", session: s5, items: [StateItem(key: "mic", value: "on")], now: 10)) ?? []
         #expect(Set(m.route(change).map(\.sink)) == ["node-c", "node-d"] && m.route(change).count == 2)
+    }
+
+    /// Random joins, re-joins, moves and leaves over five gateways: after every step each session
+    /// is found at its gateway, and the counts per gateway (sessions, subscribers) are the model's,
+    /// however the entries of the sink table were reused.
+    @Test func sinkCountsFollowAModelUnderRandomMoves() {
+        var rng = SplitMix64(seed: 11)
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1_000)
+        var model: [SessionID: (sink: String, presence: Bool)] = [:]
+        var version: UInt64 = 0
+        for step in 0..<3_000 {
+            let i = Int.random(in: 1...24, using: &rng)
+            let session = SessionID(raw: UInt64(i)), user = "u\(i % 7)"
+            let sink = "node-\(Int.random(in: 0..<5, using: &rng))"
+            let presence = Bool.random(using: &rng)
+            version += 1
+            switch Int.random(in: 0..<10, using: &rng) {
+            case 0..<4:
+                _ = m.join(user: user, session: session, withPresence: presence, sink: sink, version: version, now: Int64(step))
+                model[session] = (sink, presence)
+            case 4..<7:
+                _ = m.announce(user: user, session: session, withPresence: presence, sink: sink, version: version, now: Int64(step))
+                model[session] = (sink, presence)
+            default:
+                _ = m.leave(user: user, session: session, version: version, now: Int64(step))
+                model[session] = nil
+            }
+            var sessions: [String: Int] = [:], subscribers: [String: Int] = [:]
+            for (_, p) in model {
+                sessions[p.sink, default: 0] += 1
+                if p.presence { subscribers[p.sink, default: 0] += 1 }
+            }
+            #expect(m.sinkCounts == sessions && m.subscriberSinks == subscribers && m.allSinks == Set(sessions.keys))
+            for id in 1...24 {
+                let s = SessionID(raw: UInt64(id))
+                #expect(m.sink(of: s) == model[s]?.sink)
+            }
+            for k in sessions.keys { #expect(Set(m.sessions(at: k).map(\.session)) == Set(model.filter { $0.value.sink == k }.keys)) }
+        }
     }
 
     @Test func announceMovesAKnownSessionSilentlyAndJoinsAnUnknownOne() {

@@ -249,7 +249,7 @@ final class GatewayShard: Sendable {
     /// Sessions with a live stream, and those waiting to resume (for metrics).
     var countsByLiveness: (connected: Int, disconnected: Int) {
         state.withLock { st in
-            let connected = st.table.sessions.values.reduce(0) { $0 + ($1.liveness == .connected ? 1 : 0) }
+            let connected = st.table.sessions.reduce(0) { $0 + ($1.value.liveness == .connected ? 1 : 0) }
             return (connected, st.table.count - connected)
         }
     }
