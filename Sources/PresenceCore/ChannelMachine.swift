@@ -87,8 +87,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     enum Mode: Equatable { case realtime, interval }
 
     private var members: DenseDictionary<String, Member> = [:] { didSet { listingRevision = ListingRevision.next() } }
-    /// User ids in order, for paging.
-    private var order: [String] = [] { didSet { listingRevision = ListingRevision.next() } }
+    /// The members in user id order, for paging: indices of their entries in `members` (4 bytes
+    /// where an id is 16; `addMember` and `removeMember` keep the two in step).
+    private var order: [UInt32] = [] { didSet { listingRevision = ListingRevision.next() } }
     /// Changes whenever what `page` lists may have changed (its users, their state, the occupancy),
     /// to a value no other change in this process had: two machines, or two copies of one, with
     /// the same revision list the same pages. What a cache of encoded pages is keyed by.
@@ -254,9 +255,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            members[user] = Member(sessions: SessionList(session), state: state,
-                                   stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence())
-            order.insert(user, at: insertionIndex(for: user))
+            addMember(user, Member(sessions: SessionList(session), state: state,
+                                   stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence()))
             updateMode(now: now, into: &out)
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
             if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
@@ -397,9 +397,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             members[user] = m
             return []
         }
-        members[user] = nil
-        let at = insertionIndex(for: user)
-        if at < order.count, order[at] == user { order.remove(at: at) }
+        removeMember(user)
         var out: [Delivery] = []
         updateMode(now: now, into: &out)
         emit(timedOut ? .remoteTimeout : .remoteLeave, user: user, except: session, now: now, into: &out)
@@ -510,7 +508,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Every user's record, in id order.
-    public var copies: [MemberCopy<Sink>] { order.map { copy(of: $0) } }
+    public var copies: [MemberCopy<Sink>] { order.map { copy(of: members.key(at: Int($0))) } }
 
     /// The channel's whole state as copies of at most `chunk` users each; the first is `full`
     /// (it replaces whatever the receiver held) and carries the departures.
@@ -543,10 +541,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             for s in m.sessions.all { unplace(s) }
         }
         if copy.sessions.isEmpty {
-            if members.removeValue(forKey: copy.userID) != nil {
-                let at = insertionIndex(for: copy.userID)
-                if at < order.count, order[at] == copy.userID { order.remove(at: at) }
-            }
+            removeMember(copy.userID)
         } else {
             var list = SessionList()
             for s in copy.sessions {
@@ -554,8 +549,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                 place(s.id, user: copy.userID, at: s.sink, withPresence: s.withPresence, version: s.version)
                 departed[s.id] = nil
             }
-            if members[copy.userID] == nil { order.insert(copy.userID, at: insertionIndex(for: copy.userID)) }
-            members[copy.userID] = Member(sessions: list, state: StateItems(copy.state), stateVersion: copy.stateVersion)
+            let m = Member(sessions: list, state: StateItems(copy.state), stateVersion: copy.stateVersion)
+            if let i = members.index(forKey: copy.userID) { members[valueAt: i] = m } else { addMember(copy.userID, m) }
         }
         mode = occupancy > maxInstantEvents ? .interval : .realtime
     }
@@ -660,14 +655,14 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         var start = 0
         if let after {
             start = insertionIndex(for: after)
-            if start < order.count, order[start] == after { start += 1 }
+            if start < order.count, members.key(at: Int(order[start])) == after { start += 1 }
         }
         let end = min(order.count, start + limit)
         guard start < end else { return ([], nil) }
-        let users = order[start..<end].map { id in
-            UserState(userID: id, states: includeState ? (members[id]?.state.items ?? []) : [])
+        let users = order[start..<end].map { i in
+            UserState(userID: members.key(at: Int(i)), states: includeState ? members[valueAt: Int(i)].state.items : [])
         }
-        return (users, end < order.count ? order[end - 1] : nil)
+        return (users, end < order.count ? members.key(at: Int(order[end - 1])) : nil)
     }
 
     /// Sessions of a user here.
@@ -679,9 +674,28 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         var lo = 0, hi = order.count
         while lo < hi {
             let mid = (lo + hi) / 2
-            if order[mid] < user { lo = mid + 1 } else { hi = mid }
+            if members.key(at: Int(order[mid])) < user { lo = mid + 1 } else { hi = mid }
         }
         return lo
+    }
+
+    /// Adds a user who is not a member (its entry goes last in `members`, its index into `order`).
+    private mutating func addMember(_ user: String, _ m: Member) {
+        let at = insertionIndex(for: user)
+        members[user] = m
+        order.insert(UInt32(members.count - 1), at: at)
+    }
+
+    /// Removes a member, if it is one. `members` moves its last entry into the removed one's place,
+    /// so the order's index of that entry is changed to follow it (both found while every index in
+    /// the order is still valid).
+    private mutating func removeMember(_ user: String) {
+        guard let i = members.index(forKey: user) else { return }
+        let at = insertionIndex(for: user)
+        let last = members.count - 1
+        if i != last { order[insertionIndex(for: members.key(at: last))] = UInt32(i) }
+        order.remove(at: at)
+        members.removeValue(forKey: user)
     }
 
     /// Interval mode above `maxInstantEvents` users; back to real time (after flushing) at or below.
@@ -730,7 +744,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     private mutating func snapshotDelivery(for session: SessionID, now: Int64) -> Delivery {
-        let users = order.map { UserState(userID: $0, states: members[$0]?.state.items ?? []) }
+        let users = order.map { UserState(userID: members.key(at: Int($0)), states: members[valueAt: Int($0)].state.items) }
         let e = PresenceEvent(type: .snapshot, channelType: key.type, channelName: key.name, snapshot: users,
                               timestampMs: now, sequence: nextSequence())
         return Delivery(event: e, to: .session(session))

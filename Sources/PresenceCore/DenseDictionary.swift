@@ -9,7 +9,8 @@
 /// `Dictionary`'s are, so ids chosen by clients cannot be made to collide.
 ///
 /// Order: entries are kept in the order they were added, except that removing one moves the last
-/// entry into its place. Callers that need an order (a channel's users by id) keep one themselves.
+/// entry into its place (nothing else moves: a caller that keeps entry indices, as a channel's
+/// paging order does, relies on exactly this).
 public struct DenseDictionary<Key: Hashable, Value> {
     @usableFromInline struct Entry {
         @usableFromInline var key: Key
@@ -80,6 +81,9 @@ public struct DenseDictionary<Key: Hashable, Value> {
         get { self[key] ?? fallback() }
         set { self[key] = newValue }
     }
+
+    /// The key of the entry at `index` (0 ..< count).
+    public func key(at index: Int) -> Key { entries[index].key }
 
     /// The value of the entry at `index` (from `index(forKey:)`), to read or change in place.
     public subscript(valueAt index: Int) -> Value {

@@ -474,7 +474,7 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1_000)
         var model: [SessionID: (sink: String, presence: Bool)] = [:]
         var version: UInt64 = 0
-        for step in 0..<3_000 {
+        for step in 0..<800 {
             let i = Int.random(in: 1...24, using: &rng)
             let session = SessionID(raw: UInt64(i)), user = "u\(i % 7)"
             let sink = "node-\(Int.random(in: 0..<5, using: &rng))"
@@ -502,6 +502,52 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
                 #expect(m.sink(of: s) == model[s]?.sink)
             }
             for k in sessions.keys { #expect(Set(m.sessions(at: k).map(\.session)) == Set(model.filter { $0.value.sink == k }.keys)) }
+        }
+    }
+
+    /// Members join and leave at random, by calls and by copies installed: after every step the
+    /// pages list exactly the members, in id order, each with its own state, and a page's
+    /// bookmark continues where it stopped (the order keeps entry indices that a removal moves).
+    @Test func pagesListTheMembersInOrderUnderRandomJoinsAndLeaves() throws {
+        var rng = SplitMix64(seed: 5)
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1_000)
+        var model: [String: String] = [:]   // member -> its state value
+        for step in 0..<600 {
+            let i = Int.random(in: 0..<60, using: &rng)
+            let user = "user-\(i)", session = SessionID(raw: UInt64(i + 1))
+            switch Int.random(in: 0..<10, using: &rng) {
+            case 0..<4:
+                if model[user] == nil {
+                    _ = m.join(user: user, session: session, withPresence: false, sink: "node-a", now: Int64(step))
+                    model[user] = ""
+                }
+                let v = "v\(step)"
+                _ = try m.setState(user: user, session: session, items: [StateItem(key: "k", value: v)], now: Int64(step))
+                model[user] = v
+            case 4..<6:
+                m.install(MemberCopy(userID: user, sessions: [.init(id: session, sink: "node-b", withPresence: false)],
+                                     state: [StateItem(key: "k", value: "c\(step)")], stateVersion: UInt64(step)))
+                model[user] = "c\(step)"
+            case 6..<8:
+                _ = m.leave(user: user, session: session, now: Int64(step))
+                model[user] = nil
+            default:
+                m.install(MemberCopy(userID: user, sessions: [], state: []))
+                model[user] = nil
+            }
+            var listed: [String: String] = [:]
+            var names: [String] = []
+            var after: String? = nil
+            repeat {
+                let (users, next) = m.page(after: after, limit: 7, includeState: true)
+                for u in users {
+                    names.append(u.userID)
+                    listed[u.userID] = u.states.first?.value ?? ""
+                }
+                after = next
+            } while after != nil
+            #expect(names == model.keys.sorted() && listed == model && m.occupancy == model.count)
+            #expect(m.copies.map(\.userID) == model.keys.sorted())
         }
     }
 

@@ -36,9 +36,9 @@ private struct Crowded: Hashable {
         var rng = SplitMix64(seed: UInt64(homes))
         var dense = DenseDictionary<Crowded, Int>()
         var model: [Crowded: Int] = [:]
-        for step in 0..<6_000 {
+        for step in 0..<3_000 {
             // grow to a few hundred entries, then shrink to nothing (the table gives storage back)
-            let phase = step < 3_000 ? 70 : 25
+            let phase = step < 1_500 ? 70 : 25
             let id = Int.random(in: 0..<400, using: &rng)
             let k = Crowded(id: id, home: id % homes)
             if Int.random(in: 0..<100, using: &rng) < phase {

@@ -27,7 +27,9 @@ import Testing
         let seed = HostPort(host: "127.0.0.1", port: first.node.peerPort)
         let nodes = [first] + (1..<3).map { i in try! TestNode(presenceTimeout: 3, nodeID: "n\(i)", seeds: [seed]) }
         let ids = Set(nodes.map { $0.node.configuration.nodeID })
-        try await waitUntil("the ring converges", within: 10) {
+        // (30 s: in the whole suite's parallel run, the pure simulation suites can hold the
+        // cooperative pool's threads for the first ~10 s, and nodes formed meanwhile wait for them)
+        try await waitUntil("the ring converges", within: 30) {
             nodes.allSatisfy { Set($0.node.membership.ring.members) == ids && $0.node.engine.topology.isReady }
         }
         return nodes

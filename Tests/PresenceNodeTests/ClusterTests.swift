@@ -27,7 +27,9 @@ import Testing
 
     func converge(_ nodes: [TestNode]) async throws {
         let ids = Set(nodes.map { $0.node.configuration.nodeID })
-        try await waitUntil("the ring converges on \(ids.sorted())", within: 10) {
+        // (30 s: in the whole suite's parallel run, the pure simulation suites can hold the
+        // cooperative pool's threads for the first ~10 s, and nodes formed meanwhile wait for them)
+        try await waitUntil("the ring converges on \(ids.sorted())", within: 30) {
             nodes.allSatisfy { Set($0.node.membership.ring.members) == ids && $0.node.engine.topology.isReady }
         }
     }
