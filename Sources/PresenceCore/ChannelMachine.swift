@@ -154,24 +154,24 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public func user(of session: SessionID) -> String? { placements[session]?.user }
 
     /// Where a session of this channel lives (nil: not here).
-    public func place(of session: SessionID) -> Place? {
-        guard let p = placements[session] else { return nil }
-        return Place(user: p.user, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
+    public func place(of session: SessionID) -> Place? { placements[session].map(place) }
+
+    /// A stored placement with its sink named in full.
+    private func place(_ p: Placement) -> Place {
+        Place(user: p.user, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
     }
 
     /// Every session's place, built on each call (for inspection and tests: a lookup is `place(of:)`).
     public var allPlaces: [SessionID: Place] {
         var out: [SessionID: Place] = [:]
-        for (id, p) in placements { out[id] = Place(user: p.user, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version) }
+        for (id, p) in placements { out[id] = place(p) }
         return out
     }
 
     /// The places of the sessions living at `sink`, in no particular order.
     public func places(at sink: Sink) -> [(session: SessionID, place: Place)] {
         guard let index = sinkEntry(sink) else { return [] }
-        return placements.filter { $0.value.sink == index }.map {
-            ($0.key, Place(user: $0.value.user, sink: sink, withPresence: $0.value.withPresence, version: $0.value.version))
-        }
+        return placements.filter { $0.value.sink == index }.map { ($0.key, place($0.value)) }
     }
 
     /// Sessions with presence and where they live.
@@ -339,8 +339,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// Every session living at `sink`, with its user.
     public func sessions(at sink: Sink) -> [(user: String, session: SessionID)] {
-        guard let index = sinkEntry(sink) else { return [] }
-        return placements.filter { $0.value.sink == index }.map { ($0.value.user, $0.key) }.sorted { $0.1 < $1.1 }
+        places(at: sink).map { ($0.place.user, $0.session) }.sorted { $0.1 < $1.1 }
     }
 
     private mutating func place(_ session: SessionID, user: String, at sink: Sink, withPresence: Bool, version: UInt64) {
