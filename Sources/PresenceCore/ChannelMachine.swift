@@ -43,6 +43,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public var maxInstantEvents: Int
 
     struct Member: Sendable {
+        /// Never empty: a user whose last session leaves is no longer a member.
         var sessions: SessionList
         var state: StateItems
         /// The channel counter value at the state's last change (0: never set).
@@ -57,12 +58,24 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         public var version: UInt64
     }
 
-    /// A `Place` as the machine stores it.
+    /// A `Place` as the machine stores it, in 16 bytes: its user named by the index of the user's
+    /// entry in `members`, its sink by its index in `sinks` (4 bytes each, where an id is 16 and a
+    /// sink 24; `removeMember` keeps the member indices in step when an entry moves), and
+    /// `withPresence` in the sink field's top bit (a channel has a few sinks, one per gateway).
     struct Placement: Sendable {
-        var user: String
+        var member: UInt32
+        private var sinkAndPresence: UInt32
         var version: UInt64
-        var sink: UInt32
-        var withPresence: Bool
+        var sink: UInt32 { sinkAndPresence & ~Self.presenceBit }
+        var withPresence: Bool { sinkAndPresence & Self.presenceBit != 0 }
+        private static var presenceBit: UInt32 { 1 << 31 }
+
+        init(member: UInt32, sink: UInt32, version: UInt64, withPresence: Bool) {
+            precondition(sink < Self.presenceBit, "ChannelMachine: too many sinks")
+            self.member = member
+            self.sinkAndPresence = sink | (withPresence ? Self.presenceBit : 0)
+            self.version = version
+        }
     }
 
     /// A session that left: whose it was, its version then, and whether its gateway said so (a
@@ -151,14 +164,14 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public func state(of user: String) -> [StateItem]? { members[user]?.state.items }
     public func stateVersion(of user: String) -> UInt64 { members[user]?.stateVersion ?? 0 }
     /// The user a session of this channel belongs to.
-    public func user(of session: SessionID) -> String? { placements[session]?.user }
+    public func user(of session: SessionID) -> String? { placements[session].map { members.key(at: Int($0.member)) } }
 
     /// Where a session of this channel lives (nil: not here).
     public func place(of session: SessionID) -> Place? { placements[session].map(place) }
 
     /// A stored placement with its sink named in full.
     private func place(_ p: Placement) -> Place {
-        Place(user: p.user, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
+        Place(user: members.key(at: Int(p.member)), sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
     }
 
     /// Every session's place, built on each call (for inspection and tests: a lookup is `place(of:)`).
@@ -241,7 +254,10 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                                pendingState: [StateItem], datingState: Bool, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
         departed[session] = nil
-        if var m = members[user] {
+        let member: Int
+        if let i = members.index(forKey: user) {
+            member = i
+            var m = members[valueAt: i]
             if !m.sessions.contains(session) {
                 m.sessions.append(session)
                 var changed = false
@@ -249,20 +265,20 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                     changed = m.state.merge(pendingState)
                     if changed { m.stateVersion = nextSequence() }
                 }
-                members[user] = m
+                members[valueAt: i] = m
                 if changed { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
             }
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            addMember(user, Member(sessions: SessionList(session), state: state,
-                                   stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence()))
+            member = addMember(user, Member(sessions: SessionList(session), state: state,
+                                            stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence()))
             updateMode(now: now, into: &out)
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
             if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
         }
         let before = place(of: session)
-        place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
+        place(session, member: member, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
         if withPresence && (before?.withPresence != true || before?.sink != sink) {
             snapshot(for: session, now: now, into: &out)
         }
@@ -297,18 +313,18 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         // followed another owner's lineage of this channel meanwhile (the other side of a
         // partition, started later and so numbered higher): it gets a SNAPSHOT numbered above any
         // lineage started before now.
-        if !contains(user: user, session: session) {
-            if withPresence { advanceSequence(to: Self.lineageFloor(now)) }
-            outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version,
-                                      pendingState: [], datingState: false, now: now)
-        } else {
+        if let member = members.index(forKey: user), members[valueAt: member].sessions.contains(session) {
             let before = place(of: session)
-            place(session, user: user, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
+            place(session, member: member, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
             let resumed = SessionVersion.epoch(before?.version ?? 0) < SessionVersion.epoch(version)
             if withPresence && (before?.withPresence != true || before?.sink != sink || resumed) {
                 advanceSequence(to: Self.lineageFloor(now))
                 snapshot(for: session, now: now, into: &outcome.deliveries)
             }
+        } else {
+            if withPresence { advanceSequence(to: Self.lineageFloor(now)) }
+            outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version,
+                                      pendingState: [], datingState: false, now: now)
         }
         guard let state, var m = members[user] else { return outcome }
         if stateVersion > m.stateVersion {
@@ -342,10 +358,11 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         places(at: sink).map { ($0.place.user, $0.session) }.sorted { $0.1 < $1.1 }
     }
 
-    private mutating func place(_ session: SessionID, user: String, at sink: Sink, withPresence: Bool, version: UInt64) {
+    /// Places `session` as a session of the member whose entry is at `member` in `members`.
+    private mutating func place(_ session: SessionID, member: Int, at sink: Sink, withPresence: Bool, version: UInt64) {
         unplace(session)
         let entry = interned(sink)
-        placements[session] = Placement(user: user, version: version, sink: entry, withPresence: withPresence)
+        placements[session] = Placement(member: UInt32(member), sink: entry, version: version, withPresence: withPresence)
         sinks[Int(entry)].sessions += 1
         if withPresence { sinks[Int(entry)].subscribers += 1 }
     }
@@ -391,8 +408,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         forgetOldDepartures(now: now)
         departed[session] = Departure(user: user, version: max(placements[session]?.version ?? 0, version), byGateway: byGateway, at: now)
         unplace(session)
-        m.sessions.remove(session)
-        if !m.sessions.isEmpty {
+        if let rest = m.sessions.removing(session) {
+            m.sessions = rest
             members[user] = m
             return []
         }
@@ -542,14 +559,20 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         if copy.sessions.isEmpty {
             removeMember(copy.userID)
         } else {
-            var list = SessionList()
+            var list = SessionList(copy.sessions[0].id)
+            for s in copy.sessions.dropFirst() { list.append(s.id) }
+            let m = Member(sessions: list, state: StateItems(copy.state), stateVersion: copy.stateVersion)
+            let member: Int
+            if let i = members.index(forKey: copy.userID) {
+                members[valueAt: i] = m
+                member = i
+            } else {
+                member = addMember(copy.userID, m)
+            }
             for s in copy.sessions {
-                list.append(s.id)
-                place(s.id, user: copy.userID, at: s.sink, withPresence: s.withPresence, version: s.version)
+                place(s.id, member: member, at: s.sink, withPresence: s.withPresence, version: s.version)
                 departed[s.id] = nil
             }
-            let m = Member(sessions: list, state: StateItems(copy.state), stateVersion: copy.stateVersion)
-            if let i = members.index(forKey: copy.userID) { members[valueAt: i] = m } else { addMember(copy.userID, m) }
         }
         mode = occupancy > maxInstantEvents ? .interval : .realtime
     }
@@ -622,9 +645,10 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         for c in other.members {
             for s in c.sessions {
                 if let p = place(of: s.id) {
-                    // the same session on both sides: the later placement wins, silently
-                    if s.version > p.version {
-                        place(s.id, user: c.userID, at: s.sink, withPresence: s.withPresence, version: s.version)
+                    // the same session on both sides: the later placement wins, silently (the
+                    // session stays its member's: ids of sessions are the user's own)
+                    if s.version > p.version, let member = placements[s.id]?.member {
+                        place(s.id, member: Int(member), at: s.sink, withPresence: s.withPresence, version: s.version)
                         if s.withPresence && (p.sink != s.sink || !p.withPresence) { snapshot(for: s.id, now: now, into: &out) }
                     }
                     continue
@@ -678,21 +702,30 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         return lo
     }
 
-    /// Adds a user who is not a member (its entry goes last in `members`, its index into `order`).
-    private mutating func addMember(_ user: String, _ m: Member) {
+    /// Adds a user who is not a member (its entry goes last in `members`, its index into `order`);
+    /// returns the index of its entry.
+    @discardableResult
+    private mutating func addMember(_ user: String, _ m: Member) -> Int {
         let at = insertionIndex(for: user)
         members[user] = m
         order.insert(UInt32(members.count - 1), at: at)
+        return members.count - 1
     }
 
-    /// Removes a member, if it is one. `members` moves its last entry into the removed one's place,
-    /// so the order's index of that entry is changed to follow it (both found while every index in
-    /// the order is still valid).
+    /// Removes a member (whose sessions are no longer placed), if it is one. `members` moves its
+    /// last entry into the removed one's place, so the order's index of that entry, and its
+    /// sessions' placements, are changed to follow it (found while every index is still valid).
     private mutating func removeMember(_ user: String) {
         guard let i = members.index(forKey: user) else { return }
         let at = insertionIndex(for: user)
         let last = members.count - 1
-        if i != last { order[insertionIndex(for: members.key(at: last))] = UInt32(i) }
+        if i != last {
+            order[insertionIndex(for: members.key(at: last))] = UInt32(i)
+            for s in members[valueAt: last].sessions.all {
+                guard let p = placements.index(forKey: s), placements[valueAt: p].member == UInt32(last) else { continue }
+                placements[valueAt: p].member = UInt32(i)
+            }
+        }
         order.remove(at: at)
         members.removeValue(forKey: user)
     }
@@ -832,28 +865,29 @@ struct IntervalBatch: Sendable {
     }
 }
 
-/// The sessions of one user in one channel: almost always one, so that case needs no allocation.
+/// The sessions of one user in one channel, never none: almost always one, so that case needs no
+/// allocation (24 bytes: an optional first id would take 32 with its padding).
 struct SessionList: Equatable, Sendable {
-    private var first: SessionID?
+    private var first: SessionID
     private var more: [SessionID] = []
 
-    init() {}
     init(_ s: SessionID) { first = s }
 
-    var isEmpty: Bool { first == nil }
-    var all: [SessionID] { (first.map { [$0] } ?? []) + more }
+    var all: [SessionID] { [first] + more }
 
     func contains(_ s: SessionID) -> Bool { first == s || more.contains(s) }
 
-    mutating func append(_ s: SessionID) {
-        if first == nil { first = s } else { more.append(s) }
-    }
+    mutating func append(_ s: SessionID) { more.append(s) }
 
-    mutating func remove(_ s: SessionID) {
+    /// The list without `s`; nil when `s` was its only session.
+    func removing(_ s: SessionID) -> SessionList? {
+        var out = self
         if first == s {
-            first = more.isEmpty ? nil : more.removeFirst()
+            guard !more.isEmpty else { return nil }
+            out.first = out.more.removeFirst()
         } else if let i = more.firstIndex(of: s) {
-            more.remove(at: i)
+            out.more.remove(at: i)
         }
+        return out
     }
 }

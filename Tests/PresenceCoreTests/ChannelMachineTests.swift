@@ -467,8 +467,8 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
     }
 
     /// Random joins, re-joins, moves and leaves over five gateways: after every step each session
-    /// is found at its gateway, and the counts per gateway (sessions, subscribers) are the model's,
-    /// however the entries of the sink table were reused.
+    /// is found at its gateway and belongs to its user, and the counts per gateway (sessions,
+    /// subscribers) are the model's, however the entries of the sink and member tables moved.
     @Test func sinkCountsFollowAModelUnderRandomMoves() {
         var rng = SplitMix64(seed: 11)
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1_000)
@@ -500,6 +500,10 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
             for id in 1...24 {
                 let s = SessionID(raw: UInt64(id))
                 #expect(m.sink(of: s) == model[s]?.sink)
+                // each session stays its user's while other users' entries move (a removal moves one)
+                let user = model[s] == nil ? nil : "u\(id % 7)"
+                #expect(m.user(of: s) == user && m.place(of: s)?.user == user)
+                if let user { #expect(m.copy(of: user).sessions.contains { $0.id == s && $0.sink == model[s]?.sink }) }
             }
             for k in sessions.keys { #expect(Set(m.sessions(at: k).map(\.session)) == Set(model.filter { $0.value.sink == k }.keys)) }
         }
