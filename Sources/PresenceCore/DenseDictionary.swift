@@ -98,6 +98,13 @@ public struct DenseDictionary<Key: Hashable, Value> {
         return try body(&entries[i].value)
     }
 
+    /// Runs `body` on every entry in entry order, each value changed where it lies (no copy of
+    /// it, or of the table, is made).
+    @inlinable
+    public mutating func updateEach(_ body: (Key, inout Value) throws -> Void) rethrows {
+        for i in entries.indices { try body(entries[i].key, &entries[i].value) }
+    }
+
     private mutating func insert(_ key: Key, _ value: Value, at slot: Int) {
         precondition(entries.count < Int(UInt32.max - 1), "DenseDictionary: too many entries")
         entries.append(Entry(key: key, value: value))

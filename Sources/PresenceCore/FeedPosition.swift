@@ -27,6 +27,9 @@ public struct FeedPosition<Source: Equatable & Sendable>: Sendable, Equatable {
     public static var askAgainAfter: UInt64 { 2_000_000_000 }
 
     /// Decides about an event numbered `sequence` from `from`, and moves the position when it passes.
+    /// (Pre-specialised for the gateway's sources: it runs once per subscriber per event, and
+    /// generic code called across modules looks its witnesses and metadata up on every call.)
+    @_specialize(exported: true, where Source == NodeInstance)
     public mutating func decide(from: Source, sequence: UInt64, snapshot: Bool, now: UInt64) -> Decision {
         if snapshot {
             if sequence > last || source == nil {

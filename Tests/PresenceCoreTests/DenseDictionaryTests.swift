@@ -57,6 +57,21 @@ private struct Crowded: Hashable {
         #expect(dense.isEmpty && dense.slots.isEmpty)
     }
 
+    /// `updateEach` visits every entry once, changes it where it lies, and leaves every key
+    /// findable (past the scanning limit too, with a table of slots).
+    @Test(arguments: [3, 40]) func updateEachChangesEveryValueInPlace(n: Int) {
+        var d: DenseDictionary<Int, Int> = [:]
+        for i in 0..<n { d[i] = i }
+        var seen: [Int] = []
+        d.updateEach { k, v in
+            seen.append(k)
+            v = v * 10 + 1
+        }
+        #expect(seen.sorted() == Array(0..<n))
+        for i in 0..<n { #expect(d[i] == i * 10 + 1) }
+        #expect(d.count == n)
+    }
+
     @Test func aTableThatEmptiedGivesItsStorageBack() {
         var d = DenseDictionary<Int, Int>()
         for i in 0..<10_000 { d[i] = i }

@@ -14,7 +14,8 @@ final class Subscriptions: Sendable {
         var position: FeedPosition<NodeInstance>
     }
     private final class Shard: Sendable {
-        let map = Mutex<[ChannelKey: [SessionID: Subscriber]]>([:])
+        /// (Each channel's subscribers in a `DenseDictionary`: an event walks them in one array.)
+        let map = Mutex<[ChannelKey: DenseDictionary<SessionID, Subscriber>]>([:])
     }
     private let shards: [Shard]
 
@@ -65,21 +66,15 @@ final class Subscriptions: Sendable {
     /// the subscribers that need a fresh SNAPSHOT (they follow another owner).
     func deliver(_ key: ChannelKey, except: SessionID?, from: NodeInstance, sequence: UInt64, framed: [UInt8], now: UInt64) -> [Resnapshot] {
         shard(key).map.withLock { m -> [Resnapshot] in
-            // (taken out and put back, so the positions change in place without a copy)
-            guard var subs = m.removeValue(forKey: key) else { return [] }
-            defer { m[key] = subs }
             var asks: [Resnapshot] = []
-            var i = subs.startIndex
-            while i != subs.endIndex {
-                let id = subs.keys[i]
-                if id != except {
-                    switch subs.values[i].position.decide(from: from, sequence: sequence, snapshot: false, now: now) {
-                    case .deliver: subs.values[i].outbox.push(framed)
-                    case .drop: break
-                    case .resnapshot(let floor): asks.append(Resnapshot(key: key, session: id, floor: floor))
-                    }
+            // (in place: the positions change where they lie, without a copy of the channel's table)
+            m[key]?.updateEach { id, sub in
+                guard id != except else { return }
+                switch sub.position.decide(from: from, sequence: sequence, snapshot: false, now: now) {
+                case .deliver: sub.outbox.push(framed)
+                case .drop: break
+                case .resnapshot(let floor): asks.append(Resnapshot(key: key, session: id, floor: floor))
                 }
-                subs.formIndex(after: &i)
             }
             return asks
         }
