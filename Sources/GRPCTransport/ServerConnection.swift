@@ -296,14 +296,16 @@ final class ServerConnection: HTTP2Connection {
         guard let s = stream(streamID) else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
         var written = 0
         while written < length, s.outboundHead < s.outbound.count {
-            let chunk = s.outbound[s.outboundHead]
-            let take = min(length - written, chunk.count - s.outboundOffset)
-            chunk.withUnsafeBufferPointer { src in
-                (buffer + written).update(from: src.baseAddress! + s.outboundOffset, count: take)
+            // (the chunk read in place: a copy of it would be a retain and a release per message)
+            let offset = s.outboundOffset
+            let (take, whole) = s.outbound[s.outboundHead].withUnsafeBufferPointer { src in
+                let take = min(length - written, src.count - offset)
+                (buffer + written).update(from: src.baseAddress! + offset, count: take)
+                return (take, src.count)
             }
             written += take
             s.outboundOffset += take
-            if s.outboundOffset == chunk.count {
+            if s.outboundOffset == whole {
                 s.outbound[s.outboundHead] = []
                 s.outboundHead += 1
                 s.outboundOffset = 0
@@ -527,11 +529,12 @@ final class ServerConnection: HTTP2Connection {
         let batch = writer.takePending()
         guard !batch.isEmpty else { return }
         var n = 0
-        for b in batch.dropLast() { n += b.count }
-        s.outbound.append(contentsOf: batch.dropLast())
+        for i in batch.indices { n += batch[i].count }
+        // (an empty queue takes the batch as it is: no message is retained again)
+        if s.outbound.isEmpty { s.outbound = batch } else { s.outbound.append(contentsOf: batch) }
         queued(n)
         guard !isClosed else { return }
-        respond(s, batch[batch.count - 1])
+        submitOrResume(s)
     }
 
     private func streamingCompleted(streamID: Int32, _ status: GRPCStatus) {
@@ -554,6 +557,12 @@ final class ServerConnection: HTTP2Connection {
         s.outbound.append(framed)
         queued(framed.count)
         guard !isClosed else { return }
+        submitOrResume(s)
+    }
+
+    /// Asks nghttp2 to send what the stream's queue holds: the response's headers first, if not
+    /// sent yet, then its data as the flow-control windows allow.
+    private func submitOrResume(_ s: ServerStream) {
         if !s.responseSubmitted {
             s.responseSubmitted = true
             var provider = Self.dataProvider

@@ -42,17 +42,21 @@ public struct DenseDictionary<Key: Hashable, Value> {
     /// (slot -1 when there is no table of slots).
     @inlinable
     func find(_ key: Key) -> (slot: Int, entry: Int?) {
-        guard !slots.isEmpty else {
-            for i in entries.indices where entries[i].key == key { return (-1, i) }
-            return (-1, nil)
-        }
-        let mask = slots.count - 1
-        var s = key.hashValue & mask
-        while true {
-            let e = slots[s]
-            if e == 0 { return (s, nil) }
-            if entries[Int(e &- 1)].key == key { return (s, Int(e &- 1)) }
-            s = (s &+ 1) & mask
+        // (keys read through the buffer: read off the array, an entry could be copied whole, its
+        // value's references retained and released, for each key compared)
+        entries.withUnsafeBufferPointer { entries in
+            guard !slots.isEmpty else {
+                for i in entries.indices where entries[i].key == key { return (-1, i) }
+                return (-1, nil)
+            }
+            let mask = slots.count - 1
+            var s = key.hashValue & mask
+            while true {
+                let e = slots[s]
+                if e == 0 { return (s, nil) }
+                if entries[Int(e &- 1)].key == key { return (s, Int(e &- 1)) }
+                s = (s &+ 1) & mask
+            }
         }
     }
 
@@ -102,7 +106,11 @@ public struct DenseDictionary<Key: Hashable, Value> {
     /// it, or of the table, is made).
     @inlinable
     public mutating func updateEach(_ body: (Key, inout Value) throws -> Void) rethrows {
-        for i in entries.indices { try body(entries[i].key, &entries[i].value) }
+        // (through the buffer: reading an entry's key straight off the array copied the whole
+        // entry, its value's references retained and released, once per entry)
+        try entries.withUnsafeMutableBufferPointer { buffer in
+            for i in buffer.indices { try body(buffer[i].key, &buffer[i].value) }
+        }
     }
 
     private mutating func insert(_ key: Key, _ value: Value, at slot: Int) {

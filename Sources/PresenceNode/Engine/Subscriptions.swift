@@ -66,9 +66,12 @@ final class Subscriptions: Sendable {
     /// the subscribers that need a fresh SNAPSHOT (they follow another owner).
     func deliver(_ key: ChannelKey, except: SessionID?, from: NodeInstance, sequence: UInt64, framed: [UInt8], now: UInt64) -> [Resnapshot] {
         shard(key).map.withLock { m -> [Resnapshot] in
+            // (taken out and put back, so the positions change in place: through `m[key]?` the
+            // dictionary's storage is shared while it is changed, and every entry was copied)
+            guard var subs = m.removeValue(forKey: key) else { return [] }
+            defer { m[key] = subs }
             var asks: [Resnapshot] = []
-            // (in place: the positions change where they lie, without a copy of the channel's table)
-            m[key]?.updateEach { id, sub in
+            subs.updateEach { id, sub in
                 guard id != except else { return }
                 switch sub.position.decide(from: from, sequence: sequence, snapshot: false, now: now) {
                 case .deliver: sub.outbox.push(framed)
