@@ -513,6 +513,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// A copy from another node: its owner's change (this node is a replica), a handoff from its
     /// previous owner, or another version of a key this node owns (merged). Stale copies — from an
     /// owner superseded by a later lineage — change nothing.
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
     public mutating func received(_ copy: V.Copy, from sender: String? = nil, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64) -> [Effect] {
         let key = V.key(of: copy)
         forgetEmptied(wall: wall)
@@ -761,6 +763,50 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return effects
     }
 }
+
+// MARK: The node's two values
+
+// The shards reach their values through `withOwned` and `readOwned`, generic in their result.
+// Inlined into the shards from this module, those called the generic `withOwnedValue` and
+// `inspectOwned`, not their pre-specialisations (a profile of one node under SetState showed
+// the generic code on every call, with its metadata lookups). Declared for each concrete value
+// here, they are compiled here, specialised for it; callers holding that value pick them over
+// the generic ones (the more constrained extension wins).
+
+extension Keyspace where V == ChannelMachine<NodeInstance> {
+    /// `withOwned`, compiled for channels.
+    public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
+                                      _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        var result: R? = nil
+        _ = try withOwnedValue(key, create: create, now: now) { (v: inout V) throws(PresenceError) in result = try body(&v) }
+        return result
+    }
+
+    /// `readOwned`, compiled for channels.
+    public mutating func readOwned<R>(_ key: V.Key, _ read: (inout V) -> R) -> R? {
+        var result: R? = nil
+        _ = inspectOwned(key) { result = read(&$0) }
+        return result
+    }
+}
+
+extension Keyspace where V == HomeRecord<NodeInstance> {
+    /// `withOwned`, compiled for home records.
+    public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
+                                      _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        var result: R? = nil
+        _ = try withOwnedValue(key, create: create, now: now) { (v: inout V) throws(PresenceError) in result = try body(&v) }
+        return result
+    }
+
+    /// `readOwned`, compiled for home records.
+    public mutating func readOwned<R>(_ key: V.Key, _ read: (inout V) -> R) -> R? {
+        var result: R? = nil
+        _ = inspectOwned(key) { result = read(&$0) }
+        return result
+    }
+}
+
 
 /// Digests of (key, fact) hashes in 64 buckets by key position: a gateway and an owner that hold
 /// the same facts compute the same digest, and a mismatch names the buckets to exchange.

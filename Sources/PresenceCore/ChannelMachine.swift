@@ -159,14 +159,22 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public var isEmpty: Bool { order.isEmpty }
     public var isIntervalMode: Bool { mode == .interval }
 
+    // (The queries a shard makes on every call are pre-specialised for the node's sink, as its
+    // changes are: generic code called across modules looks metadata up for each table access.)
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func contains(user: String) -> Bool { members[user] != nil }
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func contains(user: String, session: SessionID) -> Bool { members[user]?.sessions.contains(session) ?? false }
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func state(of user: String) -> [StateItem]? { members[user]?.state.items }
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func stateVersion(of user: String) -> UInt64 { members[user]?.stateVersion ?? 0 }
     /// The user a session of this channel belongs to.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func user(of session: SessionID) -> String? { placements[session].map { members.key(at: Int($0.member)) } }
 
     /// Where a session of this channel lives (nil: not here).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func place(of session: SessionID) -> Place? { placements[session].map(place) }
 
     /// A stored placement with its sink named in full.
@@ -342,6 +350,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Where a session of this channel lives.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func sink(of session: SessionID) -> Sink? { placements[session].map { sinks[Int($0.sink)].sink } }
 
     /// Every place a session of this channel lives.
@@ -515,6 +524,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     // MARK: Copies (replication and handoff)
 
     /// A user's whole record here; no sessions means the user is gone.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func copy(of user: String) -> MemberCopy<Sink> {
         guard let m = members[user] else { return MemberCopy(userID: user, sessions: [], state: []) }
         let sessions = m.sessions.all.compactMap { s in
@@ -689,6 +699,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Sessions of a user here.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func sessions(of user: String) -> [SessionID] { members[user]?.sessions.all ?? [] }
 
     // MARK: Rules
