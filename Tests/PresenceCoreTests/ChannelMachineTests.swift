@@ -509,9 +509,10 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         }
     }
 
-    /// Members join and leave at random, by calls and by copies installed: after every step the
-    /// pages list exactly the members, in id order, each with its own state, and a page's
-    /// bookmark continues where it stopped (the order keeps entry indices that a removal moves).
+    /// Members join and leave at random, by calls, copies installed and versions merged: after
+    /// every step the pages list exactly the members, in id order, each with its own state, a
+    /// page's bookmark continues where it stopped, and each session belongs to its user (the order
+    /// and the placements keep entry indices that a removal moves).
     @Test func pagesListTheMembersInOrderUnderRandomJoinsAndLeaves() throws {
         var rng = SplitMix64(seed: 5)
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1_000)
@@ -535,6 +536,14 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
             case 6..<8:
                 _ = m.leave(user: user, session: session, now: Int64(step))
                 model[user] = nil
+            case 8:
+                // another version of the channel, later in every respect: it adds the session or
+                // moves it, and its state wins
+                let copy = MemberCopy(userID: user, sessions: [.init(id: session, sink: "node-c", withPresence: false,
+                                                                     version: 1_000 + UInt64(step))],
+                                      state: [StateItem(key: "k", value: "m\(step)")], stateVersion: 1_000_000 + UInt64(step))
+                _ = m.merge(ChannelCopy(key: lobby, sequence: 0, term: 0, full: false, handoff: false, members: [copy]), now: Int64(step))
+                model[user] = "m\(step)"
             default:
                 m.install(MemberCopy(userID: user, sessions: [], state: []))
                 model[user] = nil
@@ -552,6 +561,12 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
             } while after != nil
             #expect(names == model.keys.sorted() && listed == model && m.occupancy == model.count)
             #expect(m.copies.map(\.userID) == model.keys.sorted())
+            // each session still belongs to its user, however the member entries moved
+            for j in 0..<60 {
+                let u = "user-\(j)", s = SessionID(raw: UInt64(j + 1))
+                #expect(m.user(of: s) == (model[u] == nil ? nil : u))
+                if model[u] != nil { #expect(m.copy(of: u).sessions.map(\.id) == [s]) }
+            }
         }
     }
 
