@@ -771,7 +771,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 // `inspectOwned`, not their pre-specialisations (a profile of one node under SetState showed
 // the generic code on every call, with its metadata lookups). Declared for each concrete value
 // here, they are compiled here, specialised for it; callers holding that value pick them over
-// the generic ones (the more constrained extension wins).
+// the generic ones (the more constrained extension wins). Their bodies repeat the generic ones on
+// purpose: moved into a shared `@inlinable` helper, the call inside it went to the generic
+// `withOwnedValue` again (checked by sample addresses), so each overload spells its body out.
 
 extension Keyspace where V == ChannelMachine<NodeInstance> {
     /// `withOwned`, compiled for channels.

@@ -171,7 +171,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public func stateVersion(of user: String) -> UInt64 { members[user]?.stateVersion ?? 0 }
     /// The user a session of this channel belongs to.
     @_specialize(exported: true, where Sink == NodeInstance)
-    public func user(of session: SessionID) -> String? { placements[session].map { members.key(at: Int($0.member)) } }
+    public func user(of session: SessionID) -> String? { placements[session].map { userID(atEntry: $0.member) } }
 
     /// Where a session of this channel lives (nil: not here).
     @_specialize(exported: true, where Sink == NodeInstance)
@@ -179,7 +179,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// A stored placement with its sink named in full.
     private func place(_ p: Placement) -> Place {
-        Place(user: members.key(at: Int(p.member)), sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
+        Place(user: userID(atEntry: p.member), sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version)
     }
 
     /// Every session's place, built on each call (for inspection and tests: a lookup is `place(of:)`).
@@ -534,7 +534,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// Every user's record, in id order.
-    public var copies: [MemberCopy<Sink>] { order.map { copy(of: members.key(at: Int($0))) } }
+    public var copies: [MemberCopy<Sink>] { order.map { copy(of: userID(atEntry: $0)) } }
 
     /// The channel's whole state as copies of at most `chunk` users each; the first is `full`
     /// (it replaces whatever the receiver held) and carries the departures.
@@ -654,11 +654,12 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         }
         for c in other.members {
             for s in c.sessions {
-                if let p = place(of: s.id) {
+                if let stored = placements[s.id] {
                     // the same session on both sides: the later placement wins, silently (the
                     // session stays its member's: ids of sessions are the user's own)
-                    if s.version > p.version, let member = placements[s.id]?.member {
-                        place(s.id, member: Int(member), at: s.sink, withPresence: s.withPresence, version: s.version)
+                    let p = place(stored)
+                    if s.version > p.version {
+                        place(s.id, member: Int(stored.member), at: s.sink, withPresence: s.withPresence, version: s.version)
                         if s.withPresence && (p.sink != s.sink || !p.withPresence) { snapshot(for: s.id, now: now, into: &out) }
                     }
                     continue
@@ -688,14 +689,14 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         var start = 0
         if let after {
             start = insertionIndex(for: after)
-            if start < order.count, members.key(at: Int(order[start])) == after { start += 1 }
+            if start < order.count, userID(atEntry: order[start]) == after { start += 1 }
         }
         let end = min(order.count, start + limit)
         guard start < end else { return ([], nil) }
         let users = order[start..<end].map { i in
-            UserState(userID: members.key(at: Int(i)), states: includeState ? members[valueAt: Int(i)].state.items : [])
+            UserState(userID: userID(atEntry: i), states: includeState ? members[valueAt: Int(i)].state.items : [])
         }
-        return (users, end < order.count ? members.key(at: Int(order[end - 1])) : nil)
+        return (users, end < order.count ? userID(atEntry: order[end - 1]) : nil)
     }
 
     /// Sessions of a user here.
@@ -708,10 +709,13 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         var lo = 0, hi = order.count
         while lo < hi {
             let mid = (lo + hi) / 2
-            if members.key(at: Int(order[mid])) < user { lo = mid + 1 } else { hi = mid }
+            if userID(atEntry: order[mid]) < user { lo = mid + 1 } else { hi = mid }
         }
         return lo
     }
+
+    /// The user whose entry is at `entry` in `members` (as the paging order and placements name it).
+    private func userID(atEntry entry: UInt32) -> String { members.key(at: Int(entry)) }
 
     /// Adds a user who is not a member (its entry goes last in `members`, its index into `order`);
     /// returns the index of its entry.
@@ -787,7 +791,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     private mutating func snapshotDelivery(for session: SessionID, now: Int64) -> Delivery {
-        let users = order.map { UserState(userID: members.key(at: Int($0)), states: members[valueAt: Int($0)].state.items) }
+        let users = order.map { UserState(userID: userID(atEntry: $0), states: members[valueAt: Int($0)].state.items) }
         let e = PresenceEvent(type: .snapshot, channelType: key.type, channelName: key.name, snapshot: users,
                               timestampMs: now, sequence: nextSequence())
         return Delivery(event: e, to: .session(session))
