@@ -6,7 +6,10 @@
  * mappings, whose pages stay out of resident memory until written (fresh pages read as zeros, so
  * calloc needs no memset). A freed block is given back with MADV_DONTNEED (zero again, not resident)
  * and kept on its size's free stack. Smaller requests, larger ones and reallocations of blocks that
- * glibc made go to glibc. One mutex: these calls happen per connection, not per request. */
+ * glibc made go to glibc. One mutex, for taking and giving back blocks: that happens per
+ * connection, not per request. Telling whose a freed pointer is needs no lock (nghttp2 frees
+ * several small allocations per request, on every loop): arenas are only ever added, each
+ * published by a release store of the count after its fields are set. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -26,13 +29,14 @@ struct stack { void **items; size_t count, cap; };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct arena arenas[MAX_ARENAS];
-static unsigned arena_count;
+static unsigned arena_count;   /* written under `lock` (release), read without it (acquire) */
 static int current[MAX_PAGES + 1] = { -1, -1, -1, -1, -1, -1, -1, -1, -1 };
 static struct stack free_blocks[MAX_PAGES + 1];
 
-/* The arena holding p, or NULL (p came from glibc). */
+/* The arena holding p, or NULL (p came from glibc). Needs no lock: an arena's base never changes. */
 static struct arena *owner(const void *p) {
-    for (unsigned i = 0; i < arena_count; i++) {
+    unsigned count = __atomic_load_n(&arena_count, __ATOMIC_ACQUIRE);
+    for (unsigned i = 0; i < count; i++) {
         if ((const char *)p >= arenas[i].base && (const char *)p < arenas[i].base + ARENA_BYTES) return &arenas[i];
     }
     return NULL;
@@ -47,8 +51,9 @@ static void *take(unsigned pages) {
         if (arena_count == MAX_ARENAS) return NULL;
         void *m = mmap(NULL, ARENA_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED) return NULL;
-        a = (int)arena_count++;
+        a = (int)arena_count;
         arenas[a] = (struct arena){ (char *)m, (char *)m, pages };
+        __atomic_store_n(&arena_count, arena_count + 1, __ATOMIC_RELEASE);
         current[pages] = a;
     }
     void *block = arenas[a].next;
@@ -139,13 +144,12 @@ void cshim_pages_free(void *p, void *user) {
     if (p == NULL) return;
     struct cshim_pages_session *session = user;
     if (session != NULL && session->frame_buffer == p) session->frame_buffer = NULL;
-    pthread_mutex_lock(&lock);
     struct arena *a = owner(p);
     if (a == NULL) {
-        pthread_mutex_unlock(&lock);
         free(p);
         return;
     }
+    pthread_mutex_lock(&lock);
     madvise(p, (size_t)a->pages * PAGE, MADV_DONTNEED);
     struct stack *s = &free_blocks[a->pages];
     if (s->count == s->cap) {
@@ -164,10 +168,8 @@ void cshim_pages_free(void *p, void *user) {
 
 void *cshim_pages_realloc(void *p, size_t size, void *user) {
     if (p == NULL) return cshim_pages_malloc(size, user);
-    pthread_mutex_lock(&lock);
     struct arena *a = owner(p);
     size_t have = a ? (size_t)a->pages * PAGE : 0;
-    pthread_mutex_unlock(&lock);
     if (a == NULL) return realloc(p, size);
     if (size <= have && size >= PAGE) return p;
     void *q = cshim_pages_malloc(size, user);

@@ -39,9 +39,11 @@ public struct ServerConfiguration: Sendable {
     /// most (32 MiB); past it the connection is closed: a client that does not read cannot make
     /// the server hold responses for it without bound.
     public var maxQueuedBytesPerConnection = 32 << 20
-    /// Told of every call that ends (its method's path, or "unknown" for a path no method
-    /// serves, the status code, and the time from its headers to its end): for metrics.
-    public var callObserver: (@Sendable (_ path: String, _ code: GRPCStatus.Code, _ nanoseconds: UInt64) -> Void)? = nil
+    /// Asked once per method when the server starts (its `:path`, and `"unknown"` for paths no
+    /// method serves) for what to tell when one of its calls ends (the status code, and the time
+    /// from its headers to its end): for metrics. Resolved up front, so a call's end costs no
+    /// lookup by path.
+    public var callObserver: (@Sendable (_ path: String) -> @Sendable (_ code: GRPCStatus.Code, _ nanoseconds: UInt64) -> Void)? = nil
     /// TLS on this port (nil: cleartext HTTP/2 with prior knowledge). With a trusted CA in its
     /// configuration, clients must present a certificate from it (mutual TLS).
     public var tls: TLSContextSource? = nil
@@ -100,14 +102,14 @@ public final class GRPCServer: Sendable {
         let fd = try Sockets.listen(on: configuration.address, reusePort: false)
         boundPort.store(Int(Sockets.localPort(of: fd)), ordering: .relaxed)
         let listener = SharedListener(fd: fd, users: 1)
+        let routes = RouteTable(methods: registry.methods, observer: configuration.callObserver)
         for loop in group.loops {
             let ready = DispatchSemaphore(value: 0)
             let config = configuration
-            let methods = registry.methods
             let counter = self.counter
             let limiter = self.limiter
             loop.execute { [self] in
-                let core = ServerCore(loop: loop, listener: listener, configuration: config, methods: methods, counter: counter, limiter: limiter)
+                let core = ServerCore(loop: loop, listener: listener, configuration: config, routes: routes, counter: counter, limiter: limiter)
                 cores.withLock { $0.append(LoopBound(core, loop: loop)) }
                 ready.signal()
             }
@@ -173,19 +175,19 @@ final class ServerCore {
     let shared: SharedListener
     var listener: Int32 { shared.fd }
     let configuration: ServerConfiguration
-    let methods: [String: ServerMethod]
+    let routes: RouteTable
     let counter: TrafficCounter
     let limiter: ConnectionLimiter
     private var connections: [ObjectIdentifier: ServerConnection] = [:]
     /// Set on the accepting loop only.
     private var acceptor: Acceptor?
 
-    init(loop: EventLoop, listener: SharedListener, configuration: ServerConfiguration, methods: [String: ServerMethod],
+    init(loop: EventLoop, listener: SharedListener, configuration: ServerConfiguration, routes: RouteTable,
          counter: TrafficCounter, limiter: ConnectionLimiter) {
         self.loop = loop
         self.shared = listener
         self.configuration = configuration
-        self.methods = methods
+        self.routes = routes
         self.counter = counter
         self.limiter = limiter
     }

@@ -159,6 +159,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             keepalive.bytesRead(now: MonotonicClock.now())
             received(bytes: total)
         }
+        if !isClosed { inputBatchEnded() }
         markDirty()
     }
 
@@ -190,6 +191,7 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             offset += n
             if !consume(readBuffer, n) { return }
         }
+        if !isClosed { inputBatchEnded() }
         markDirty()
     }
 
@@ -205,6 +207,8 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
 
     /// Bytes read from the socket (a server counts them).
     func received(bytes: Int) {}
+    /// Everything one read brought has been handed to nghttp2 (and its callbacks have run).
+    func inputBatchEnded() {}
     /// Bytes of the frame buffer just given back to the kernel (a server counts them).
     func releasedIdleBuffers(bytes: Int) {}
 

@@ -6,7 +6,10 @@ import Synchronization
 /// One request stream of a server connection. Loop-confined.
 final class ServerStream {
     let id: Int32
-    var path = ""
+    /// The served method its `:path` names; nil for a path no method serves (kept in `unknownPath`).
+    var route: Route? = nil
+    var unknownPath = ""
+    var path: String { route?.path ?? unknownPath }
     var isPost = false
     var isGRPC = false
     var unsupportedEncoding: String? = nil
@@ -177,7 +180,8 @@ final class ServerConnection: HTTP2Connection {
         }
         if name.first == UInt8(ascii: ":") {
             if bytesEqual(name, ":path") {
-                s.path = String(decoding: value, as: UTF8.self)
+                s.route = core.routes.find(value)
+                s.unknownPath = s.route == nil ? String(decoding: value, as: UTF8.self) : ""
             } else if bytesEqual(name, ":method") {
                 s.isPost = bytesEqual(value, "POST")
             }
@@ -233,14 +237,17 @@ final class ServerConnection: HTTP2Connection {
         let endStream = flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0
         if type == UInt8(NGHTTP2_HEADERS.rawValue), headersCategory == NGHTTP2_HCAT_REQUEST.rawValue, let s = stream(streamID) {
             requestHeadersDone(s)
-            if s.status == nil, case .bidiStreaming = core.methods[s.path] {
+            if s.status == nil, case .bidiStreaming = s.route?.method {
                 // (a bidirectional call starts now; its messages follow as they come)
                 dispatch(s)
                 if endStream { s.requestComplete = true; s.requests?.end(nil) }
                 return 0
             }
             if endStream, s.status == nil { s.requestComplete = true; dispatch(s) }
-            if !s.requestComplete, s.status == nil { armRequestTimer(s) }
+            // (its timer is armed once this read's bytes are all handled, if the message is still
+            // missing then: a request whose message came in the same read, the usual case, costs
+            // no timer)
+            if !s.requestComplete, s.status == nil { awaitingMessage.append(s.id) }
         } else if (type == UInt8(NGHTTP2_DATA.rawValue) || type == UInt8(NGHTTP2_HEADERS.rawValue)), endStream,
                   let s = stream(streamID), s.status == nil, let requests = s.requests {
             s.requestComplete = true
@@ -332,6 +339,18 @@ final class ServerConnection: HTTP2Connection {
 
     // MARK: Requests
 
+    /// Requests whose headers came in this read without their message.
+    private var awaitingMessage: [Int32] = []
+
+    /// This read's bytes are handled: requests still missing their message get their timer.
+    override func inputBatchEnded() {
+        guard !awaitingMessage.isEmpty else { return }
+        for id in awaitingMessage {
+            if let s = stream(id), !s.requestComplete, s.status == nil, s.requestTimer == nil { armRequestTimer(s) }
+        }
+        awaitingMessage.removeAll(keepingCapacity: true)
+    }
+
     /// The request's message must arrive within `requestTimeout` of its headers.
     private func armRequestTimer(_ s: ServerStream) {
         let id = s.id
@@ -397,7 +416,7 @@ final class ServerConnection: HTTP2Connection {
         guard !s.dispatched, s.status == nil else { return }
         s.dispatched = true
         if !s.checked { core.counter.requested() }
-        guard let method = core.methods[s.path] else {
+        guard let method = s.route?.method else {
             finish(s, GRPCStatus(.unimplemented, "UNIMPLEMENTED: method \(s.path) is not served here"))
             return
         }
@@ -604,8 +623,9 @@ final class ServerConnection: HTTP2Connection {
 
     /// Tells the server's call observer that a call ended.
     private func observe(_ s: ServerStream, _ status: GRPCStatus) {
-        guard let observer = core.configuration.callObserver, s.isGRPC else { return }
-        observer(core.methods[s.path] != nil ? s.path : "unknown", status.code, MonotonicClock.now() &- s.startedAt)
+        let observer = s.route != nil ? s.route!.observe : core.routes.unknownObserver
+        guard s.isGRPC, let observer else { return }
+        observer(status.code, MonotonicClock.now() &- s.startedAt)
     }
 
     private func submitTrailers(_ s: ServerStream, _ status: GRPCStatus) {

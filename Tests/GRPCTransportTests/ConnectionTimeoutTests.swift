@@ -216,6 +216,28 @@ struct RawPeer {
         await h.stop()
     }
 
+    /// A request's timer is armed only when a read ends without its message: a message that
+    /// comes in a later read, within the timeout, is answered (and the timer then does nothing).
+    @Test func aRequestWhoseMessageComesInALaterReadIsServed() async throws {
+        let h = try Harness { $0.requestTimeout = 400_000_000 }
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        peer.openRequest(path: TestMethods.echo.path)
+        // (the headers alone, then the message in a read of its own)
+        let (early, _) = peer.readFrames(until: MonotonicClock.now() + 100_000_000)
+        #expect(!early.contains { $0.2 == 1 }, "answered before its message: \(early)")
+        peer.data(stream: 1, [[0x0a, 2, UInt8(ascii: "o"), UInt8(ascii: "k")]], end: true)
+        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let (frames, closed) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
+        // answered with a message (DATA) before its trailers: not ended by the timer
+        #expect(ended(frames) && frames.contains { $0.0 == 0 && $0.2 == 1 } && !closed, "\(frames)")
+        // past the timeout, the connection still serves
+        let (later, closedLater) = peer.readFrames(until: MonotonicClock.now() + 500_000_000)
+        #expect(!later.contains { $0.2 == 1 } && !closedLater, "\(later)")
+        peer.close()
+        await h.stop()
+    }
+
     /// Issue 9: with SETTINGS_INITIAL_WINDOW_SIZE = 0 a client takes no response byte, and the
     /// server queued every response whole (megabytes pinned for a few bytes per request).
     @Test func aClientThatDoesNotReadIsCutOffAtTheConnectionsBudget() async throws {

@@ -29,6 +29,33 @@ import Testing
         await h.stop()
     }
 
+    /// The call observer is asked once per method when the server starts, and each call's end
+    /// reaches its method's observer; paths no method serves count as "unknown", and a path that
+    /// only shares a method's length is not taken for it.
+    @Test func eachCallsEndReachesItsMethodsObserver() async throws {
+        let asked = Mutex<[String]>([])
+        let ended = Mutex<[String]>([])
+        let h = try Harness {
+            $0.callObserver = { path in
+                asked.withLock { $0.append(path) }
+                return { code, _ in ended.withLock { $0.append("\(path) \(code)") } }
+            }
+        }
+        let item = StateItem(key: "mic")
+        #expect(try await h.client.unary(TestMethods.echo, item) == item)
+        #expect(try await h.client.unary(TestMethods.inlineEcho, item) == item)
+        await expectStatus(.invalidArgument) { _ = try await h.client.unary(TestMethods.inlineEcho, StateItem(key: "fail")) }
+        // "/test.Echo/Unary" and "/test.Echo/Unarx" are the same length
+        let lookalike = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Unarx", kind: .unary)
+        await expectStatus(.unimplemented) { _ = try await h.client.unary(lookalike, item) }
+        try await eventually("four calls observed") { ended.withLock { $0.count } == 4 }
+        #expect(ended.withLock { $0 } == ["\(TestMethods.echo.path) ok", "\(TestMethods.inlineEcho.path) ok",
+                                           "\(TestMethods.inlineEcho.path) invalidArgument", "unknown unimplemented"])
+        let paths = asked.withLock { $0 }
+        #expect(Set(paths).count == paths.count && Set([TestMethods.echo.path, TestMethods.inlineEcho.path, "unknown"]).isSubset(of: paths), "\(paths)")
+        await h.stop()
+    }
+
     @Test func malformedRequestIsInvalidArgument() async throws {
         let h = try Harness()
         await expectStatus(.invalidArgument) {

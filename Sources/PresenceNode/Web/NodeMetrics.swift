@@ -32,24 +32,35 @@ public final class NodeMetrics: Sendable {
         let latency: Histogram
     }
 
-    private static func observer(_ calls: CounterFamily, _ latency: HistogramFamily, paths: [String]) -> @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
+    private static func table(_ calls: CounterFamily, _ latency: HistogramFamily, paths: [String]) -> [String: MethodMetrics] {
         var table: [String: MethodMetrics] = [:]
         for path in Set(paths).union(["unknown"]) {
             let method = path.hasPrefix("/") ? String(path.dropFirst()) : path
             table[path] = MethodMetrics(byCode: GRPCStatus.Code.allCases.map { calls.with(method, $0.name) }, latency: latency.with(method))
         }
-        let fixed = table
-        let unknown = fixed["unknown"]!
-        return { path, code, ns in
-            let m = fixed[path] ?? unknown
-            if code.rawValue < m.byCode.count { m.byCode[code.rawValue].add() }
-            m.latency.observe(nanoseconds: ns)
-        }
+        return table
     }
 
-    /// For `ServerConfiguration.callObserver` of the client port, whose methods are `paths`.
-    public func callObserver(paths: [String]) -> @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
-        Self.observer(calls, latency, paths: paths)
+    private static func record(_ m: MethodMetrics, _ code: GRPCStatus.Code, _ ns: UInt64) {
+        if code.rawValue < m.byCode.count { m.byCode[code.rawValue].add() }
+        m.latency.observe(nanoseconds: ns)
+    }
+
+    private static func observer(_ calls: CounterFamily, _ latency: HistogramFamily, paths: [String]) -> @Sendable (String, GRPCStatus.Code, UInt64) -> Void {
+        let fixed = table(calls, latency, paths: paths)
+        let unknown = fixed["unknown"]!
+        return { path, code, ns in record(fixed[path] ?? unknown, code, ns) }
+    }
+
+    /// For `ServerConfiguration.callObserver` of the client port, whose methods are `paths`: each
+    /// method's observer holds its counters (any other path counts as "unknown").
+    public func callObserver(paths: [String]) -> @Sendable (String) -> @Sendable (GRPCStatus.Code, UInt64) -> Void {
+        let fixed = Self.table(calls, latency, paths: paths)
+        let unknown = fixed["unknown"]!
+        return { path in
+            let m = fixed[path] ?? unknown
+            return { code, ns in Self.record(m, code, ns) }
+        }
     }
 
     /// For the WebSocket API: a call answered (method path, code, time taken).
