@@ -48,4 +48,14 @@ public struct LoopBound<Value: AnyObject>: @unchecked Sendable {
         let box = self
         return loop.execute { body(box.value) }
     }
+
+    /// Runs `body` with the value at once when called on its loop, else as `execute` does.
+    @discardableResult
+    public func run(_ body: @escaping @Sendable (Value) -> Void) -> Bool {
+        if loop.inEventLoop {
+            body(wrapped)
+            return true
+        }
+        return execute(body)
+    }
 }

@@ -48,6 +48,15 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     private var flushScheduled = false
     private var writableWanted = false
     public private(set) var isClosed = false
+    /// Calls into nghttp2 (`mem_recv`, `mem_send`) under way on this connection's stack: the
+    /// session must outlive them, so a close asked for from inside one of their callbacks (a
+    /// handler's answer over the output budget) waits for them to return.
+    private var sessionDepth = 0
+    /// Such a close, carried out when the outermost call into nghttp2 returns. Meanwhile every
+    /// callback refuses (NGHTTP2_ERR_CALLBACK_FAILURE), so nothing more of the input is acted on.
+    private var closeWhenOut: (reason: String, flushFirst: Bool)? = nil
+    /// A close is waiting for nghttp2 to return (see `closeWhenOut`).
+    var isClosing: Bool { closeWhenOut != nil }
     private var keepalive: KeepaliveStateMachine
     private var keepaliveTimer: TimerID?
     private var idleBuffers: IdleBufferStateMachine
@@ -197,7 +206,10 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
 
     /// Hands HTTP/2 bytes to nghttp2; false when the connection closed.
     private func protocolInput(_ bytes: UnsafePointer<UInt8>, _ count: Int) -> Bool {
+        sessionDepth += 1
         let rc = nghttp2_session_mem_recv(session, bytes, count)
+        sessionDepth -= 1
+        if closeIfAsked() { return false }
         if rc < 0 {
             close(reason: "HTTP/2 protocol error: \(String(cString: nghttp2_strerror(Int32(rc))))", flushFirst: true)
             return false
@@ -219,15 +231,31 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
         loop.scheduleFlush(self)
     }
 
+    /// Carries out a close asked for from inside nghttp2, once out of it; true when it did.
+    private func closeIfAsked() -> Bool {
+        guard sessionDepth == 0, let pending = closeWhenOut else { return false }
+        closeWhenOut = nil
+        if pending.flushFirst { flush() }
+        close(reason: pending.reason)
+        return true
+    }
+
     /// Writes what nghttp2 has queued, coalescing frames into large writes.
     public func flush() {
+        if sessionDepth > 0 {   // (inside nghttp2's callbacks: after they return)
+            markDirty()
+            return
+        }
         flushScheduled = false
         guard !isClosed, let session else { return }
         if !writePending() { return }
         var sentFrames = false
         while true {
             var chunk: UnsafePointer<UInt8>?
+            sessionDepth += 1
             let n = nghttp2_session_mem_send(session, &chunk)
+            sessionDepth -= 1
+            if closeIfAsked() { return }
             if n < 0 {
                 close(reason: "HTTP/2 send error: \(String(cString: nghttp2_strerror(Int32(n))))")
                 return
@@ -300,6 +328,10 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     /// Closes the socket and frees the session; subclasses learn of it in `connectionClosed`.
     public func close(reason: String, flushFirst: Bool = false) {
         if isClosed { return }
+        if sessionDepth > 0 {
+            if closeWhenOut == nil { closeWhenOut = (reason, flushFirst) }
+            return
+        }
         if flushFirst, session != nil {
             // best effort: a GOAWAY nghttp2 queued for a protocol error (or a TLS alert)
             var chunk: UnsafePointer<UInt8>?
@@ -431,9 +463,12 @@ final class ReadBuffer {
 
 /// Calls `body` with the connection behind nghttp2's `user_data`, without retaining it: nghttp2
 /// only calls back from inside `mem_recv`/`mem_send`, which the connection itself is running.
+/// While a close waits for nghttp2 to return, every callback refuses, and nghttp2 stops.
 @inline(__always)
-private func withConnection<R>(_ userData: UnsafeMutableRawPointer?, _ body: (HTTP2Connection) -> R) -> R {
-    Unmanaged<HTTP2Connection>.fromOpaque(userData!)._withUnsafeGuaranteedRef(body)
+private func withConnection<R: BinaryInteger>(_ userData: UnsafeMutableRawPointer?, _ body: (HTTP2Connection) -> R) -> R {
+    Unmanaged<HTTP2Connection>.fromOpaque(userData!)._withUnsafeGuaranteedRef { c in
+        c.isClosing ? R(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) : body(c)
+    }
 }
 
 /// The C callbacks handed to nghttp2; each finds its connection through `user_data`.

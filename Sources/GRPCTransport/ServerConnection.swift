@@ -459,12 +459,15 @@ final class ServerConnection: HTTP2Connection {
             runningUnary += 1
             s.countedUnary = true
             // Starts on this thread and runs until it first waits, and prefers this loop after
-            // that: calls to actors pinned to this loop never change threads.
-            s.task = Task.immediate(executorPreference: loop) {
+            // that: calls to actors pinned to this loop never change threads. Its answer is taken
+            // at once when it ends on this loop (and so, when it never had to wait, before
+            // `Task.immediate` returns: then there is no task left to keep).
+            let task = Task.immediate(executorPreference: loop) {
                 let result: Result<[UInt8], Error>
                 do { result = .success(try await handler(request, context)) } catch { result = .failure(error) }
-                me.execute { $0.unaryCompleted(streamID: id, result) }
+                me.run { $0.unaryCompleted(streamID: id, result) }
             }
+            if s.status == nil { s.task = task }
         case .serverStreaming(let handler):
             startStreaming(s) { writer in try await handler(request, context, writer) }
         case .bidiStreaming:
@@ -685,6 +688,8 @@ final class ServerConnection: HTTP2Connection {
         guard !isClosed else { return }
         nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nghttp2_session_get_last_proc_stream_id(session), UInt32(NGHTTP2_NO_ERROR.rawValue), nil, 0)
         flush()
-        close(reason: reason)
+        // (asked from inside nghttp2's callbacks, both wait for it to return: the GOAWAY is then
+        // flushed first)
+        close(reason: reason, flushFirst: true)
     }
 }

@@ -99,7 +99,7 @@ struct Router: Sendable {
         if let why = topology.notServing(keyHash: StableHash.of(key)) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
-        let (r, tickets) = await core.channelShard(key).handle(call, key: key)
+        let (r, tickets) = await core.channelShard(key).serve(call, key: key)
         if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
         if let e = r.error { throw PresenceError(wire: e) }
         return r
@@ -116,7 +116,7 @@ struct Router: Sendable {
         for (i, users) in groups.sorted(by: { $0.key < $1.key }) {
             var part = call
             part.userIDs = users
-            let (r, tickets) = await core.userHomes[i].handle(part, users: users)
+            let (r, tickets) = await core.userHomes[i].serve(part, users: users)
             if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
             if let e = r.error { throw PresenceError(wire: e) }
             merged.channels += r.channels
@@ -147,5 +147,37 @@ struct Router: Sendable {
                 }
             }
         }
+    }
+}
+
+// A call is usually dispatched on the loop of its client's connection. When the shard it needs
+// lives on that same loop, going through the actor would queue a job on the loop and come back
+// to it later (a task switch, an enqueue and a wake of the loop's queue per call); the shard's
+// synchronous `handle` is run at once instead. It is isolated all the same: the loop runs one
+// thing at a time, and no shard's synchronous code reaches a call's dispatch (calls start from
+// socket reads and loop tasks, never from inside a shard).
+
+extension ChannelShard {
+    /// `handle`, at once when the caller already runs on this shard's loop, else as an actor call.
+    nonisolated func serve(_ call: ClusterChannelCall, key: ChannelKey) async -> (ClusterChannelResult, [PeerLink.Ticket]) {
+        if loop.inEventLoop { return handleOnLoop(call, key: key) }
+        return await handle(call, key: key)
+    }
+
+    /// (synchronous: `assumeIsolated` checks, through the loop's `checkIsolated`, that this is the loop)
+    private nonisolated func handleOnLoop(_ call: ClusterChannelCall, key: ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket]) {
+        assumeIsolated { $0.handle(call, key: key) }
+    }
+}
+
+extension UserHomeShard {
+    /// `handle`, at once when the caller already runs on this shard's loop, else as an actor call.
+    nonisolated func serve(_ call: ClusterHomeCall, users: [String]) async -> (ClusterHomeResult, [PeerLink.Ticket]) {
+        if loop.inEventLoop { return handleOnLoop(call, users: users) }
+        return await handle(call, users: users)
+    }
+
+    private nonisolated func handleOnLoop(_ call: ClusterHomeCall, users: [String]) -> (ClusterHomeResult, [PeerLink.Ticket]) {
+        assumeIsolated { $0.handle(call, users: users) }
     }
 }
