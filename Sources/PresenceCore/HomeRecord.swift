@@ -129,8 +129,12 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
     // MARK: Versions
 
+    // (What a home shard calls on every call is pre-specialised for the node's sink, as in
+    // ChannelMachine: generic code called across modules looked metadata up for each table access.)
+
     /// The version that supersedes a call stamped `version` for `session` (it moved on under a
     /// later epoch), or nil when the call may act.
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func supersedingVersion(of session: SessionID, _ version: UInt64) -> UInt64? {
         if let s = sessions[session], SessionVersion.epoch(s.version) > SessionVersion.epoch(version) { return s.version }
         if let d = departed[session], SessionVersion.epoch(d.version) > SessionVersion.epoch(version) { return d.version }
@@ -138,6 +142,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     }
 
     /// Whether the session's gateway ended it at `version` or later (a message from before that).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public func endedAfter(_ session: SessionID, _ version: UInt64) -> Bool {
         guard let d = departed[session], d.byGateway else { return false }
         return d.version >= version
@@ -147,6 +152,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
     /// A session opened (or resumed) at `sink`. `initial` UNKNOWN keeps the user's status (ONLINE if
     /// it had no session).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionOpened(session: SessionID, sink: Sink, version: UInt64 = 0, initial: UserStatus) -> StatusChange? {
         change { r in
             if r.sessions.isEmpty { r.chosen = .online }
@@ -207,6 +213,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
     /// A session ended (closed or timed out) at `version`; `byGateway`: its gateway said so (else
     /// this home timed out a session whose gateway is gone).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionEnded(session: SessionID, version: UInt64 = .max, byGateway: Bool = true, now: Int64 = 0) -> StatusChange? {
         guard let s = sessions[session] else { return nil }
         forgetOldDepartures(now: now)
@@ -220,6 +227,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     }
 
     /// SetStatus: ONLINE, AWAY, BUSY or OFFLINE (invisible).
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func setStatus(_ status: UserStatus) -> StatusChange? {
         change { r in
             r.chosen = status
@@ -241,6 +249,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// when that gateway was superseded (its client resumed the session elsewhere): nothing changes,
     /// and the gateway must not acknowledge the join — the new gateway started from this record.
     @discardableResult
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionJoined(session: SessionID, channel: ChannelKey, withPresence: Bool, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
         changeSession(session, version: version) { $0.channels[channel] = withPresence }
@@ -250,6 +259,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// The session's gateway says it left `channel`; a superseded gateway's word changes nothing
     /// (the later version is returned, as for `sessionJoined`).
     @discardableResult
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionLeft(session: SessionID, channel: ChannelKey, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
         changeSession(session, version: version) { $0.channels[channel] = nil }
@@ -258,6 +268,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
     /// The users the session watches, as its gateway says; the same rule for a superseded gateway.
     @discardableResult
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
         guard sessions[session] != nil else { return nil }
@@ -278,6 +289,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// Adds (or moves) a watcher. Returns the user's visible status for the watcher when it moved
     /// here from another sink (its new gateway may have missed changes: it is told the current one).
     @discardableResult
+    @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func watch(by session: SessionID, sink: Sink, version: UInt64 = 0) -> StatusChange? {
         if let w = watchers[session], SessionVersion.epoch(w.version) > SessionVersion.epoch(version) { return nil }
         let before = watchers[session]

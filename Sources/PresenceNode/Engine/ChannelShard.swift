@@ -423,7 +423,9 @@ actor ChannelShard {
 
     /// Wakes the shard when the next orphan is due (sessions of a gone gateway time out).
     private func scheduleSweep() {
-        guard let next = space.nextOrphanDeadline else { return }
+        // (on every call: most often there is no orphan, and that is read off one field; the
+        // deadline is read in place, as `query` does, not off a copy of the whole keyspace)
+        guard !space.orphanKeys.isEmpty, let next = query({ $0.nextOrphanDeadline }) else { return }
         if let at = sweepAt, at <= next, sweeper != nil { return }
         sweeper?.cancel()
         sweepAt = next
