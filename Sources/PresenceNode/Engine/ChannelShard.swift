@@ -98,7 +98,7 @@ actor ChannelShard {
     /// After anything that may have changed which channels need ticking or sweeping.
     private func reschedule(_ keys: some Sequence<ChannelKey>) {
         for key in keys {
-            if space.readOwned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
+            if readOwned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
         }
         scheduleSweep()
     }
@@ -137,7 +137,7 @@ actor ChannelShard {
     /// A call from a gateway this owner knows to be superseded for the session (its client resumed
     /// it elsewhere): refused, and the gateway drops the session.
     private func refuseIfMoved(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
-        if let newer = space.readOwned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil {
+        if let newer = readOwned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil {
             throw PresenceError.sessionMoved(c.id, supersededBy: newer)
         }
     }
@@ -160,8 +160,19 @@ actor ChannelShard {
         }
         deliver(routed)
         for delta in deltas { carryOut(query { $0.replicate(delta) }) }
-        if space.readOwned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
+        if readOwned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
         return r
+    }
+
+    /// What `read` makes of an owned value, read in place (`inspectOwned`), or nil when the key is
+    /// not owned here. (Written here, not through `Keyspace.readOwned`: that one is compiled in
+    /// ClusterCore generic in `R`, so each call looked up metadata and copied its result through
+    /// value witnesses, 2-3% of building memberships; here `R` is specialised at each call, and
+    /// the direct call picks `inspectOwned`'s pre-specialisation.)
+    private func readOwned<R>(_ key: ChannelKey, _ read: (inout Machine) -> R) -> R? {
+        var result: R? = nil
+        _ = space.inspectOwned(key) { result = read(&$0) }
+        return result
     }
 
     /// Runs a query on the keyspace where it lies. (A non-mutating method called on `space` got a
@@ -175,7 +186,7 @@ actor ChannelShard {
         let page = ListingCache.Page(channel: key, after: after, includeState: includeState)
         var made: (revision: UInt64, bytes: [UInt8])? = nil
         // (a channel with nobody in it is not owned here: its page is empty, and encodes as nothing)
-        let bytes: [UInt8] = space.readOwned(key) { (m: inout Machine) -> [UInt8] in
+        let bytes: [UInt8] = readOwned(key) { (m: inout Machine) -> [UInt8] in
             if let kept = listings.page(page, at: m.listingRevision) { return kept }
             let (users, next) = m.page(after: after.isEmpty ? nil : after, includeState: includeState)
             let encoded = GetOnlineUsersResponse(totalOccupancy: UInt32(m.occupancy), users: users,
@@ -189,7 +200,7 @@ actor ChannelShard {
 
     private func stateResult(_ key: ChannelKey, _ user: String) -> ClusterChannelResult {
         var r = ClusterChannelResult()
-        _ = space.readOwned(key) { m in
+        _ = readOwned(key) { m in
             r.state = m.state(of: user) ?? []
             r.stateVersion = m.stateVersion(of: user)
         }
@@ -199,7 +210,7 @@ actor ChannelShard {
     /// The session is not in the channel here: its gateway (which holds it there) says so again
     /// with an announce, then retries.
     private func requireMember(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
-        guard space.readOwned(key, { $0.contains(user: c.user, session: c.id) }) == true else {
+        guard readOwned(key, { $0.contains(user: c.user, session: c.id) }) == true else {
             throw PresenceError(.failedPrecondition, "NOT_A_MEMBER", "session \(c.id) is not in \(key) at its owner")
         }
     }
@@ -219,7 +230,7 @@ actor ChannelShard {
             let c = try caller(call)
             try refuseIfMoved(c, key)
             let pending = try Validate.stateItems(call.items)
-            if space.readOwned(key, { $0.leftAfter(c.id, c.version) }) == true { return stateResult(key, c.user) }  // a join from before its leave
+            if readOwned(key, { $0.leftAfter(c.id, c.version) }) == true { return stateResult(key, c.user) }  // a join from before its leave
             _ = try update(key, user: c.user, create: true) { m in
                 (m.join(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
                         version: c.version, pendingState: pending, now: now), ())
@@ -245,9 +256,9 @@ actor ChannelShard {
         case .leave:
             let c = try caller(call)
             var result = ClusterChannelResult()
-            guard (space.readOwned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil) == nil else {
+            guard (readOwned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil) == nil else {
                 // a superseded gateway's leave: the session lives on elsewhere
-                result.userGone = !(space.readOwned(key, { $0.contains(user: c.user) }) ?? false)
+                result.userGone = !(readOwned(key, { $0.contains(user: c.user) }) ?? false)
                 return result
             }
             let gone = try update(key, user: c.user, left: c.id, create: false) { m in
@@ -276,7 +287,7 @@ actor ChannelShard {
         case .getState:
             let user = try Validate.userID(call.userID)
             var result = ClusterChannelResult()
-            if let items = space.readOwned(key, { $0.state(of: user) }) ?? nil {
+            if let items = readOwned(key, { $0.state(of: user) }) ?? nil {
                 result.found = true
                 result.state = items
             }
@@ -287,7 +298,7 @@ actor ChannelShard {
                 result.listing = listing(key, after: call.after, includeState: call.includeState)
                 return result
             }
-            _ = space.readOwned(key) { m in
+            _ = readOwned(key) { m in
                 result.total = UInt32(m.occupancy)
                 if !call.countOnly {
                     let (users, next) = m.page(after: call.after.isEmpty ? nil : call.after, includeState: call.includeState)
@@ -459,7 +470,7 @@ actor ChannelShard {
             var routed: [RoutedDelivery<NodeInstance>] = []
             _ = try? space.withOwned(key, create: false, now: now) { m in routed = m.route(m.tick(now: now)) }
             deliver(routed)
-            if space.readOwned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
+            if readOwned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
         }
         if intervalChannels.isEmpty {
             ticker = nil
