@@ -766,49 +766,11 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
 // MARK: The node's two values
 
-// The shards reach their values through `withOwned` and `readOwned`, generic in their result.
-// Inlined into the shards from this module, those called the generic `withOwnedValue` and
-// `inspectOwned`, not their pre-specialisations (a profile of one node under SetState showed
-// the generic code on every call, with its metadata lookups). Declared for each concrete value
-// here, they are compiled here, specialised for it; callers holding that value pick them over
-// the generic ones (the more constrained extension wins). Their bodies repeat the generic ones on
-// purpose: moved into a shared `@inlinable` helper, the call inside it went to the generic
-// `withOwnedValue` again (checked by sample addresses), so each overload spells its body out.
-
-extension Keyspace where V == ChannelMachine<NodeInstance> {
-    /// `withOwned`, compiled for channels.
-    public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
-                                      _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
-        var result: R? = nil
-        _ = try withOwnedValue(key, create: create, now: now) { (v: inout V) throws(PresenceError) in result = try body(&v) }
-        return result
-    }
-
-    /// `readOwned`, compiled for channels.
-    public mutating func readOwned<R>(_ key: V.Key, _ read: (inout V) -> R) -> R? {
-        var result: R? = nil
-        _ = inspectOwned(key) { result = read(&$0) }
-        return result
-    }
-}
-
-extension Keyspace where V == HomeRecord<NodeInstance> {
-    /// `withOwned`, compiled for home records.
-    public mutating func withOwned<R>(_ key: V.Key, create: Bool, now: Int64,
-                                      _ body: (inout V) throws(PresenceError) -> R) throws(PresenceError) -> R? {
-        var result: R? = nil
-        _ = try withOwnedValue(key, create: create, now: now) { (v: inout V) throws(PresenceError) in result = try body(&v) }
-        return result
-    }
-
-    /// `readOwned`, compiled for home records.
-    public mutating func readOwned<R>(_ key: V.Key, _ read: (inout V) -> R) -> R? {
-        var result: R? = nil
-        _ = inspectOwned(key) { result = read(&$0) }
-        return result
-    }
-}
-
+// The shards do not call `withOwned` and `readOwned`: inlined into them from this module, those
+// called the generic `withOwnedValue` and `inspectOwned`, not their pre-specialisations, and
+// constrained overloads compiled here stayed generic in their result (metadata lookups and
+// copies through value witnesses on every call: 4.4% of building memberships). Each shard has
+// its own two-line `withOwned`/`readOwned`, calling the pre-specialised functions directly.
 
 /// Digests of (key, fact) hashes in 64 buckets by key position: a gateway and an owner that hold
 /// the same facts compute the same digest, and a mismatch names the buckets to exchange.

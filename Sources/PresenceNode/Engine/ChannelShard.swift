@@ -150,7 +150,7 @@ actor ChannelShard {
         var routed: [RoutedDelivery<NodeInstance>] = []
         var deltas: [ChannelCopy<NodeInstance>] = []
         let created = !query { $0.hasOwned(key) }
-        let r = try space.withOwned(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) -> R in
+        let r = try withOwned(key, create: create, now: wall) { (m: inout Machine) throws(PresenceError) -> R in
             let (d, r) = try body(&m)
             routed = m.route(d)
             // (taken here: a channel left empty is gone once this returns; a channel this call
@@ -162,6 +162,16 @@ actor ChannelShard {
         for delta in deltas { carryOut(query { $0.replicate(delta) }) }
         if readOwned(key, { $0.isIntervalMode }) == true { startTicking(key) } else { intervalChannels.remove(key) }
         return r
+    }
+
+    /// Runs `body` on an owned value (`Keyspace.withOwnedValue`: created when `create`, dropped
+    /// once empty); nil when it does not exist. (Here for the same reason as `readOwned` below:
+    /// `R` specialised at each call, and the direct call picks the pre-specialisation.)
+    private func withOwned<R>(_ key: ChannelKey, create: Bool, now: Int64,
+                              _ body: (inout Machine) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        var result: R? = nil
+        _ = try space.withOwnedValue(key, create: create, now: now) { (v: inout Machine) throws(PresenceError) in result = try body(&v) }
+        return result
     }
 
     /// What `read` makes of an owned value, read in place (`inspectOwned`), or nil when the key is
@@ -310,7 +320,7 @@ actor ChannelShard {
         case .resnapshot:
             let c = try caller(call)
             var routed: [RoutedDelivery<NodeInstance>] = []
-            _ = try space.withOwned(key, create: false, now: now) { m in
+            _ = try withOwned(key, create: false, now: now) { m in
                 if let d = m.resnapshot(for: c.id, floor: call.floor, now: now) { routed = m.route([d]) }
             }
             deliver(routed)
@@ -468,7 +478,7 @@ actor ChannelShard {
         let now = wall
         for key in intervalChannels {
             var routed: [RoutedDelivery<NodeInstance>] = []
-            _ = try? space.withOwned(key, create: false, now: now) { m in routed = m.route(m.tick(now: now)) }
+            _ = try? withOwned(key, create: false, now: now) { m in routed = m.route(m.tick(now: now)) }
             deliver(routed)
             if readOwned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
         }
@@ -483,7 +493,7 @@ actor ChannelShard {
     /// with the events that makes. For tests of anti-entropy only.
     func loseForTesting(_ session: SessionID, in key: ChannelKey) {
         var routed: [RoutedDelivery<NodeInstance>] = []
-        _ = try? space.withOwned(key, create: false, now: wall) { m in
+        _ = try? withOwned(key, create: false, now: wall) { m in
             guard let user = m.user(of: session) else { return }
             routed = m.route(m.leave(user: user, session: session, byGateway: false, now: wall))
         }

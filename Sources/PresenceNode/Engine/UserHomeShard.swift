@@ -91,7 +91,7 @@ actor UserHomeShard {
         var change: Record.StatusChange? = nil
         var copy: HomeCopy? = nil
         let replicated = !query { $0.replicas(of: user) }.isEmpty
-        let r = try space.withOwned(user, create: create, now: wall) { (rec: inout Record) throws(PresenceError) -> R in
+        let r = try withOwned(user, create: create, now: wall) { (rec: inout Record) throws(PresenceError) -> R in
             let (c, r) = try body(&rec)
             change = c
             if replicated { copy = HomeCopy(record: rec, handoff: false) }
@@ -103,6 +103,16 @@ actor UserHomeShard {
     }
 
     private func record(_ id: SessionID, _ s: Record.Session) -> ClusterHomeSession { ClusterHomeSession(id, s) }
+
+    /// Runs `body` on an owned value (`Keyspace.withOwnedValue`: created when `create`, dropped
+    /// once empty); nil when it does not exist. (Here for the same reason as `readOwned` below:
+    /// `R` specialised at each call, and the direct call picks the pre-specialisation.)
+    private func withOwned<R>(_ key: String, create: Bool, now: Int64,
+                              _ body: (inout Record) throws(PresenceError) -> R) throws(PresenceError) -> R? {
+        var result: R? = nil
+        _ = try space.withOwnedValue(key, create: create, now: now) { (v: inout Record) throws(PresenceError) in result = try body(&v) }
+        return result
+    }
 
     /// What `read` makes of an owned value, read in place (`inspectOwned`), or nil when the key is
     /// not owned here. (Written here, not through `Keyspace.readOwned`: that one is compiled in
