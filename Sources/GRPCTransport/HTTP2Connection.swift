@@ -337,7 +337,11 @@ open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
             var chunk: UnsafePointer<UInt8>?
             var last: [UInt8] = []
             while true {
+                // (counted as inside nghttp2: a close asked for from its callbacks here waits, and
+                // this one frees the session only after the loop)
+                sessionDepth += 1
                 let n = nghttp2_session_mem_send(session, &chunk)
+                sessionDepth -= 1
                 if n <= 0 { break }
                 if let tls {
                     if tls.send(chunk!, count: n) != nil { break }

@@ -45,6 +45,8 @@ final class ServerStream {
     var checked = false
     /// Counted among its connection's running unary handlers.
     var countedUnary = false
+    /// Its unary handler has ended (its answer, or failure, was taken).
+    var handlerEnded = false
 
     init(id: Int32, maxMessageSize: Int) {
         self.id = id
@@ -467,7 +469,10 @@ final class ServerConnection: HTTP2Connection {
                 do { result = .success(try await handler(request, context)) } catch { result = .failure(error) }
                 me.run { $0.unaryCompleted(streamID: id, result) }
             }
-            if s.status == nil { s.task = task }
+            if !s.handlerEnded {
+                // (the call may have been abandoned while the handler runs: it is told at once)
+                if s.status == nil { s.task = task } else { task.cancel() }
+            }
         case .serverStreaming(let handler):
             startStreaming(s) { writer in try await handler(request, context, writer) }
         case .bidiStreaming:
@@ -514,11 +519,19 @@ final class ServerConnection: HTTP2Connection {
         }
     }
 
+    /// The waiting requests are being started further up the stack.
+    private var startingWaiting = false
+
     /// A unary handler ended (answered, failed, or its stream went away): the next waiting runs.
     private func unaryEnded(_ s: ServerStream) {
         guard s.countedUnary else { return }
         s.countedUnary = false
         runningUnary -= 1
+        // (a started request may answer at once and end here again: the loop below, already on
+        // the stack, starts the next one, so a long queue is started in a loop, not a recursion)
+        guard !startingWaiting else { return }
+        startingWaiting = true
+        defer { startingWaiting = false }
         while runningUnary < core.configuration.maxConcurrentUnaryPerConnection, !waitingUnary.isEmpty {
             let next = waitingUnary.removeFirst()
             guard let w = streams[next], w.waitingForTurn, w.status == nil else { continue }
@@ -528,7 +541,10 @@ final class ServerConnection: HTTP2Connection {
     }
 
     private func unaryCompleted(streamID: Int32, _ result: Result<[UInt8], Error>) {
-        if let s = streams[streamID] { unaryEnded(s) }
+        if let s = streams[streamID] {
+            s.handlerEnded = true
+            unaryEnded(s)
+        }
         guard let s = stream(streamID), s.status == nil else { return }
         s.task = nil
         switch result {

@@ -238,6 +238,23 @@ struct RawPeer {
         await h.stop()
     }
 
+    /// Requests waiting for a handler slot are started as slots free up; a handler that answers at
+    /// once (it never waits) frees its slot while the next one is being started. A queue of a
+    /// thousand, one slot: every request is answered with its message.
+    @Test func aLongQueueOfRequestsThatAnswerAtOnceIsServedThroughOneSlot() async throws {
+        let h = try Harness { $0.maxConcurrentUnaryPerConnection = 1 }
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        let count = 1000
+        for i in 0..<count { peer.request(stream: UInt32(2 * i + 1), path: TestMethods.echo.path, message: [0x0a, 1, UInt8(ascii: "k")]) }
+        let endedCount = { (fs: [(UInt8, UInt8, UInt32)]) in Set(fs.filter { $0.0 == 1 && $0.1 & 0x1 != 0 }.map(\.2)).count }
+        let (frames, closed) = peer.readFrames(until: MonotonicClock.now() + 10_000_000_000, stopWhen: { endedCount($0) == count })
+        // every stream answered with its message (DATA) and ended with trailers
+        #expect(!closed && endedCount(frames) == count && Set(frames.filter { $0.0 == 0 }.map(\.2)).count == count)
+        peer.close()
+        await h.stop()
+    }
+
     /// Issue 9: with SETTINGS_INITIAL_WINDOW_SIZE = 0 a client takes no response byte, and the
     /// server queued every response whole (megabytes pinned for a few bytes per request).
     @Test func aClientThatDoesNotReadIsCutOffAtTheConnectionsBudget() async throws {
