@@ -26,7 +26,7 @@ private nonisolated(unsafe) let core: ServerCore = {
     nonisolated(unsafe) var c: ServerCore? = nil
     _ = loop.execute {
         c = ServerCore(loop: loop, listener: SharedListener(fd: -1, users: 1), configuration: config,
-                       methods: methods.methods, counter: TrafficCounter(), limiter: ConnectionLimiter(limit: 1 << 30, perAddress: 1 << 30))
+                       routes: RouteTable(methods: methods.methods, observer: nil), counter: TrafficCounter(), limiter: ConnectionLimiter(limit: 1 << 30, perAddress: 1 << 30))
         made.signal()
     }
     made.wait()
