@@ -642,8 +642,7 @@ final class ServerConnection: HTTP2Connection {
 
     /// Tells the server's call observer that a call ended.
     private func observe(_ s: ServerStream, _ status: GRPCStatus) {
-        let observer = s.route != nil ? s.route!.observe : core.routes.unknownObserver
-        guard s.isGRPC, let observer else { return }
+        guard s.isGRPC, let observer = s.route == nil ? core.routes.unknownObserver : s.route?.observe else { return }
         observer(status.code, MonotonicClock.now() &- s.startedAt)
     }
 

@@ -88,6 +88,12 @@ struct RawPeer {
     }
 
     func close() { Glibc.close(fd) }
+
+    /// Whether frames read (`readFrames`) hold a HEADERS frame with END_STREAM on `stream`: the
+    /// server ended it (its trailers).
+    static func ended(stream: UInt32) -> ([(UInt8, UInt8, UInt32)]) -> Bool {
+        { fs in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == stream } }
+    }
 }
 
 @Suite(.serialized) struct ConnectionTimeoutTests {
@@ -100,7 +106,7 @@ struct RawPeer {
         let t0 = MonotonicClock.now()
         peer.request(stream: 1, path: TestMethods.hangUnary.path, message: StateItem().serializedBytes(prefix: 0),
                      headers: [("grpc-timeout", "200m")])
-        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let ended = RawPeer.ended(stream: 1)
         let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 5_000_000_000, stopWhen: ended)
         #expect(ended(frames), "the server did not end the call: \(frames)")
         #expect(MonotonicClock.now() - t0 >= 190_000_000)   // at its deadline, not before
@@ -135,7 +141,7 @@ struct RawPeer {
         let (first, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: dataOn1)
         #expect(dataOn1(first))
         peer.data(stream: 1, [item, item], end: true)
-        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let ended = RawPeer.ended(stream: 1)
         let (rest, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
         #expect(ended(rest))
         peer.close()
@@ -163,7 +169,7 @@ struct RawPeer {
             }
             try await Task.sleep(nanoseconds: 100_000_000)
         }
-        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let ended = RawPeer.ended(stream: 1)
         let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
         #expect(ended(frames), "the call was not ended: \(frames)")
         peer.close()
@@ -177,7 +183,7 @@ struct RawPeer {
         peer.handshake()
         peer.openRequest(path: TestMethods.bidiEcho.path)
         peer.send(RawPeer.frame(type: 0, flags: 0x1, stream: 1, [0, 0, 0, 0, 9, 1, 2]))   // 2 of 9 bytes, END_STREAM
-        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let ended = RawPeer.ended(stream: 1)
         let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
         // ended by trailers alone (no answer message, no "count" the handler would send at a clean end)
         #expect(ended(frames) && !frames.contains { $0.0 == 0 && $0.2 == 1 }, "\(frames)")
@@ -193,7 +199,7 @@ struct RawPeer {
         peer.openRequest(path: TestMethods.bidiDeaf.path)
         let item = StateItem(key: "k", value: "v").serializedBytes(prefix: 0)
         peer.data(stream: 1, Array(repeating: item, count: RequestMessages.defaultLimit + 1), end: false)
-        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let ended = RawPeer.ended(stream: 1)
         let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
         #expect(ended(frames), "the call was not ended: \(frames)")
         try await eventually("the handler was cancelled") { h.seen.cancelledHandlers.load(ordering: .relaxed) == 1 }
@@ -207,7 +213,7 @@ struct RawPeer {
         let peer = try RawPeer(port: h.server.port)
         peer.handshake()
         peer.openRequest(path: TestMethods.echo.path)
-        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let ended = RawPeer.ended(stream: 1)
         let t0 = MonotonicClock.now()
         let (frames, _) = peer.readFrames(until: t0 + 3_000_000_000, stopWhen: ended)
         // the server answered stream 1 and ended it (trailers with END_STREAM), unasked
@@ -227,7 +233,7 @@ struct RawPeer {
         let (early, _) = peer.readFrames(until: MonotonicClock.now() + 100_000_000)
         #expect(!early.contains { $0.2 == 1 }, "answered before its message: \(early)")
         peer.data(stream: 1, [[0x0a, 2, UInt8(ascii: "o"), UInt8(ascii: "k")]], end: true)
-        let ended = { (fs: [(UInt8, UInt8, UInt32)]) in fs.contains { $0.0 == 1 && $0.1 & 0x1 != 0 && $0.2 == 1 } }
+        let ended = RawPeer.ended(stream: 1)
         let (frames, closed) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
         // answered with a message (DATA) before its trailers: not ended by the timer
         #expect(ended(frames) && frames.contains { $0.0 == 0 && $0.2 == 1 } && !closed, "\(frames)")

@@ -104,9 +104,12 @@ actor UserHomeShard {
 
     private func record(_ id: SessionID, _ s: Record.Session) -> ClusterHomeSession { ClusterHomeSession(id, s) }
 
-    /// Runs `body` on an owned value (`Keyspace.withOwnedValue`: created when `create`, dropped
-    /// once empty); nil when it does not exist. (Here for the same reason as `readOwned` below:
-    /// `R` specialised at each call, and the direct call picks the pre-specialisation.)
+    // `withOwned`, `readOwned` and `query` are ChannelShard's, for home records: see the reasons
+    // there. (Kept per shard on purpose: a helper shared across the two value types, generic in
+    // the value, is the kind of call that lost the pre-specialisations before.)
+
+    /// Runs `body` on an owned record (created when `create`, dropped once empty); nil when it
+    /// does not exist.
     private func withOwned<R>(_ key: String, create: Bool, now: Int64,
                               _ body: (inout Record) throws(PresenceError) -> R) throws(PresenceError) -> R? {
         var result: R? = nil
@@ -114,20 +117,14 @@ actor UserHomeShard {
         return result
     }
 
-    /// What `read` makes of an owned value, read in place (`inspectOwned`), or nil when the key is
-    /// not owned here. (Written here, not through `Keyspace.readOwned`: that one is compiled in
-    /// ClusterCore generic in `R`, so each call looked up metadata and copied its result through
-    /// value witnesses, 2-3% of building memberships; here `R` is specialised at each call, and
-    /// the direct call picks `inspectOwned`'s pre-specialisation.)
+    /// What `read` makes of an owned record, read in place; nil when it is not owned here.
     private func readOwned<R>(_ key: String, _ read: (inout Record) -> R) -> R? {
         var result: R? = nil
         _ = space.inspectOwned(key) { result = read(&$0) }
         return result
     }
 
-    /// Runs a query on the keyspace where it lies. (A non-mutating method called on `space` gets a
-    /// copy of the whole keyspace first, every table in it retained and released: 2% of building
-    /// a million memberships. Through an `inout` access it is read in place.)
+    /// Runs a query on the keyspace where it lies (not on a copy of it).
     private func query<R>(_ read: (inout Keyspace<Record>) -> R) -> R { read(&space) }
 
 
