@@ -100,12 +100,16 @@ struct Bench {
     func drive(clients: Int, duration: Double, rate: Double?, _ work: @escaping @Sendable (Int, Int) async throws -> Void) async throws -> String {
         let end = MonotonicClock.now() + UInt64(duration * 1e9)
         let perClientGap = rate.map { UInt64(Double(clients) / $0 * 1e9) }
+        // (paced clients start at evenly spaced phases of their gap, so the offered calls arrive
+        // spread over time: started together, 50 clients sent in bursts of 50 and measured the
+        // burst's queue, not the node's latency at that rate)
+        let start = MonotonicClock.now()
         let results = try await withThrowingTaskGroup(of: [UInt64].self) { g in
             for c in 0..<clients {
                 g.addTask {
                     var lat: [UInt64] = []
                     var n = 0
-                    var next = MonotonicClock.now()
+                    var next = start + (perClientGap ?? 0) / UInt64(clients) * UInt64(c)
                     while MonotonicClock.now() < end {
                         if let gap = perClientGap {
                             let now = MonotonicClock.now()
