@@ -1,14 +1,35 @@
 import PresenceWire
+import Synchronization
 
 /// A channel: its type and name. `CHANNEL_TYPE_UNSPECIFIED` never makes a key (validation refuses it).
+///
+/// A key is one reference to the node's single copy of the channel's name (`ChannelNames`): the
+/// session table, the users' homes, the owner's machines and the gateway's subscriptions all key
+/// their tables by the channel, and held by value each entry took 24 bytes plus, for a name longer
+/// than 15 bytes, a heap copy of its own. It also carries the name's `StableHash`, which routing
+/// asks for several times per call.
 public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertible {
-    public let name: String
-    public let type: ChannelType
+    private let interned: ChannelNames.Name
 
     public init(name: String, type: ChannelType) {
-        self.name = name
-        self.type = type
+        interned = ChannelNames.shared.intern(name, type)
     }
+
+    /// A key whose name is kept in `names` (tests: a table of their own).
+    init(name: String, type: ChannelType, in names: ChannelNames) {
+        interned = names.intern(name, type)
+    }
+
+    public var name: String { interned.name }
+    public var type: ChannelType { interned.type }
+    /// `StableHash.of(self)`, computed once per name.
+    public var stableHash: UInt64 { interned.stableHash }
+
+    public static func == (a: ChannelKey, b: ChannelKey) -> Bool {
+        a.interned === b.interned || (a.interned.stableHash == b.interned.stableHash && a.type == b.type && a.name == b.name)
+    }
+
+    public func hash(into hasher: inout Hasher) { hasher.combine(interned.stableHash) }
 
     public static func < (a: ChannelKey, b: ChannelKey) -> Bool {
         a.name != b.name ? a.name < b.name : a.type.rawValue < b.type.rawValue
@@ -16,6 +37,74 @@ public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertibl
 
     public var description: String { "\(type == .stream ? "stream" : "message"):\(name)" }
     public var info: ChannelInfo { ChannelInfo(channelName: name, channelType: type) }
+}
+
+/// The node's channel names, each kept once while any key refers to it (a weak table: a name no
+/// key holds any longer is dropped as its last key goes). Sharded by hash, each shard under a
+/// mutex, as keys are made on every loop.
+public final class ChannelNames: Sendable {
+    public static let shared = ChannelNames()
+
+    init() {}
+
+    /// One channel's name, shared by every key of it.
+    final class Name: Sendable {
+        let name: String
+        let type: ChannelType
+        let stableHash: UInt64
+        private let names: ChannelNames
+
+        init(_ name: String, _ type: ChannelType, hash: UInt64, names: ChannelNames) {
+            self.name = name
+            self.type = type
+            self.stableHash = hash
+            self.names = names
+        }
+
+        deinit { names.forget(self) }
+    }
+
+    private struct Slot: Hashable {
+        let name: String
+        let type: ChannelType
+        let stableHash: UInt64
+        func hash(into hasher: inout Hasher) { hasher.combine(stableHash) }
+    }
+
+    private struct Weak: Sendable {
+        weak var name: Name?
+    }
+
+    private final class Shard: Sendable {
+        let table = Mutex<[Slot: Weak]>([:])
+    }
+
+    private let shards: [Shard] = (0..<64).map { _ in Shard() }
+
+    private func shard(_ hash: UInt64) -> Shard { shards[Int(truncatingIfNeeded: (hash >> 20) & 63)] }
+
+    /// The shared name of `name` of `type`: the one held now, or a new one.
+    func intern(_ name: String, _ type: ChannelType) -> Name {
+        let hash = StableHash.of(name, type)
+        let slot = Slot(name: name, type: type, stableHash: hash)
+        return shard(hash).table.withLock { t in
+            if let held = t[slot]?.name { return held }
+            let made = Name(name, type, hash: hash, names: self)
+            t[slot] = Weak(name: made)
+            return made
+        }
+    }
+
+    /// The last key of `name` is gone: its slot goes, unless a new name took it meanwhile.
+    fileprivate func forget(_ name: Name) {
+        let slot = Slot(name: name.name, type: name.type, stableHash: name.stableHash)
+        shard(name.stableHash).table.withLock { t in
+            if let i = t.index(forKey: slot), t[i].value.name == nil { t.remove(at: i) }
+        }
+    }
+
+    /// Channel names held now (for tests and metrics).
+    public var count: Int { shards.reduce(0) { n, s in n + s.table.withLock { $0.count } } }
 }
 
 /// A session's id: 64 random bits, shown as 16 hex digits.

@@ -1,3 +1,5 @@
+import PresenceWire
+
 /// FNV-1a, 64 bits: the same value on every node and every run (unlike `Hasher`), so that shards
 /// and, later, the cluster ring place a key the same way everywhere.
 public enum StableHash {
@@ -14,7 +16,10 @@ public enum StableHash {
         return h
     }
 
-    public static func of(_ key: ChannelKey) -> UInt64 {
-        of(key.name, seed: 0xcbf2_9ce4_8422_2325 ^ UInt64(bitPattern: Int64(key.type.rawValue)))
+    /// A channel's hash (kept in its key: `ChannelKey.stableHash`).
+    public static func of(_ key: ChannelKey) -> UInt64 { key.stableHash }
+
+    static func of(_ name: String, _ type: ChannelType) -> UInt64 {
+        of(name, seed: 0xcbf2_9ce4_8422_2325 ^ UInt64(bitPattern: Int64(type.rawValue)))
     }
 }

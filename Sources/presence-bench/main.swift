@@ -1,5 +1,5 @@
 // presence-bench: in-process measurements of the presence engine (no network).
-//   presence-bench memory [--users N] [--channels-per-user K] [--channels C] [--in-flight N]
+//   presence-bench memory [--users N] [--channels-per-user K] [--channels C] [--in-flight N] [--id-bytes N]
 // prints resident bytes per (user, channel) membership.
 //   presence-bench breakdown [--users N] [--channels-per-user K] [--channels C]
 // builds the same memberships in each of the engine's per-membership structures alone (the
@@ -53,13 +53,19 @@ if args[1] == "ring" {
 let users = option("users", 100_000)
 let perUser = option("channels-per-user", 10)
 let channels = option("channels", 10_000)
+// (--id-bytes N: user ids and channel names padded to N bytes, as UUID-style ids are (36); the
+// default names fit Swift's 15-byte inline strings and cost no allocation of their own)
+let idBytes = option("id-bytes", 0)
+func padded(_ s: String) -> String { s.utf8.count >= idBytes ? s : String(repeating: "0", count: idBytes - s.utf8.count) + s }
+func userName(_ u: Int) -> String { padded("user\(u)") }
+func channelName(_ c: Int) -> String { padded("channel\(c)") }
 if args[1] == "breakdown" {
     // Each structure alone, filled as `memory` fills the engine (user u joins channels
     // u*K ... u*K+K-1 modulo C, one session per user, no state), measured by RSS.
     let sink = NodeInstance("bench", boot: 1)
     let memberships = Double(users * perUser)
     func ids(_ u: Int) -> SessionID { SessionID(hi: UInt64(u) &+ 1, lo: UInt64(u) &* 2 &+ 1) }
-    func channel(_ u: Int, _ c: Int) -> ChannelKey { ChannelKey(name: "channel\((u * perUser + c) % channels)", type: .message) }
+    func channel(_ u: Int, _ c: Int) -> ChannelKey { ChannelKey(name: channelName((u * perUser + c) % channels), type: .message) }
     // (everything built stays alive to the end: memory freed by one structure's growth would
     // otherwise be reused by the next, and counted for neither)
     var kept: [Any] = []
@@ -77,7 +83,7 @@ if args[1] == "breakdown" {
             for c in 0..<perUser {
                 let key = channel(u, c)
                 _ = machines[key, default: ChannelMachine(key: key, maxInstantEvents: 50)]
-                    .join(user: "user\(u)", session: ids(u), withPresence: false, sink: sink, now: 0)
+                    .join(user: userName(u), session: ids(u), withPresence: false, sink: sink, now: 0)
             }
         }
         return machines
@@ -85,7 +91,7 @@ if args[1] == "breakdown" {
     measure("session-table") {
         var table = SessionTable(resumeWindow: 1)
         for u in 0..<users {
-            _ = table.open(user: "user\(u)", resume: nil, newID: ids(u), now: 0)
+            _ = table.open(user: userName(u), resume: nil, newID: ids(u), now: 0)
             for c in 0..<perUser { _ = try? table.joined(ids(u), channel: channel(u, c), withPresence: false) }
         }
         return table
@@ -93,10 +99,10 @@ if args[1] == "breakdown" {
     measure("home-records") {
         var homes: [String: HomeRecord<NodeInstance>] = [:]
         for u in 0..<users {
-            var home = HomeRecord<NodeInstance>(userID: "user\(u)")
+            var home = HomeRecord<NodeInstance>(userID: userName(u))
             _ = home.sessionOpened(session: ids(u), sink: sink, initial: .online)
             for c in 0..<perUser { home.sessionJoined(session: ids(u), channel: channel(u, c), withPresence: false) }
-            homes["user\(u)"] = home
+            homes[userName(u)] = home
         }
         return homes
     }
@@ -117,9 +123,9 @@ var sessions: [PresenceEngine.OpenedSession] = []
 sessions.reserveCapacity(users)
 try await withThrowingTaskGroup(of: PresenceEngine.OpenedSession.self) { group in
     func build(_ u: Int) async throws -> PresenceEngine.OpenedSession {
-        let s = try await engine.openSession(user: "user\(u)", resume: "", initialStatus: .unknown)
+        let s = try await engine.openSession(user: userName(u), resume: "", initialStatus: .unknown)
         for c in 0..<perUser {
-            try await engine.join(s.id.description, channel: "channel\((u * perUser + c) % channels)", type: .message, withPresence: false)
+            try await engine.join(s.id.description, channel: channelName((u * perUser + c) % channels), type: .message, withPresence: false)
         }
         return s
     }
@@ -140,7 +146,7 @@ try await withThrowingTaskGroup(of: PresenceEngine.OpenedSession.self) { group i
 }
 let after = rssBytes()
 let memberships = users * perUser
-let check = try await engine.getOnlineUsers(GetOnlineUsersRequest(channelName: "channel0", channelType: .message, includeUserID: false))
+let check = try await engine.getOnlineUsers(GetOnlineUsersRequest(channelName: channelName(0), channelType: .message, includeUserID: false))
 print(String(format: "bench=memory users=%d channels=%d memberships=%d rss_before_mib=%.1f rss_after_mib=%.1f bytes_per_membership=%.0f build_s=%.1f occupancy_channel0=%d",
              users, channels, memberships, Double(before) / 1048576, Double(after) / 1048576,
              Double(after - before) / Double(memberships), Date().timeIntervalSince(start), check.totalOccupancy))

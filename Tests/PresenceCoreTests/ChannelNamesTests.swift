@@ -1,0 +1,54 @@
+@testable import PresenceCore
+import PresenceWire
+import Testing
+
+/// Channel keys share one copy of each channel's name while any key holds it (`ChannelNames`).
+struct ChannelNamesTests {
+    @Test func keysOfOneChannelShareItsNameAndTheLastKeyTakesItAway() {
+        let names = ChannelNames()
+        do {
+            let a = ChannelKey(name: "room-7", type: .message, in: names)
+            let b = ChannelKey(name: "room-7", type: .message, in: names)
+            let other = ChannelKey(name: "room-7", type: .stream, in: names)
+            #expect(names.count == 2)
+            #expect(a == b)
+            #expect(a.hashValue == b.hashValue)
+            #expect(a != other)
+            #expect(a.stableHash == StableHash.of("room-7", .message))
+            #expect(a.stableHash != other.stableHash)
+            let keyed: [ChannelKey: Int] = [a: 1, other: 2]
+            #expect(keyed[b] == 1)
+            #expect(a.name == "room-7" && a.type == .message && other.type == .stream)
+        }
+        #expect(names.count == 0)
+        // (made again once gone: a new name, equal in every way to the old keys')
+        let again = ChannelKey(name: "room-7", type: .message, in: names)
+        #expect(names.count == 1)
+        #expect(again.description == "message:room-7")
+    }
+
+    @Test func keysMadeAndDroppedOnManyThreadsLeaveNoNameBehind() async {
+        let names = ChannelNames()
+        await withTaskGroup(of: Void.self) { group in
+            for t in 0..<8 {
+                group.addTask {
+                    for i in 0..<5_000 {
+                        let held = ChannelKey(name: "c\(i % 16)", type: .message, in: names)
+                        let again = ChannelKey(name: "c\(i % 16)", type: .message, in: names)
+                        precondition(held == again, "thread \(t): two keys of one channel differ")
+                    }
+                }
+            }
+        }
+        #expect(names.count == 0)
+    }
+
+    @Test func keysFromTheSharedTableAndAnotherAreEqualWhenTheyNameOneChannel() {
+        let names = ChannelNames()
+        let mine = ChannelKey(name: "lobby", type: .stream, in: names)
+        let shared = ChannelKey(name: "lobby", type: .stream)
+        #expect(mine == shared)
+        #expect(Set([mine, shared]).count == 1)
+        #expect(!(mine < shared) && !(shared < mine))
+    }
+}
