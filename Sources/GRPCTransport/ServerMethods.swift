@@ -45,7 +45,7 @@ public final class RequestMessages: AsyncSequence, Sendable {
         var head = 0
         var queuedBytes = 0
         var ended: GRPCStatus?? = nil   // nil: open; .some(nil): half-closed; .some(status): failed
-        var waiter: CheckedContinuation<[UInt8]?, Error>? = nil
+        var waiter: Suspended<[UInt8]?, Error>? = nil
     }
     private let state = Mutex(State())
     public let limit: Int
@@ -58,7 +58,7 @@ public final class RequestMessages: AsyncSequence, Sendable {
 
     /// Loop side: a message arrived; false when too many wait unread.
     func push(_ message: [UInt8]) -> Bool {
-        let (ok, waiter) = state.withLock { s -> (Bool, CheckedContinuation<[UInt8]?, Error>?) in
+        let (ok, waiter) = state.withLock { s -> (Bool, Suspended<[UInt8]?, Error>?) in
             guard s.ended == nil else { return (true, nil) }
             if let w = s.waiter {
                 s.waiter = nil
@@ -70,19 +70,19 @@ public final class RequestMessages: AsyncSequence, Sendable {
             s.queuedBytes += message.count
             return (true, nil)
         }
-        waiter?.resume(returning: message)
+        waiter?.continuation.resume(returning: message)
         return ok
     }
 
     /// Loop side: the client half-closed (`nil`) or the call ended (`status`).
     func end(_ status: GRPCStatus?) {
-        let waiter = state.withLock { s -> CheckedContinuation<[UInt8]?, Error>? in
+        let waiter = state.withLock { s -> Suspended<[UInt8]?, Error>? in
             if s.ended == nil { s.ended = .some(status) }
             let w = s.waiter
             s.waiter = nil
             return w
         }
-        if let status { waiter?.resume(throwing: status) } else { waiter?.resume(returning: nil) }
+        if let status { waiter?.continuation.resume(throwing: status) } else { waiter?.continuation.resume(returning: nil) }
     }
 
     /// The next message, nil once the client half-closed; throws when the call ended otherwise.
@@ -103,7 +103,7 @@ public final class RequestMessages: AsyncSequence, Sendable {
                 case .some(nil): return .success(nil)
                 case .some(.some(let status)): return .failure(status)
                 case nil:
-                    s.waiter = c
+                    s.waiter = Suspended(c)
                     return nil
                 }
             }
@@ -220,7 +220,7 @@ public final class ServerStreamWriter: Sendable {
         var queuedBytes = 0
         var peakQueuedBytes = 0
         var suspensions = 0
-        var waiter: CheckedContinuation<Void, Error>? = nil
+        var waiter: Suspended<Void, Error>? = nil
         var closed: GRPCStatus? = nil
         /// Asks the connection's loop to take `pending`; dropped when the call ends, so a writer
         /// kept around afterwards does not keep the connection alive.
@@ -273,7 +273,7 @@ public final class ServerStreamWriter: Sendable {
                 if let closed = s.closed { return .failure(closed) }
                 if s.queuedBytes <= lowWaterMark { return .success(()) }
                 s.suspensions += 1
-                s.waiter = c
+                s.waiter = Suspended(c)
                 return nil
             }
             if let outcome { c.resume(with: outcome) }
@@ -307,7 +307,7 @@ public final class ServerStreamWriter: Sendable {
 
     /// The connection wrote `count` bytes of this stream.
     public func drained(_ count: Int) {
-        let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
+        let waiter = state.withLock { s -> Suspended<Void, Error>? in
             s.queuedBytes -= count
             if s.queuedBytes <= lowWaterMark, let w = s.waiter {
                 s.waiter = nil
@@ -315,12 +315,12 @@ public final class ServerStreamWriter: Sendable {
             }
             return nil
         }
-        waiter?.resume()
+        waiter?.continuation.resume()
     }
 
     /// The call is over: pending and later sends fail with `status`.
     public func close(_ status: GRPCStatus) {
-        let waiter = state.withLock { s -> CheckedContinuation<Void, Error>? in
+        let waiter = state.withLock { s -> Suspended<Void, Error>? in
             if s.closed == nil { s.closed = status }
             s.scheduleDrain = nil
             s.pending = []
@@ -328,6 +328,6 @@ public final class ServerStreamWriter: Sendable {
             s.waiter = nil
             return w
         }
-        waiter?.resume(throwing: status)
+        waiter?.continuation.resume(throwing: status)
     }
 }

@@ -33,7 +33,7 @@ public final class SessionOutbox: Sendable {
         var buffered: [[UInt8]] = []
         var bufferedBytes = 0
         var lostEvents = false
-        var endWaiter: CheckedContinuation<StreamEnd, Never>? = nil
+        var endWaiter: Suspended<StreamEnd, Never>? = nil
         var pendingEnd: StreamEnd? = nil
     }
     private let state = Mutex(State())
@@ -77,7 +77,7 @@ public final class SessionOutbox: Sendable {
     /// Attaches a new stream (after its `opened` message was sent): flushes what was buffered.
     /// Returns true when events were lost meanwhile (the caller then sends fresh snapshots).
     public func attach(_ writer: ServerStreamWriter, generation: UInt64) -> Bool {
-        let (previous, lost) = state.withLock { s -> (CheckedContinuation<StreamEnd, Never>?, Bool) in
+        let (previous, lost) = state.withLock { s -> (Suspended<StreamEnd, Never>?, Bool) in
             let previous = s.endWaiter
             s.endWaiter = nil
             s.pendingEnd = nil
@@ -95,7 +95,7 @@ public final class SessionOutbox: Sendable {
             s.lostEvents = false
             return (previous, lost)
         }
-        previous?.resume(returning: .replaced)
+        previous?.continuation.resume(returning: .replaced)
         return lost
     }
 
@@ -108,7 +108,7 @@ public final class SessionOutbox: Sendable {
 
     /// Ends the attached stream's wait (CloseSession, shutdown, slow consumer).
     public func end(_ reason: StreamEnd) {
-        let waiter = state.withLock { s -> CheckedContinuation<StreamEnd, Never>? in
+        let waiter = state.withLock { s -> Suspended<StreamEnd, Never>? in
             guard let w = s.endWaiter else {
                 s.pendingEnd = reason
                 return nil
@@ -116,7 +116,7 @@ public final class SessionOutbox: Sendable {
             s.endWaiter = nil
             return w
         }
-        waiter?.resume(returning: reason)
+        waiter?.continuation.resume(returning: reason)
     }
 
     /// Waits until the stream should end; `.broken` when the waiting task is cancelled.
@@ -128,7 +128,7 @@ public final class SessionOutbox: Sendable {
                         s.pendingEnd = nil
                         return e
                     }
-                    s.endWaiter = c
+                    s.endWaiter = Suspended(c)
                     return nil
                 }
                 if let now { c.resume(returning: now) }
