@@ -94,7 +94,7 @@ extension ClusterUserRecord {
     /// The copy this record carries; nil when its user id is invalid.
     var copy: HomeCopy? {
         guard let user = try? Validate.userID(userID) else { return nil }
-        var sessions: [SessionID: HomeRecord<NodeInstance>.Session] = [:]
+        var sessions: DenseDictionary<SessionID, HomeRecord<NodeInstance>.Session> = [:]
         for s in self.sessions { if let (id, r) = s.record { sessions[id] = r } }
         var watchers: [SessionID: HomeRecord<NodeInstance>.Watcher] = [:]
         for w in self.watchers {
