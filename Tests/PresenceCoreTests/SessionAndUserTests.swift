@@ -113,6 +113,31 @@ let sec: UInt64 = 1_000_000_000
         let again = try t.joined(s1, channel: ChannelKey(name: "c7", type: .message), withPresence: true)
         #expect(again.already && t[s1]?.channels[ChannelKey(name: "c7", type: .message)]?.withPresence == true)
     }
+
+    /// A channel of a session keeps the state its owner acknowledged and whether it follows
+    /// presence apart: a re-join that starts or stops following keeps the state (anti-entropy gives
+    /// it back to an owner that lost it), and a new state keeps the following.
+    @Test func aRejoinKeepsTheAcknowledgedStateAndNewStateKeepsTheFollowing() throws {
+        var t = SessionTable(resumeWindow: sec)
+        _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
+        let room = ChannelKey(name: "room", type: .message)
+        _ = try t.joined(s1, channel: room, withPresence: true)
+        let mic = [StateItem(key: "mic", value: "on")]
+        t.stateAcknowledged(s1, channel: room, state: mic, version: 7)
+        #expect(t[s1]?.channels[room] == SessionTable.Membership(withPresence: true, joinVersion: t[s1]!.channels[room]!.joinVersion, state: mic, stateVersion: 7))
+        let rejoin = try t.joined(s1, channel: room, withPresence: false)
+        #expect(rejoin.already)
+        #expect(t[s1]?.channels[room]?.withPresence == false)
+        #expect(t[s1]?.channels[room]?.state == mic && t[s1]?.channels[room]?.stateVersion == 7)
+        _ = try t.joined(s1, channel: room, withPresence: true)
+        let typing = [StateItem(key: "typing", value: "yes")]
+        t.stateAcknowledged(s1, channel: room, state: typing, version: 9)
+        #expect(t[s1]?.channels[room]?.withPresence == true)
+        #expect(t[s1]?.channels[room]?.state == typing)
+        // (an older acknowledgement changes nothing)
+        t.stateAcknowledged(s1, channel: room, state: mic, version: 8)
+        #expect(t[s1]?.channels[room]?.state == typing && t[s1]?.channels[room]?.stateVersion == 9)
+    }
 }
 
 @Suite struct HomeRecordTests {
