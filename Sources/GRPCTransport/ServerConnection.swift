@@ -564,12 +564,9 @@ final class ServerConnection: HTTP2Connection {
     /// Moves what a stream's writer queued onto the stream, in one go.
     private func drainWriter(streamID: Int32) {
         guard let s = stream(streamID), s.status == nil, let writer = s.writer else { return }
-        let batch = writer.takePending()
-        guard !batch.isEmpty else { return }
-        var n = 0
-        for i in batch.indices { n += batch[i].count }
-        // (an empty queue takes the batch as it is: no message is retained again)
-        if s.outbound.isEmpty { s.outbound = batch } else { s.outbound.append(contentsOf: batch) }
+        let before = s.outbound.count
+        let n = writer.takePending(appendingTo: &s.outbound)
+        guard s.outbound.count > before else { return }
         queued(n)
         guard !isClosed else { return }
         submitOrResume(s)
