@@ -27,9 +27,7 @@ final class ServerStream {
     var startedAt: UInt64 = 0
 
     // response side
-    var outbound: [[UInt8]] = []
-    var outboundHead = 0
-    var outboundOffset = 0
+    var outbound = OutboundMessages()
     var responseSubmitted = false
     var status: GRPCStatus? = nil
     var task: Task<Void, Never>? = nil
@@ -53,7 +51,7 @@ final class ServerStream {
         self.deframer = MessageDeframer(maxMessageSize: maxMessageSize)
     }
 
-    var hasOutbound: Bool { outboundHead < outbound.count }
+    var hasOutbound: Bool { !outbound.isEmpty }
 }
 
 /// The streams of one connection whose writers have messages waiting, collected from the threads
@@ -112,9 +110,7 @@ final class ServerConnection: HTTP2Connection {
 
     /// Bytes still queued on a stream.
     private static func remaining(_ s: ServerStream) -> Int {
-        var n = 0
-        for i in s.outboundHead..<s.outbound.count { n += s.outbound[i].count }
-        return n - s.outboundOffset
+        s.outbound.remainingBytes
     }
     /// Bumped whenever the connection stops or starts being idle: an idle timer armed for an
     /// earlier idle spell does nothing.
@@ -303,27 +299,7 @@ final class ServerConnection: HTTP2Connection {
 
     override func readData(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
         guard let s = stream(streamID) else { return Int(NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue) }
-        var written = 0
-        while written < length, s.outboundHead < s.outbound.count {
-            // (the chunk read in place: a copy of it would be a retain and a release per message)
-            let offset = s.outboundOffset
-            let (take, whole) = s.outbound[s.outboundHead].withUnsafeBufferPointer { src in
-                let take = min(length - written, src.count - offset)
-                (buffer + written).update(from: src.baseAddress! + offset, count: take)
-                return (take, src.count)
-            }
-            written += take
-            s.outboundOffset += take
-            if s.outboundOffset == whole {
-                s.outbound[s.outboundHead] = []
-                s.outboundHead += 1
-                s.outboundOffset = 0
-            }
-        }
-        if s.outboundHead == s.outbound.count {
-            s.outbound.removeAll(keepingCapacity: s.outbound.count <= 64)
-            s.outboundHead = 0
-        }
+        let written = s.outbound.copy(into: buffer, length: length)
         if written > 0 {
             queuedBytes -= written
             s.writer?.drained(written)
@@ -564,9 +540,8 @@ final class ServerConnection: HTTP2Connection {
     /// Moves what a stream's writer queued onto the stream, in one go.
     private func drainWriter(streamID: Int32) {
         guard let s = stream(streamID), s.status == nil, let writer = s.writer else { return }
-        let before = s.outbound.count
-        let n = writer.takePending(appendingTo: &s.outbound)
-        guard s.outbound.count > before else { return }
+        let n = s.outbound.take(from: writer)
+        guard n > 0 else { return }
         queued(n)
         guard !isClosed else { return }
         submitOrResume(s)

@@ -90,3 +90,43 @@ import Testing
         #expect(!writer.trySend(framed: [1]))                                   // 5000 already waiting
     }
 }
+
+/// A stream's queued response messages, taken by nghttp2 a frame at a time (`OutboundMessages`).
+@Suite struct OutboundMessagesTests {
+    @Test func framesOfAnySizeTakeTheMessagesWholeAndInOrder() {
+        var q = OutboundMessages()
+        #expect(q.isEmpty && q.remainingBytes == 0)
+        let messages: [[UInt8]] = [Array(0..<7), Array(100..<103), Array(200..<213)]
+        for m in messages { q.append(m) }
+        #expect(!q.isEmpty && q.remainingBytes == 23)
+        var out: [UInt8] = []
+        var frame = [UInt8](repeating: 0, count: 5)
+        var sizes: [Int] = []
+        while !q.isEmpty {
+            let n = frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 5) }
+            sizes.append(n)
+            out += frame[0..<n]
+        }
+        #expect(out == messages.flatMap { $0 })
+        #expect(sizes == [5, 5, 5, 5, 3])
+        #expect(q.remainingBytes == 0)
+        // (emptied, it takes more, and a frame larger than what waits takes all of it)
+        q.append([9, 9])
+        var big = [UInt8](repeating: 0, count: 64)
+        #expect(big.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 64) } == 2)
+        #expect(big[0] == 9 && big[1] == 9 && q.isEmpty)
+    }
+
+    @Test func aDrainTakesWhatTheWriterQueuedSinceTheLastOne() throws {
+        let writer = ServerStreamWriter(scheduleDrain: {})
+        var q = OutboundMessages()
+        #expect(writer.trySend(framed: [1, 2, 3]) && writer.trySend(framed: [4]))
+        #expect(q.take(from: writer) == 4)
+        #expect(q.take(from: writer) == 0)
+        #expect(writer.trySend(framed: [5, 6]))
+        #expect(q.take(from: writer) == 2)
+        var frame = [UInt8](repeating: 0, count: 16)
+        #expect(frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 16) } == 6)
+        #expect(Array(frame[0..<6]) == [1, 2, 3, 4, 5, 6])
+    }
+}

@@ -1,0 +1,48 @@
+/// A stream's response messages waiting for nghttp2 to take them, in order, and how much of the
+/// first it has taken. A value held by its stream: nghttp2's read callback takes a frame's worth
+/// in one change of it (through a class's fields, each message's bytes, head and offset were
+/// separate accesses, every one checked for exclusivity at run time: 2% of a fan-out profile).
+struct OutboundMessages {
+    private var messages: [[UInt8]] = []
+    private var head = 0
+    private var offset = 0
+
+    var isEmpty: Bool { head == messages.count }
+
+    /// Bytes not taken yet.
+    var remainingBytes: Int {
+        var n = 0
+        for i in head..<messages.count { n += messages[i].count }
+        return n - offset
+    }
+
+    mutating func append(_ framed: [UInt8]) { messages.append(framed) }
+
+    /// Appends what `writer` queued since its last drain; returns its bytes.
+    mutating func take(from writer: ServerStreamWriter) -> Int { writer.takePending(appendingTo: &messages) }
+
+    /// Copies up to `length` bytes of the messages, in order, to `buffer`; returns how many.
+    mutating func copy(into buffer: UnsafeMutablePointer<UInt8>, length: Int) -> Int {
+        var written = 0
+        while written < length, head < messages.count {
+            // (the message read in place: a copy of it would be a retain and a release each)
+            let (take, whole) = messages[head].withUnsafeBufferPointer { src in
+                let take = min(length - written, src.count - offset)
+                (buffer + written).update(from: src.baseAddress! + offset, count: take)
+                return (take, src.count)
+            }
+            written += take
+            offset += take
+            if offset == whole {
+                messages[head] = []
+                head += 1
+                offset = 0
+            }
+        }
+        if head == messages.count {
+            messages.removeAll(keepingCapacity: messages.count <= 64)
+            head = 0
+        }
+        return written
+    }
+}
