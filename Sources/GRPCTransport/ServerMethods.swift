@@ -297,16 +297,16 @@ public final class ServerStreamWriter: Sendable {
     }
 
     /// Loop side: appends the messages handed over since the last drain to `queue`; returns their
-    /// bytes. The writer keeps its array's storage (a subscriber gets one event per drain, most
-    /// often: taking the array whole made the next event allocate a new one, and the connection's
-    /// thread free it, once per delivery).
+    /// bytes. The writer keeps its array's storage when it is small (a subscriber gets one event per
+    /// drain, most often: taking the array whole made the next event allocate a new one, and the
+    /// connection's thread free it, once per delivery).
     public func takePending(appendingTo queue: inout [[UInt8]]) -> Int {
         state.withLock { s in
             s.hopScheduled = false
             var n = 0
             for i in s.pending.indices { n += s.pending[i].count }
             queue.append(contentsOf: s.pending)
-            s.pending.removeAll(keepingCapacity: s.pending.count <= 64)
+            s.pending.removeAll(keepingCapacity: s.pending.count <= 8)
             return n
         }
     }

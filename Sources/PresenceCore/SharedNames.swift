@@ -15,15 +15,21 @@ import Synchronization
 /// it saves in each entry; with 10 channels per user, members keyed by shared user ids took 182
 /// bytes per membership at the owner, against 172 with the ids inline.)
 public final class SharedNames<Text: Hashable & Sendable>: Sendable {
-    /// One name, shared by every key of it, with its `StableHash` (computed once).
+    /// One name, shared by every key of it, with its hashes (computed once): its `StableHash`,
+    /// the same on every node, for routing; and the process's seeded hash of it, for tables.
     final class Name: Sendable {
         let text: Text
         let stableHash: UInt64
+        /// `text.hashValue`. Tables must not key by `stableHash`: FNV-1a is unseeded, and a client
+        /// could make up any number of colliding channel names offline (the seeded hasher is what
+        /// keeps them from landing in one bucket chain).
+        let seededHash: Int
         private let names: SharedNames
 
-        init(_ text: Text, hash: UInt64, names: SharedNames) {
+        init(_ text: Text, hash: UInt64, seeded: Int, names: SharedNames) {
             self.text = text
             self.stableHash = hash
+            self.seededHash = seeded
             self.names = names
         }
 
@@ -32,8 +38,9 @@ public final class SharedNames<Text: Hashable & Sendable>: Sendable {
 
     private struct Slot: Hashable {
         let text: Text
-        let stableHash: UInt64
-        func hash(into hasher: inout Hasher) { hasher.combine(stableHash) }
+        let seededHash: Int
+        func hash(into hasher: inout Hasher) { hasher.combine(seededHash) }
+        static func == (a: Slot, b: Slot) -> Bool { a.seededHash == b.seededHash && a.text == b.text }
     }
 
     private struct Weak: Sendable {
@@ -48,14 +55,14 @@ public final class SharedNames<Text: Hashable & Sendable>: Sendable {
 
     init() {}
 
-    private func shard(_ hash: UInt64) -> Shard { shards[Int(truncatingIfNeeded: (hash >> 20) & 63)] }
+    private func shard(_ seededHash: Int) -> Shard { shards[(seededHash >> 20) & 63] }
 
     /// The shared name of `text` (whose `StableHash` is `hash`): the one held now, or a new one.
     func intern(_ text: Text, hash: UInt64) -> Name {
-        let slot = Slot(text: text, stableHash: hash)
-        return shard(hash).table.withLock { t in
+        let slot = Slot(text: text, seededHash: text.hashValue)
+        return shard(slot.seededHash).table.withLock { t in
             if let held = t[slot]?.name { return held }
-            let made = Name(text, hash: hash, names: self)
+            let made = Name(text, hash: hash, seeded: slot.seededHash, names: self)
             t[slot] = Weak(name: made)
             return made
         }
@@ -63,10 +70,17 @@ public final class SharedNames<Text: Hashable & Sendable>: Sendable {
 
     /// The last key of `name` is gone: its slot goes, unless a new name took it meanwhile.
     fileprivate func forget(_ name: Name) {
-        let slot = Slot(text: name.text, stableHash: name.stableHash)
-        shard(name.stableHash).table.withLock { t in
-            if let i = t.index(forKey: slot), t[i].value.name == nil { t.remove(at: i) }
+        let slot = Slot(text: name.text, seededHash: name.seededHash)
+        // (a live name found in the slot is handed out of the lock and released there: were its
+        // last key dropped meanwhile, releasing it under the lock would run its deinit, which takes
+        // this same lock)
+        let successor = shard(name.seededHash).table.withLock { t -> Name? in
+            guard let i = t.index(forKey: slot) else { return nil }
+            if let live = t[i].value.name { return live }
+            t.remove(at: i)
+            return nil
         }
+        withExtendedLifetime(successor) {}
     }
 
     /// Names held now (for tests and metrics).
@@ -116,10 +130,10 @@ public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertibl
     public var stableHash: UInt64 { interned.stableHash }
 
     public static func == (a: ChannelKey, b: ChannelKey) -> Bool {
-        a.interned === b.interned || (a.interned.stableHash == b.interned.stableHash && a.interned.text == b.interned.text)
+        a.interned === b.interned || (a.interned.seededHash == b.interned.seededHash && a.interned.text == b.interned.text)
     }
 
-    public func hash(into hasher: inout Hasher) { hasher.combine(interned.stableHash) }
+    public func hash(into hasher: inout Hasher) { hasher.combine(interned.seededHash) }
 
     public static func < (a: ChannelKey, b: ChannelKey) -> Bool {
         a.name != b.name ? a.name < b.name : a.type.rawValue < b.type.rawValue

@@ -51,4 +51,17 @@ struct ChannelNamesTests {
         #expect(Set([mine, shared]).count == 1)
         #expect(!(mine < shared) && !(shared < mine))
     }
+
+    /// Tables key channels by the process's seeded hash of the name, never by its `StableHash`
+    /// (unseeded FNV-1a: colliding names can be made up offline, and would share one bucket chain).
+    @Test func keysHashWithTheSeededHasherNotTheStableHash() {
+        let names = ChannelNames()
+        let key = ChannelKey(name: "room-7", type: .message, in: names)
+        var seeded = Hasher()
+        seeded.combine(ChannelName(name: "room-7", type: .message).hashValue)
+        #expect(key.hashValue == seeded.finalize())
+        var stable = Hasher()
+        stable.combine(key.stableHash)
+        #expect(key.hashValue != stable.finalize())
+    }
 }
