@@ -108,10 +108,6 @@ final class ServerConnection: HTTP2Connection {
         }
     }
 
-    /// Bytes still queued on a stream.
-    private static func remaining(_ s: ServerStream) -> Int {
-        s.outbound.remainingBytes
-    }
     /// Bumped whenever the connection stops or starts being idle: an idle timer armed for an
     /// earlier idle spell does nothing.
     private var idleSpell = 0
@@ -269,7 +265,7 @@ final class ServerConnection: HTTP2Connection {
 
     override func onStreamClose(streamID: Int32, errorCode: UInt32) -> Int32 {
         guard let s = streams.removeValue(forKey: streamID) else { return 0 }
-        queuedBytes -= Self.remaining(s)
+        queuedBytes -= s.outbound.remainingBytes
         s.waitingForTurn = false
         unaryEnded(s)
         if let t = s.requestTimer { loop.cancelTimer(t) }

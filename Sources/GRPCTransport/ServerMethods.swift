@@ -289,11 +289,9 @@ public final class ServerStreamWriter: Sendable {
 
     /// Loop side: the messages handed over since the last drain.
     public func takePending() -> [[UInt8]] {
-        state.withLock { s in
-            s.hopScheduled = false
-            defer { s.pending = [] }
-            return s.pending
-        }
+        var taken: [[UInt8]] = []
+        _ = takePending(appendingTo: &taken)
+        return taken
     }
 
     /// Loop side: appends the messages handed over since the last drain to `queue`; returns their

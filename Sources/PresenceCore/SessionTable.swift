@@ -26,22 +26,26 @@ public struct SessionTable {
         private enum Held: Sendable, Equatable {
             case followingPresence([StateItem])
             case notFollowingPresence([StateItem])
+
+            init(_ state: [StateItem], withPresence: Bool) {
+                self = withPresence ? .followingPresence(state) : .notFollowingPresence(state)
+            }
         }
 
         public var withPresence: Bool {
             get { if case .followingPresence = held { return true } else { return false } }
-            set { held = newValue ? .followingPresence(state) : .notFollowingPresence(state) }
+            set { held = Held(state, withPresence: newValue) }
         }
 
         public var state: [StateItem] {
             get { switch held { case .followingPresence(let s), .notFollowingPresence(let s): return s } }
-            set { held = withPresence ? .followingPresence(newValue) : .notFollowingPresence(newValue) }
+            set { held = Held(newValue, withPresence: withPresence) }
         }
 
         public init(withPresence: Bool, joinVersion: UInt64, state: [StateItem] = [], stateVersion: UInt64 = 0) {
             self.joinVersion = joinVersion
             self.stateVersion = stateVersion
-            self.held = withPresence ? .followingPresence(state) : .notFollowingPresence(state)
+            self.held = Held(state, withPresence: withPresence)
         }
     }
 

@@ -1,35 +1,39 @@
 import PresenceWire
 import Synchronization
 
-/// Names a node keeps once, however many of its tables hold them: a channel key (`ChannelKey`) is a
-/// reference to one shared copy of its channel's name.
+/// The channel names a node keeps once, however many of its tables hold them: a channel key
+/// (`ChannelKey`) is a reference to one shared copy of its channel's name.
 ///
-/// Held by value, every entry of every table keyed by a channel or a user took the whole name: 16
-/// or 24 bytes inline, and for a name longer than 15 bytes a heap copy of its own (each call decodes
-/// its names afresh, so nothing shared them). The table is weak: a name goes with the last key that
-/// holds it, so names clients make up do not pile up. Sharded by hash, each shard under a mutex, as
-/// keys are made on every loop.
+/// Held by value, every entry of every table keyed by a channel took the whole name: 24 bytes
+/// inline, and for a name longer than 15 bytes a heap copy of its own (each call decodes its names
+/// afresh, so nothing shared them). The table is weak: a name goes with the last key that holds it,
+/// so names clients make up do not pile up. Sharded by hash, each shard under a mutex, as keys are
+/// made on every loop.
 ///
-/// (User ids are not kept here: a node holds ten times more users than channels, and a shared name
-/// costs ~170 bytes — the object, its weak reference's side table, its slot — against the 8 bytes
-/// it saves in each entry; with 10 channels per user, members keyed by shared user ids took 182
-/// bytes per membership at the owner, against 172 with the ids inline.)
-public final class SharedNames<Text: Hashable & Sendable>: Sendable {
-    /// One name, shared by every key of it, with its hashes (computed once): its `StableHash`,
-    /// the same on every node, for routing; and the process's seeded hash of it, for tables.
+/// (User ids are not kept this way: a node holds ten times more users than channels, and a shared
+/// name costs ~170 bytes — the object, its weak reference's side table, its slot — against the 8
+/// bytes it saves in each entry; with 10 channels per user, members keyed by shared user ids took
+/// 182 bytes per membership at the owner, against 172 with the ids inline.)
+public final class ChannelNames: Sendable {
+    /// The node's channel names.
+    public static let shared = ChannelNames()
+
+    /// One channel's name, shared by every key of it, with its hashes (computed once): its
+    /// `StableHash`, the same on every node, for routing; and the process's seeded hash of it, for
+    /// tables.
     final class Name: Sendable {
-        let text: Text
+        let text: ChannelName
         let stableHash: UInt64
         /// `text.hashValue`. Tables must not key by `stableHash`: FNV-1a is unseeded, and a client
         /// could make up any number of colliding channel names offline (the seeded hasher is what
         /// keeps them from landing in one bucket chain).
         let seededHash: Int
-        private let names: SharedNames
+        private let names: ChannelNames
 
-        init(_ text: Text, hash: UInt64, seeded: Int, names: SharedNames) {
+        init(_ text: ChannelName, seededHash: Int, names: ChannelNames) {
             self.text = text
-            self.stableHash = hash
-            self.seededHash = seeded
+            self.stableHash = StableHash.of(text.name, text.type)
+            self.seededHash = seededHash
             self.names = names
         }
 
@@ -37,7 +41,7 @@ public final class SharedNames<Text: Hashable & Sendable>: Sendable {
     }
 
     private struct Slot: Hashable {
-        let text: Text
+        let text: ChannelName
         let seededHash: Int
         func hash(into hasher: inout Hasher) { hasher.combine(seededHash) }
         static func == (a: Slot, b: Slot) -> Bool { a.seededHash == b.seededHash && a.text == b.text }
@@ -57,12 +61,13 @@ public final class SharedNames<Text: Hashable & Sendable>: Sendable {
 
     private func shard(_ seededHash: Int) -> Shard { shards[(seededHash >> 20) & 63] }
 
-    /// The shared name of `text` (whose `StableHash` is `hash`): the one held now, or a new one.
-    func intern(_ text: Text, hash: UInt64) -> Name {
+    /// The shared name of the channel: the one held now, or a new one.
+    func intern(_ name: String, _ type: ChannelType) -> Name {
+        let text = ChannelName(name: name, type: type)
         let slot = Slot(text: text, seededHash: text.hashValue)
         return shard(slot.seededHash).table.withLock { t in
             if let held = t[slot]?.name { return held }
-            let made = Name(text, hash: hash, seeded: slot.seededHash, names: self)
+            let made = Name(text, seededHash: slot.seededHash, names: self)
             t[slot] = Weak(name: made)
             return made
         }
@@ -87,28 +92,15 @@ public final class SharedNames<Text: Hashable & Sendable>: Sendable {
     public var count: Int { shards.reduce(0) { n, s in n + s.table.withLock { $0.count } } }
 }
 
-/// A channel's name and type, as `SharedNames` keeps them.
+/// A channel's name and type, as `ChannelNames` keeps them.
 public struct ChannelName: Hashable, Sendable {
     public let name: String
     public let type: ChannelType
 }
 
-public typealias ChannelNames = SharedNames<ChannelName>
-
-extension SharedNames where Text == ChannelName {
-    /// The node's channel names.
-    public static var channels: ChannelNames { sharedChannelNames }
-
-    func intern(_ name: String, _ type: ChannelType) -> Name {
-        intern(ChannelName(name: name, type: type), hash: StableHash.of(name, type))
-    }
-}
-
-private let sharedChannelNames = ChannelNames()
-
 /// A channel: its type and name. `CHANNEL_TYPE_UNSPECIFIED` never makes a key (validation refuses it).
 ///
-/// A key is one reference to the node's copy of the channel's name (`SharedNames`): the session
+/// A key is one reference to the node's copy of the channel's name (`ChannelNames`): the session
 /// table, the users' homes, the owner's machines and the gateway's subscriptions all key their
 /// tables by channel. It carries the name's `StableHash`, which routing asks for several times per
 /// call.
@@ -116,7 +108,7 @@ public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertibl
     private let interned: ChannelNames.Name
 
     public init(name: String, type: ChannelType) {
-        interned = ChannelNames.channels.intern(name, type)
+        interned = ChannelNames.shared.intern(name, type)
     }
 
     /// A key whose name is kept in `names` (tests: a table of their own).
