@@ -165,6 +165,35 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// Found by Cluster/chaos (loopback seed 1): a Watch call's answer is the watched user's status
+    /// as its home read it, but the call then records the session's list at the watcher's own home
+    /// (on a paused node there). The user came online meanwhile and its event reached the client
+    /// first; the answer, older, was the last word the client got. The answer now takes what the
+    /// stream was sent while the call was in flight.
+    @Test func aWatchAnswerIsNotOlderThanTheEventsSentWhileItWasInFlight() async throws {
+        let nodes = try await cluster(3)
+        let far = nodes[1].node.configuration.nodeID, near = nodes[2].node.configuration.nodeID
+        let watcher = try #require(names(1, ownedBy: far, in: nodes, prefix: "w", home: true).first)
+        let watched = try #require(names(1, ownedBy: near, in: nodes, prefix: "v", home: true).first)
+        let ann = nodes[0].client(watcher), vic = nodes[2].client(watched)
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        let homesBefore = await nodes[2].node.engine.homeCounts().owned
+        // (the watcher's own home answers only through another member, after one unanswered attempt)
+        let link = try #require(nodes[0].node.engine.core.link)
+        link.delayCallsForTesting(to: far, by: .max)
+        let answer = Task { try await ann.watch([watched]) }
+        try await waitUntil("the watched user's home registers the watcher") { await nodes[2].node.engine.homeCounts().owned > homesBefore }
+        try await vic.connect()
+        try await inbox.waitForStatus(watched, .online)
+        let statuses = try await answer.value
+        link.delayCallsForTesting(to: far, by: nil)
+        #expect(statuses.map(\.status) == [.online], "the answer \(statuses) is older than the event the stream was sent")
+        await ann.close()
+        await vic.close()
+        for n in nodes { await n.stop() }
+    }
+
     /// RELIABILITY.md, invariant 7: a call whose owner answers neither directly nor through the
     /// other members is answered UNAVAILABLE once the retry window has passed, its last attempt cut
     /// short to fit (not a whole peer call timeout past the window).

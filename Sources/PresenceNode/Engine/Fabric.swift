@@ -63,7 +63,7 @@ final class LocalGateway: Sendable {
             if let key {
                 snapshot(key, id, from: from, sequence: d.sequence, framed: d.framed)
             } else {
-                shard(id).outbox(id)?.push(d.framed)
+                shard(id).deliverStatus(id, framed: d.framed)
             }
         }
     }
@@ -84,7 +84,7 @@ final class LocalGateway: Sendable {
 
     /// A status event for exactly these sessions.
     func deliver(status framed: [UInt8], to sessions: [SessionID]) {
-        for id in sessions { shard(id).outbox(id)?.push(framed) }
+        for id in sessions { shard(id).deliverStatus(id, framed: framed) }
     }
 
     /// The session's client resumed it on `to`: it stops being this gateway's, silently; its stream

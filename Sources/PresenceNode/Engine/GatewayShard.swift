@@ -21,6 +21,8 @@ final class GatewayShard: Sendable {
         /// Sessions whose claim here failed with no answer from their home (it may have carried
         /// the claim out), and until when (monotonic ns): see `claimInDoubt`.
         var claimsInDoubt: [SessionID: UInt64] = [:]
+        /// Sessions with a Watch call in flight, and the statuses delivered to them since.
+        var watchWindows: [SessionID: WatchWindow] = [:]
     }
     private let state: Mutex<State>
     private let clock: EngineClock
@@ -239,6 +241,34 @@ final class GatewayShard: Sendable {
             let added = try st.table.watch(id, add: add, remove: remove)
             return (s.userID, o, added)
         }
+    }
+
+    /// A Watch call of the session starts: status events delivered to it are recorded until it ends.
+    func openWatchWindow(_ id: SessionID) {
+        state.withLock { $0.watchWindows[id, default: WatchWindow()].open() }
+    }
+
+    /// A Watch call of the session ends: the statuses its stream was sent meanwhile.
+    func closeWatchWindow(_ id: SessionID) -> [String: UserStatus] {
+        state.withLock { st in
+            guard var w = st.watchWindows[id] else { return [:] }
+            let seen = w.close()
+            st.watchWindows[id] = w.isOpen ? w : nil
+            return seen
+        }
+    }
+
+    /// A status event (framed, as it goes on the stream) for the session, if it is here.
+    func deliverStatus(_ id: SessionID, framed: [UInt8]) {
+        let outbox = state.withLock { st -> SessionOutbox? in
+            if st.watchWindows[id] != nil, framed.count > 5,
+               let event = try? framed.withUnsafeBytes({ try SessionEvent(serializedBytes: UnsafeRawBufferPointer(rebasing: $0[5...])) }),
+               case .status(let s)? = event.event {
+                st.watchWindows[id]?.delivered(s.status, of: s.userID)
+            }
+            return st.outboxes[id]
+        }
+        outbox?.push(framed)
     }
 
     /// Every live session's outbox (for shutdown).

@@ -387,21 +387,34 @@ public final class PresenceEngine: Sendable {
         let add = try Validate.userList(add, field: "user_ids")
         let remove = try Validate.userList(remove, field: "unwatch_user_ids")
         let g = core.gatewayShard(id)
-        let (user, _, added) = try g.watch(id, add: add, remove: remove)
+        let (_, _, added) = try g.watch(id, add: add, remove: remove)
         guard let s = g.held(id) else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
         await sessions.unwatch(remove.filter { !added.contains($0) }, by: s)
+        // (events the stream is sent while this call is in flight are newer than the homes' answers)
+        g.openWatchWindow(id)
+        let homes: [String: UserStatus]
+        do { homes = try await watchAtHomes(added, by: s) } catch {
+            _ = g.closeWatchWindow(id)
+            throw error
+        }
+        return WatchWindow.answer(added, homes: homes, delivered: g.closeWatchWindow(id))
+    }
+
+    /// Registers the session as a watcher of `added` at their homes (their current statuses are
+    /// the answer), then records its new list at its own home (a resume elsewhere starts from it).
+    private func watchAtHomes(_ added: [String], by s: SessionTable.Session) async throws(PresenceError) -> [String: UserStatus] {
         var statuses: [String: UserStatus] = [:]
         for us in router.byHome(added) {
             let r = try await router.homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: core.ref(s)))
             for e in r.statuses { statuses[e.userID] = e.status }
         }
-        _ = try await sessionCall(id) { () async throws(PresenceError) in
-            try await router.homeCall(user, .sessionWatching) { c in
+        _ = try await sessionCall(s.id) { () async throws(PresenceError) in
+            try await router.homeCall(s.userID, .sessionWatching) { c in
                 c.session = core.ref(s)
                 c.watching = s.watching.sorted()
             }
         }
-        return added.map { UserStatusEntry(userID: $0, status: statuses[$0] ?? .unknown) }
+        return statuses
     }
 
     /// The user a session belongs to (for permission checks).
