@@ -1941,7 +1941,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__join_response__descripto
   (ProtobufCMessageInit) presence__cluster__v1__join_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[7] =
 {
   {
     "session_id",
@@ -2015,6 +2015,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "write",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, write),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__session_ref__field_indices_by_name[] = {
   2,   /* field[2] = gateway */
@@ -2023,12 +2035,13 @@ static const unsigned presence__cluster__v1__session_ref__field_indices_by_name[
   1,   /* field[1] = user_id */
   5,   /* field[5] = version */
   3,   /* field[3] = with_presence */
+  6,   /* field[6] = write */
 };
 static const ProtobufCIntRange presence__cluster__v1__session_ref__number_ranges[2 + 1] =
 {
   { 1, 0 },
   { 6, 4 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor =
 {
@@ -2038,7 +2051,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor 
   "Presence__Cluster__V1__SessionRef",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__SessionRef),
-  6,
+  7,
   presence__cluster__v1__session_ref__field_descriptors,
   presence__cluster__v1__session_ref__field_indices_by_name,
   2,  presence__cluster__v1__session_ref__number_ranges,

@@ -61,11 +61,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// A `Place` as the machine stores it, in 16 bytes: its user named by the index of the user's
     /// entry in `members`, its sink by its index in `sinks` (4 bytes each, where an id is 16 and a
     /// sink 24; `removeMember` keeps the member indices in step when an entry moves), and
-    /// `withPresence` in the sink field's top bit (a channel has a few sinks, one per gateway).
+    /// `withPresence` in the sink field's top bit (a channel has a few sinks, one per gateway);
+    /// and the session's state writes (`WriteNumber`, in the epoch of `version`): the last one
+    /// this owner applied or learnt, and the last one learnt from another owner's copy (a write
+    /// numbered at or below that is a delayed attempt its gateway retried elsewhere).
     struct Placement: Sendable {
         var member: UInt32
         private var sinkAndPresence: UInt32
         var version: UInt64
+        var written: UInt32 = 0
+        var fence: UInt32 = 0
         var sink: UInt32 { sinkAndPresence & ~Self.presenceBit }
         var withPresence: Bool { sinkAndPresence & Self.presenceBit != 0 }
         private static var presenceBit: UInt32 { 1 << 31 }
@@ -367,11 +372,18 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         places(at: sink).map { ($0.place.user, $0.session) }.sorted { $0.1 < $1.1 }
     }
 
-    /// Places `session` as a session of the member whose entry is at `member` in `members`.
+    /// Places `session` as a session of the member whose entry is at `member` in `members`. Its
+    /// record of writes stays while its epoch does.
     private mutating func place(_ session: SessionID, member: Int, at sink: Sink, withPresence: Bool, version: UInt64) {
+        let before = placements[session]
         unplace(session)
         let entry = interned(sink)
-        placements[session] = Placement(member: UInt32(member), sink: entry, version: version, withPresence: withPresence)
+        var p = Placement(member: UInt32(member), sink: entry, version: version, withPresence: withPresence)
+        if let before, SessionVersion.epoch(before.version) == SessionVersion.epoch(version) {
+            p.written = before.written
+            p.fence = before.fence
+        }
+        placements[session] = p
         sinks[Int(entry)].sessions += 1
         if withPresence { sinks[Int(entry)].subscribers += 1 }
     }
@@ -447,12 +459,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// Merges state for a user whose `session` is in the channel. Throws STATE_KEY_LIMIT (and
     /// changes nothing) when the user would hold more than 32 keys.
     @_specialize(exported: true, where Sink == NodeInstance)
-    public mutating func setState(user: String, session: SessionID, items: [StateItem], now: Int64) throws(PresenceError) -> [Delivery] {
-        guard var m = members[user], m.sessions.contains(session) else { return [] }
+    /// `write` is the gateway's number for it, in the epoch of `version` (0: unnumbered): a delayed
+    /// attempt of a write this owner learnt was carried out (or overtaken) elsewhere changes nothing.
+    public mutating func setState(user: String, session: SessionID, items: [StateItem], write: UInt32 = 0, version: UInt64 = 0,
+                                  now: Int64) throws(PresenceError) -> [Delivery] {
+        guard var m = members[user], m.sessions.contains(session), admits(write, of: session, version: version) else { return [] }
         let after = m.state.countAfterMerging(items)
         guard after <= Limits.maxStateKeys else {
             throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
         }
+        applied(write, of: session, version: version)
         guard m.state.merge(items) else { return [] }
         m.stateVersion = nextSequence()
         members[user] = m
@@ -461,15 +477,40 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         return out
     }
 
-    /// Removes state keys (all when `keys` is empty).
+    /// Removes state keys (all when `keys` is empty); `write` as for `setState`.
     @_specialize(exported: true, where Sink == NodeInstance)
-    public mutating func removeState(user: String, session: SessionID, keys: [String], now: Int64) -> [Delivery] {
-        guard var m = members[user], m.sessions.contains(session), m.state.remove(keys) else { return [] }
+    public mutating func removeState(user: String, session: SessionID, keys: [String], write: UInt32 = 0, version: UInt64 = 0,
+                                     now: Int64) -> [Delivery] {
+        guard var m = members[user], m.sessions.contains(session), admits(write, of: session, version: version) else { return [] }
+        applied(write, of: session, version: version)
+        guard m.state.remove(keys) else { return [] }
         m.stateVersion = nextSequence()
         members[user] = m
         var out: [Delivery] = []
         emit(.remoteStateChanged, user: user, except: session, now: now, into: &out)
         return out
+    }
+
+    /// Whether a state write numbered `write` (stamped `version`) may act: not when a copy from
+    /// another owner showed this one or a later one carried out.
+    private func admits(_ write: UInt32, of session: SessionID, version: UInt64) -> Bool {
+        guard write != 0, let p = placements[session], p.fence != 0,
+              SessionVersion.epoch(p.version) == SessionVersion.epoch(version) else { return true }
+        return WriteNumber.isAfter(write, p.fence)
+    }
+
+    private mutating func applied(_ write: UInt32, of session: SessionID, version: UInt64) {
+        guard write != 0, var p = placements[session], SessionVersion.epoch(p.version) == SessionVersion.epoch(version) else { return }
+        p.written = WriteNumber.latest(p.written, write)
+        placements[session] = p
+    }
+
+    /// Another owner's copy says the session's writes up to `write` were carried out there.
+    private mutating func learnt(_ write: UInt32, of session: SessionID, version: UInt64) {
+        guard write != 0, var p = placements[session], SessionVersion.epoch(p.version) == SessionVersion.epoch(version) else { return }
+        p.written = WriteNumber.latest(p.written, write)
+        p.fence = WriteNumber.latest(p.fence, write)
+        placements[session] = p
     }
 
     /// Called every presence interval: in interval mode, the INTERVAL event with what happened since.
@@ -528,7 +569,10 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public func copy(of user: String) -> MemberCopy<Sink> {
         guard let m = members[user] else { return MemberCopy(userID: user, sessions: [], state: []) }
         let sessions = m.sessions.all.compactMap { s in
-            place(of: s).map { MemberCopy<Sink>.Session(id: s, sink: $0.sink, withPresence: $0.withPresence, version: $0.version) }
+            placements[s].map { p in
+                MemberCopy<Sink>.Session(id: s, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version,
+                                         written: WriteNumber.latest(p.written, p.fence))
+            }
         }
         return MemberCopy(userID: user, sessions: sessions, state: m.state.items, stateVersion: m.stateVersion)
     }
@@ -581,6 +625,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             }
             for s in copy.sessions {
                 place(s.id, member: member, at: s.sink, withPresence: s.withPresence, version: s.version)
+                learnt(s.written, of: s.id, version: s.version)
                 departed[s.id] = nil
             }
         }
@@ -662,6 +707,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                         place(s.id, member: Int(stored.member), at: s.sink, withPresence: s.withPresence, version: s.version)
                         if s.withPresence && (p.sink != s.sink || !p.withPresence) { snapshot(for: s.id, now: now, into: &out) }
                     }
+                    learnt(s.written, of: s.id, version: s.version)
                     continue
                 }
                 // it left here after that — unless this version only timed it out and its gateway
@@ -669,6 +715,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                 if let d = departed[s.id], d.version >= s.version, d.byGateway || !isLive(s.sink) { continue }
                 out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version,
                             pendingState: [], datingState: false, now: now)
+                learnt(s.written, of: s.id, version: s.version)
             }
             guard var m = members[c.userID], c.stateVersion > m.stateVersion else { continue }
             let next = StateItems(c.state)
@@ -805,11 +852,14 @@ public struct MemberCopy<Sink: Hashable & Sendable>: Equatable, Sendable {
         public var sink: Sink
         public var withPresence: Bool
         public var version: UInt64
-        public init(id: SessionID, sink: Sink, withPresence: Bool, version: UInt64 = 0) {
+        /// The last state write of the session (`WriteNumber`) its sender applied or learnt.
+        public var written: UInt32
+        public init(id: SessionID, sink: Sink, withPresence: Bool, version: UInt64 = 0, written: UInt32 = 0) {
             self.id = id
             self.sink = sink
             self.withPresence = withPresence
             self.version = version
+            self.written = written
         }
     }
     public var userID: String

@@ -63,6 +63,8 @@ public struct SessionTable {
         /// State set for channels not joined yet.
         public fileprivate(set) var pendingState: [ChannelKey: StateItems] = [:]
         public fileprivate(set) var watching: Set<String> = []
+        /// The number of the session's last state write (`WriteNumber`).
+        public fileprivate(set) var writes: UInt32 = 0
     }
 
     public let resumeWindow: UInt64
@@ -221,6 +223,16 @@ public struct SessionTable {
             guard let held = s.channels[channel]?.stateVersion, version >= held else { return }
             s.channels[channel]!.state = state
             s.channels[channel]!.stateVersion = version
+        }
+    }
+
+    /// Numbers a state write of the session in `channel`: the version its join was stamped with
+    /// and the write's number (`WriteNumber`); nil when the session is not in the channel.
+    public mutating func numberedWrite(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (joinVersion: UInt64, write: UInt32)? {
+        try withSession(id) { (s: inout Session) throws(PresenceError) -> (joinVersion: UInt64, write: UInt32)? in
+            guard let joinVersion = s.channels[channel]?.joinVersion else { return nil }
+            s.writes = WriteNumber.next(s.writes)
+            return (joinVersion, s.writes)
         }
     }
 

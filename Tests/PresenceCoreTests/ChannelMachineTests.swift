@@ -273,28 +273,60 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(!left.contains(user: "a"))
     }
 
-    /// Found by Cluster/chaos (netns seed 92, 2026-12-03), NOT FIXED: a gateway's SetState to an
-    /// owner cut off by a partition got no answer and was retried at the new owner, and a later
-    /// SetState was acknowledged there; after the partition the channel went back to the old owner,
-    /// and the first attempt, still in TCP's queue to it, arrived then and was applied as a new
-    /// write: the acknowledged later value lost, and anti-entropy then spread the older one (the
-    /// owner's version of it was higher). A SetState carries no per-session write number an owner
-    /// could compare, as joins and leaves do; the fix is one (`withKnownIssue` records the replay
-    /// until then, and fails once it passes).
+    /// Found by Cluster/chaos (netns seed 92): a gateway's SetState to an owner cut off by a
+    /// partition got no answer and was retried at the new owner, and a later SetState was
+    /// acknowledged there; after the partition the channel went back to the old owner, and the
+    /// first attempt, still in TCP's queue to it, arrived then and was applied as a new write: the
+    /// acknowledged later value lost, and anti-entropy then spread the older one. Writes are
+    /// numbered per session; the handoff back told the old owner which were carried out.
     @Test func aDelayedDuplicateOfAnOlderSetStateDoesNotOverwriteALaterOne() throws {
+        let v = SessionVersion.make(epoch: 1, counter: 5)
         var old = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
-        _ = old.join(user: "u", session: s1, withPresence: false, sink: "gw", version: 5, now: 1)
+        _ = old.join(user: "u", session: s1, withPresence: false, sink: "gw", version: v, now: 1)
+        _ = try old.setState(user: "u", session: s1, items: [item("k3", "v100")], write: 6, version: v, now: 2)
         var taker = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         for c in old.fullCopies() { taker.install(c) }
         taker.startLineage(now: 10)  // the majority took the channel over
-        _ = try taker.setState(user: "u", session: s1, items: [item("k3", "v437")], now: 11)  // the retry
-        _ = try taker.setState(user: "u", session: s1, items: [item("k3", "v216")], now: 12)  // later, acknowledged
+        _ = try taker.setState(user: "u", session: s1, items: [item("k3", "v437")], write: 7, version: v, now: 11)  // the retry
+        _ = try taker.setState(user: "u", session: s1, items: [item("k3", "v216")], write: 8, version: v, now: 12)  // later, acknowledged
         _ = old.merge(taker.fullCopies(handoff: true)[0], now: 13)  // handed back after the partition
         #expect(old.state(of: "u") == [item("k3", "v216")])
-        try withKnownIssue("a SetState carries no write number: a delayed duplicate of an older one wins") {
-            _ = try old.setState(user: "u", session: s1, items: [item("k3", "v437")], now: 14)
-            #expect(old.state(of: "u") == [item("k3", "v216")])
-        }
+        // the first attempt of write 7 arrives at last, and a RemoveState's as old
+        #expect(try old.setState(user: "u", session: s1, items: [item("k3", "v437")], write: 7, version: v, now: 14).isEmpty)
+        #expect(old.removeState(user: "u", session: s1, keys: [], write: 8, version: v, now: 14).isEmpty)
+        #expect(old.state(of: "u") == [item("k3", "v216")])
+        // the session's next write acts
+        _ = try old.setState(user: "u", session: s1, items: [item("k3", "v9")], write: 9, version: v, now: 15)
+        #expect(old.state(of: "u") == [item("k3", "v9")])
+    }
+
+    /// Writes of one session that overtake each other at one owner (a client sent them without
+    /// waiting) both act: only what another owner's copy showed carried out fences writes off.
+    @Test func writesOfOneSessionThatOvertakeEachOtherAtOneOwnerBothAct() throws {
+        let v = SessionVersion.make(epoch: 1, counter: 1)
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "u", session: s1, withPresence: false, sink: "gw", version: v, now: 1)
+        _ = try m.setState(user: "u", session: s1, items: [item("b", "2")], write: 2, version: v, now: 2)
+        _ = try m.setState(user: "u", session: s1, items: [item("a", "1")], write: 1, version: v, now: 3)
+        #expect(m.state(of: "u") == [item("a", "1"), item("b", "2")])
+        // a replica that takes over knows write 2 was carried out: its retry is not applied twice
+        var replica = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        for c in m.fullCopies() { replica.install(c) }
+        #expect(try replica.setState(user: "u", session: s1, items: [item("b", "old")], write: 2, version: v, now: 5).isEmpty)
+        #expect(replica.state(of: "u") == [item("a", "1"), item("b", "2")])
+        // a new epoch (the session resumed on another gateway) numbers its writes afresh
+        let resumed = SessionVersion.make(epoch: 2, counter: 0)
+        _ = replica.announce(user: "u", session: s1, withPresence: false, sink: "gw2", version: resumed, now: 6)
+        _ = try replica.setState(user: "u", session: s1, items: [item("c", "3")], write: 1, version: resumed, now: 7)
+        #expect(replica.state(of: "u")?.contains(item("c", "3")) == true)
+    }
+
+    /// Write numbers wrap (a session's 2^32nd write) and compare as serial numbers; 0 is unnumbered.
+    @Test func writeNumbersWrapAndCompareAsSerialNumbers() {
+        #expect(WriteNumber.next(1) == 2 && WriteNumber.next(.max) == 1)
+        #expect(WriteNumber.isAfter(2, 1) && !WriteNumber.isAfter(1, 2) && !WriteNumber.isAfter(5, 5))
+        #expect(WriteNumber.isAfter(1, .max) && WriteNumber.isAfter(3, UInt32.max - 3))
+        #expect(WriteNumber.latest(0, 7) == 7 && WriteNumber.latest(7, 0) == 7 && WriteNumber.latest(.max, 2) == 2)
     }
 
     @Test func mergingTwoVersionsKeepsEveryJoinAndTheLaterState() throws {

@@ -140,6 +140,27 @@ let sec: UInt64 = 1_000_000_000
     }
 }
 
+extension SessionTableTests {
+    /// A session's state writes are numbered one after another, across its channels, so an owner
+    /// can tell a delayed attempt from a later write; none is numbered for a channel it is not in.
+    @Test func stateWritesAreNumberedPerSession() throws {
+        var t = SessionTable(resumeWindow: sec)
+        _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
+        _ = t.open(user: "bob", resume: nil, newID: s2, now: 0)
+        let room = ChannelKey(name: "room", type: .message), hall = ChannelKey(name: "hall", type: .message)
+        #expect(try t.numberedWrite(s1, channel: room) == nil)
+        let join = try t.joined(s1, channel: room, withPresence: false)
+        _ = try t.joined(s1, channel: hall, withPresence: false)
+        _ = try t.joined(s2, channel: room, withPresence: false)
+        let first = try #require(try t.numberedWrite(s1, channel: room))
+        #expect(first.joinVersion == join.version && first.write == 1)
+        #expect(try t.numberedWrite(s1, channel: hall)?.write == 2)
+        #expect(try t.numberedWrite(s1, channel: room)?.write == 3)
+        #expect(try t.numberedWrite(s2, channel: room)?.write == 1)
+        #expect(throws: PresenceError.self) { _ = try t.numberedWrite(s3, channel: room) }
+    }
+}
+
 @Suite struct HomeRecordTests {
     @Test func visibleStatusFollowsTheRules() {
         var r = HomeRecord<String>(userID: "ann")

@@ -1,6 +1,7 @@
 import ClusterCore
 import PresenceCore
 @testable import PresenceNode
+import PresenceWire
 import Synchronization
 import Testing
 
@@ -37,6 +38,19 @@ final class HandClock: EngineClock {
         } catch {
             #expect(error.kind == .notFound)
         }
+    }
+}
+
+@Suite struct WireRecordTests {
+    /// A channel record carries each session's last state write, so the owner it goes to can fence
+    /// off delayed attempts of writes carried out at the sender.
+    @Test func aMemberRecordCarriesTheSessionsLastWrite() throws {
+        let gw = NodeInstance("n1", boot: 3)
+        let copy = MemberCopy(userID: "ann", sessions: [.init(id: SessionID(raw: 9), sink: gw, withPresence: true, version: 77, written: 12)],
+                              state: [StateItem(key: "mic", value: "on")], stateVersion: 5)
+        let bytes = ClusterMemberRecord(copy).serializedBytes()
+        let back = try #require(try ClusterMemberRecord(serializedBytes: bytes).copy)
+        #expect(back == copy)
     }
 }
 

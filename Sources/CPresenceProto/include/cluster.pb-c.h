@@ -225,10 +225,17 @@ struct  Presence__Cluster__V1__SessionRef
   protobuf_c_boolean with_presence;
   uint64_t gateway_boot;
   uint64_t version;
+  /*
+   * SET_STATE and REMOVE_STATE: the session's number for this write, from its gateway (counted
+   * per session, wrapping, never 0; 0: unnumbered). In a channel record: the last write of the
+   * session the sender applied or learnt. An owner drops a write numbered at or below one it learnt
+   * from another owner's copy: a delayed attempt the gateway gave up on and retried elsewhere.
+   */
+  uint32_t write;
 };
 #define PRESENCE__CLUSTER__V1__SESSION_REF__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_ref__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
 
 
 /*

@@ -14,7 +14,7 @@ extension ClusterMemberRecord {
     init(_ c: MemberCopy<NodeInstance>) {
         self.init(userID: c.userID,
                   sessions: c.sessions.map { ClusterSessionRef(sessionID: $0.id.description, userID: c.userID, gateway: $0.sink.id, withPresence: $0.withPresence,
-                                                               gatewayBoot: $0.sink.boot, version: $0.version) },
+                                                               gatewayBoot: $0.sink.boot, version: $0.version, write: $0.written) },
                   state: c.state, stateVersion: c.stateVersion)
     }
 
@@ -22,7 +22,7 @@ extension ClusterMemberRecord {
         guard let user = try? Validate.userID(userID) else { return nil }
         let sessions = self.sessions.compactMap { s -> MemberCopy<NodeInstance>.Session? in
             guard let id = SessionID(text: s.sessionID), let sink = s.sink else { return nil }
-            return MemberCopy.Session(id: id, sink: sink, withPresence: s.withPresence, version: s.version)
+            return MemberCopy.Session(id: id, sink: sink, withPresence: s.withPresence, version: s.version, written: s.write)
         }
         let state = (try? Validate.stateItems(self.state)) ?? []
         return MemberCopy(userID: user, sessions: sessions, state: state, stateVersion: stateVersion)

@@ -282,7 +282,7 @@ actor ChannelShard {
             let items = try Validate.stateItems(call.items)
             try requireMember(c, key)
             _ = try update(key, user: c.user, create: false) { m throws(PresenceError) in
-                (try m.setState(user: c.user, session: c.id, items: items, now: now), ())
+                (try m.setState(user: c.user, session: c.id, items: items, write: call.session?.write ?? 0, version: c.version, now: now), ())
             }
             return stateResult(key, c.user)
         case .removeState:
@@ -291,7 +291,7 @@ actor ChannelShard {
             for k in call.keys { try Validate.stateKey(k) }
             try requireMember(c, key)
             _ = try update(key, user: c.user, create: false) { m in
-                (m.removeState(user: c.user, session: c.id, keys: call.keys, now: now), ())
+                (m.removeState(user: c.user, session: c.id, keys: call.keys, write: call.session?.write ?? 0, version: c.version, now: now), ())
             }
             return stateResult(key, c.user)
         case .getState:

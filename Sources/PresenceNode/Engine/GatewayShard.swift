@@ -226,6 +226,17 @@ final class GatewayShard: Sendable {
         state.withLock { $0.table.stateAcknowledged(id, channel: channel, state: items, version: version) }
     }
 
+    /// A state write of the session in `channel`, numbered (nil: it is not in the channel).
+    func numberedWrite(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (user: String, joinVersion: UInt64, write: UInt32)? {
+        let now = clock.monotonicNanoseconds()
+        return try state.withLock { (st: inout State) throws(PresenceError) in
+            let user: String
+            do { user = try Self.lookup(&st, id, now: now).0.userID }
+            guard let w = try st.table.numberedWrite(id, channel: channel) else { return nil }
+            return (user, w.joinVersion, w.write)
+        }
+    }
+
     func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {
         try state.withLock { (st: inout State) throws(PresenceError) in try st.table.setPendingState(id, channel: channel, items: items) }
     }

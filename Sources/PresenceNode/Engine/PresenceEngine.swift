@@ -76,14 +76,14 @@ final class EngineCore: Sendable {
                           gatewayBoot: me.boot, version: version ?? s.version)
     }
 
-    /// The session's ref for a call on a channel it is in (stamped with its join's version), or nil
-    /// when it is not in the channel. Throws for an unknown or moved session. (No copy of the
-    /// session outlives this: one kept across a call would make the next change to the session's
-    /// channels copy them whole.)
-    func memberRef(_ g: GatewayShard, _ id: SessionID, _ key: ChannelKey) throws(PresenceError) -> ClusterSessionRef? {
-        let (s, _) = try g.session(id)
-        guard let m = s.channels[key] else { return nil }
-        return ref(s, version: m.joinVersion)
+    /// The session's ref for a state write on a channel it is in (stamped with its join's version
+    /// and numbered), or nil when it is not in the channel. Throws for an unknown or moved session.
+    /// (No copy of the session is made: one kept across a call would make the next change to the
+    /// session's channels copy them whole.)
+    func writeRef(_ g: GatewayShard, _ id: SessionID, _ key: ChannelKey) throws(PresenceError) -> ClusterSessionRef? {
+        guard let w = try g.numberedWrite(id, channel: key) else { return nil }
+        return ClusterSessionRef(sessionID: id.description, userID: w.user, gateway: me.id, withPresence: false,
+                                 gatewayBoot: me.boot, version: w.joinVersion, write: w.write)
     }
 }
 
@@ -276,7 +276,7 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         let items = try Validate.stateItems(items)
         let g = core.gatewayShard(id)
-        guard let ref = try core.memberRef(g, id, key) else {
+        guard let ref = try core.writeRef(g, id, key) else {
             try g.setPendingState(id, channel: key, items: items)
             return
         }
@@ -292,7 +292,7 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         for k in keys { try Validate.stateKey(k) }
         let g = core.gatewayShard(id)
-        guard let ref = try core.memberRef(g, id, key) else {
+        guard let ref = try core.writeRef(g, id, key) else {
             g.removePendingState(id, channel: key, keys: keys)
             return
         }

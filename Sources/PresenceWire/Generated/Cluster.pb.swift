@@ -450,16 +450,18 @@ public struct ClusterSessionRef: ProtoMessage, Sendable, Hashable {
     public var withPresence: Bool = false
     public var gatewayBoot: UInt64 = 0
     public var version: UInt64 = 0
+    public var write: UInt32 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false, gatewayBoot: UInt64 = 0, version: UInt64 = 0) {
+    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false, gatewayBoot: UInt64 = 0, version: UInt64 = 0, write: UInt32 = 0) {
         self.sessionID = sessionID
         self.userID = userID
         self.gateway = gateway
         self.withPresence = withPresence
         self.gatewayBoot = gatewayBoot
         self.version = version
+        self.write = write
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -488,6 +490,7 @@ extension ClusterSessionRef: CMessageBridge {
         self.withPresence = c.pointee.with_presence != 0
         self.gatewayBoot = c.pointee.gateway_boot
         self.version = c.pointee.version
+        self.write = c.pointee.write
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -498,6 +501,7 @@ extension ClusterSessionRef: CMessageBridge {
         c.pointee.with_presence = self.withPresence ? 1 : 0
         c.pointee.gateway_boot = self.gatewayBoot
         c.pointee.version = self.version
+        c.pointee.write = self.write
     }
 }
 
