@@ -234,20 +234,25 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public mutating func withOwnedValue(_ key: V.Key, create: Bool, now: Int64,
                                         _ body: (inout V) throws(PresenceError) -> Void) throws(PresenceError) -> Bool {
         forgetEmptied(wall: now)
-        if owned[key] == nil {
+        // (the value is reached by its index, in place: `if let v = owned[key]` copies the whole
+        // machine, a retain and a release of each of its tables per call)
+        var found = owned.index(forKey: key)
+        if found == nil {
             guard create else { return false }
             var v = make(key)
             v.startLineage(now: now)
             owned[key] = v
             settled(key)
+            found = owned.index(forKey: key)
         }
+        guard let i = found else { return false }
         do {
-            try body(&owned[key]!)
+            try body(&owned.values[i])
         } catch {
-            keep(key, wall: now)
+            keep(key, at: i, wall: now)
             throw error
         }
-        keep(key, wall: now)
+        keep(key, at: i, wall: now)
         return true
     }
 
@@ -257,27 +262,48 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// word from a superseded gateway must still meet the departure, not an empty slate that
     /// takes the session back as new.
     private mutating func keep(_ key: V.Key, wall: Int64) {
-        guard let v = owned[key], v.isEmpty else {
+        guard let i = owned.index(forKey: key) else {
             emptied[key] = nil
             return
         }
-        if v.remembersDepartures {
+        keep(key, at: i, wall: wall)
+    }
+
+    private mutating func keep(_ key: V.Key, at i: [V.Key: V].Index, wall: Int64) {
+        let (isEmpty, remembersDepartures) = Self.emptiness(&owned.values[i])
+        guard isEmpty else {
+            if !emptied.isEmpty { emptied[key] = nil }
+            return
+        }
+        if remembersDepartures {
             if emptied[key] == nil {
                 emptied[key] = wall
                 emptiedDue = min(emptiedDue, wall &+ V.departureMemory)
             }
         } else {
-            owned[key] = nil
+            owned.remove(at: i)
             emptied[key] = nil
         }
     }
 
+    /// Whether a value is empty, and if so whether it remembers departures. (Read in place:
+    /// `Dictionary.Values`' getter copies the whole value, a retain and a release of each of its
+    /// tables; an inout access does not.)
+    private static func emptiness(_ v: inout V) -> (isEmpty: Bool, remembersDepartures: Bool) {
+        v.isEmpty ? (true, v.remembersDepartures) : (false, false)
+    }
+
     private mutating func keepReplica(_ key: V.Key, wall: Int64) {
-        guard let v = copies[key], v.isEmpty else {
-            emptiedCopies[key] = nil
+        guard let i = copies.index(forKey: key) else {
+            if !emptiedCopies.isEmpty { emptiedCopies[key] = nil }
             return
         }
-        if v.remembersDepartures {
+        let (isEmpty, remembersDepartures) = Self.emptiness(&copies.values[i])
+        guard isEmpty else {
+            if !emptiedCopies.isEmpty { emptiedCopies[key] = nil }
+            return
+        }
+        if remembersDepartures {
             if emptiedCopies[key] == nil {
                 emptiedCopies[key] = wall
                 emptiedDue = min(emptiedDue, wall &+ V.departureMemory)

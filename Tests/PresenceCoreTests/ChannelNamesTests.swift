@@ -43,6 +43,23 @@ struct ChannelNamesTests {
         #expect(names.count == 0)
     }
 
+    /// Names clients make up and drop are swept as the table grows, without anyone asking for
+    /// the count; names some key holds survive every sweep.
+    @Test func madeUpNamesDoNotPileUpAndHeldNamesSurviveTheSweeps() {
+        let names = ChannelNames()
+        let held = (0..<1_000).map { ChannelKey(name: "held-\($0)", type: .stream, in: names) }
+        for i in 0..<100_000 {
+            _ = ChannelKey(name: "made-up-\(i)", type: .message, in: names)
+        }
+        // (each shard holds at most twice its live names after a sweep, or its floor of 32)
+        #expect(names.stored <= 2 * 1_000 + 64 * 33)
+        #expect(names.count == 1_000)
+        for (i, key) in held.enumerated() {
+            #expect(key == ChannelKey(name: "held-\(i)", type: .stream, in: names))
+        }
+        #expect(names.count == 1_000)
+    }
+
     @Test func keysFromTheSharedTableAndAnotherAreEqualWhenTheyNameOneChannel() {
         let names = ChannelNames()
         let mine = ChannelKey(name: "lobby", type: .stream, in: names)
