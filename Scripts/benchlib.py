@@ -27,10 +27,10 @@ def wait_for_port(port, proc, what):
     raise SystemExit(f"{what} did not start")
 
 
-def start_node(*extra):
-    """A release presenced on free loopback ports; returns (process, client port)."""
+def start_node(*extra, binary=None):
+    """A release presenced (or `binary`) on free loopback ports; returns (process, client port)."""
     port = free_port()
-    p = subprocess.Popen([os.path.join(REL, "presenced"), "--node-id", "bench", "--listen", f"127.0.0.1:{port}",
+    p = subprocess.Popen([binary or os.path.join(REL, "presenced"), "--node-id", "bench", "--listen", f"127.0.0.1:{port}",
                           "--peer-listen", f"127.0.0.1:{free_port()}", "--http-listen", "127.0.0.1:0", "--log-level", "error", *extra],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, p, "presenced")

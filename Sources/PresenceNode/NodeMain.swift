@@ -5,6 +5,7 @@ import Synchronization
 /// The `presenced` program: parse flags, start the node, stop gracefully on SIGTERM or SIGINT, reload certificates on SIGHUP.
 public enum NodeMain {
     public static func run() -> Never {
+        MallocTuning.reexecIfNeeded()
         signal(SIGPIPE, SIG_IGN)
         SignalWaiter.blockTermination()  // before any thread exists
         let parsed: NodeConfiguration.ParseResult

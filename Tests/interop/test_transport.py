@@ -1,4 +1,5 @@
 """A stock grpcio client against presenced over h2c: health, errors, limits, streams, shutdown."""
+import os
 import subprocess
 import threading
 import time
@@ -101,6 +102,39 @@ def test_sigterm_finishes_and_exits_cleanly():
     assert health_pb2.HealthCheckResponse.NOT_SERVING in statuses
     assert n.proc.wait(timeout=15) == 0
     assert "shutting down" in n.output()
+
+
+def _tunables_of(pid):
+    """GLIBC_TUNABLES as the process was started with it. ld.so cuts the value in pieces in place (a NUL
+    after each setting it reads), so the pieces after it that are settings belong to it."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().decode(errors="replace").split("\0")
+    start = next((i for i, e in enumerate(entries) if e.startswith("GLIBC_TUNABLES=")), None)
+    if start is None:
+        return ""
+    pieces = [entries[start].split("=", 1)[1]]
+    for e in entries[start + 1:]:
+        if not e.startswith("glibc."):
+            break
+        pieces.append(e)
+    return ":".join(pieces)
+
+
+@pytest.mark.parametrize("given,expected", [
+    (None, "glibc.malloc.tcache_count=64"),
+    ("glibc.malloc.arena_max=2", "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=64"),
+    ("glibc.malloc.tcache_count=7", "glibc.malloc.tcache_count=7"),  # the operator's opt-out stands
+])
+def test_the_node_reexecutes_itself_once_with_a_deeper_malloc_cache(given, expected):
+    n = Node(env={"GLIBC_TUNABLES": given} if given else None)
+    try:
+        # the process the supervisor started is the one serving (exec keeps the pid), with the tunable
+        assert _tunables_of(n.proc.pid) == expected
+        assert os.path.realpath(f"/proc/{n.proc.pid}/exe") == os.path.realpath(presenced_binary())
+        stub = health_pb2_grpc.HealthStub(n.channel)
+        assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        n.finish()
 
 
 def test_start_line_names_node_and_addresses():

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""An A/B of presenced binaries: the same `presencectl bench` load against each, rounds alternating
+(A B, B A, ...) so a drift of the noisy VM falls on both, and the node's CPU (utime + stime from
+/proc) per call or delivery, which is steadier here than the rate.
+
+    Scripts/ab --rounds 8 /tmp/presenced-before /tmp/presenced-after [--load setstate|fanout|online]
+
+Keep a copy of the release binary before a change (`cp .build/release/presenced /tmp/...`), build
+the change, and compare the two. Prints each run, then the medians and the change in CPU per call.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+
+from benchlib import REL, start_node
+
+LOADS = {
+    "setstate": ["bench", "setstate", "--clients", "50", "--duration", "6"],
+    "fanout": ["bench", "fanout", "--subscribers", "1000", "--publishers", "4", "--connections", "8", "--duration", "6"],
+    "online": ["bench", "online-users", "--clients", "50", "--duration", "6"],
+}
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_run(binary, load):
+    node, port = start_node("--max-instant-events", "100000", binary=binary)
+    try:
+        before = cpu_seconds(node.pid)
+        out = subprocess.run([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", *LOADS[load]],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        used = cpu_seconds(node.pid) - before
+    finally:
+        node.terminate()
+        node.wait()
+    line = [l for l in out.splitlines() if l.startswith("bench=")][-1]
+    kv = dict(x.split("=", 1) for x in line.split() if "=" in x)
+    count = int(kv.get("calls", kv.get("deliveries", "0")))
+    return float(kv.get("rate", "0")), used / max(count, 1) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("binaries", nargs="+", help="two or more presenced binaries")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--load", choices=sorted(LOADS), default="setstate")
+    args = ap.parse_args()
+    results = {b: [] for b in args.binaries}
+    for r in range(args.rounds):
+        for b in (args.binaries if r % 2 == 0 else args.binaries[::-1]):
+            rate, us = one_run(b, args.load)
+            results[b].append((rate, us))
+            print(f"round {r} {b}: rate={rate:.0f}/s cpu={us:.2f} us/call", flush=True)
+    base = statistics.median(x[1] for x in results[args.binaries[0]])
+    for b in args.binaries:
+        rate = statistics.median(x[0] for x in results[b])
+        us = statistics.median(x[1] for x in results[b])
+        print(f"{b}: median rate {rate:.0f}/s, median node CPU {us:.2f} us/call ({(us / base - 1) * 100:+.1f}% vs first)")
+
+
+if __name__ == "__main__":
+    main()
