@@ -38,9 +38,14 @@ public enum MallocTuning {
         let current = getenv("GLIBC_TUNABLES").map { String(cString: $0) }
         guard let wanted = tunables(current: current) else { return }
         setenv("GLIBC_TUNABLES", wanted, 1)
-        // /proc/self/exe is this very binary even if it was started through a relative path or a
-        // symlink that has since changed; the arguments (argv[0] included) pass through unchanged.
-        execv("/proc/self/exe", CommandLine.unsafeArgv)
+        // The binary's own path (from /proc/self/exe, so a relative path or a PATH lookup does not
+        // matter), not /proc/self/exe itself: the kernel names a process after the file it executes,
+        // and `ps`, `pgrep` and `top` should go on seeing "presenced", not "exe".
+        var path = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlink("/proc/self/exe", &path, path.count - 1)
+        if length > 0 {
+            execv(path, CommandLine.unsafeArgv)
+        }
         // Still here: no /proc, or the binary is gone. Run untuned rather than not at all.
         if let current { setenv("GLIBC_TUNABLES", current, 1) } else { unsetenv("GLIBC_TUNABLES") }
     }

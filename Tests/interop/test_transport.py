@@ -131,6 +131,8 @@ def test_the_node_reexecutes_itself_once_with_a_deeper_malloc_cache(given, expec
         # the process the supervisor started is the one serving (exec keeps the pid), with the tunable
         assert _tunables_of(n.proc.pid) == expected
         assert os.path.realpath(f"/proc/{n.proc.pid}/exe") == os.path.realpath(presenced_binary())
+        with open(f"/proc/{n.proc.pid}/comm") as f:  # ps and pgrep still see presenced, not "exe"
+            assert f.read().strip() == os.path.basename(os.path.realpath(presenced_binary()))[:15]
         stub = health_pb2_grpc.HealthStub(n.channel)
         assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
     finally:
