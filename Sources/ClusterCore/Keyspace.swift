@@ -594,9 +594,10 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         // the owner for all of it
         let partial = !V.isFull(copy) && copies[key] == nil
         if V.isFull(copy) || !restored { settled(key) }
-        var v = V.isFull(copy) ? make(key) : (copies[key] ?? make(key))
-        v.install(copy)
-        copies[key] = v
+        // (installed in place: a value taken out of the table while the table still holds it shares
+        // its storage with it, and the install then copied all of it, the whole channel per change)
+        if V.isFull(copy) { copies[key] = make(key) }
+        copies[key, default: make(key)].install(copy)
         keepReplica(key, wall: wall)
         var out: [Effect] = []
         if partial, copies[key] != nil, let sender { out.append(.askForCopy(key, from: sender)) }

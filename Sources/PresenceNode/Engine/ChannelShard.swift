@@ -359,7 +359,7 @@ actor ChannelShard {
             return
         }
         let before = terms
-        cause = "copy from another node (\(copy.handoff ? "handoff" : "replica"))"
+        cause = copy.handoff ? "copy from another node (handoff)" : "copy from another node (replica)"
         defer { cause = "call" }
         let heldBefore = fabric.trace == nil ? nil : (space.copies[copy.key]?.sequence, space.owned[copy.key]?.sequence)
         carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
