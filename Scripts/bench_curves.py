@@ -4,6 +4,7 @@
   Scripts/bench-curves [--out docs/perf] [--quick]
 
   setstate-vs-channel   SetState rate and p99 (50 writers) vs channel size     promise: O(1) per write
+  cluster-vs-channel    the same on 3 nodes (replication factor 2): rate and CPU per write, all nodes
   online-vs-channel     GetOnlineUsers (first page, with state) vs channel size promise: O(page)
   fanout-vs-subscribers event deliveries/s vs subscribers of one channel       promise: O(subscribers) per event
   memory-vs-memberships resident bytes per membership vs memberships (in-process)
@@ -16,6 +17,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import REL, ROOT, running_node  # noqa: E402
@@ -80,6 +82,35 @@ def connections_curve(counts):
     return rows
 
 
+def cluster_channel_curve(sizes):
+    """Three nodes, replication factor 2: the channel filled with `size` members through the first
+    node, then 50 writers on it; the rate and the CPU per write summed over the nodes (the owner
+    and its replica both apply each write: neither may pay per member)."""
+    rows = []
+    for size in sizes:
+        c = bc.Cluster(3, "--replication-factor", "2")
+        try:
+            time.sleep(3)  # let the members find each other (as bench_perf.cluster_cpu_per_write does)
+            holder = subprocess.Popen([os.path.join(REL, "presencectl"), "--server", c.address(0), "bench", "populate",
+                                       "--channel", "curve", "--members", str(size)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            line = holder.stdout.readline()
+            if "ready" not in line:
+                raise SystemExit(f"populate {size} on 3 nodes failed: {line}")
+            pids = [p.pid for p in c.procs.values()]
+            before = sum(bpf.cpu_seconds(p) for p in pids)
+            w = bpf.kv(bc.ctl(c.address(0), "bench", "setstate", "--clients", "50", "--duration", "4", "--channel", "curve"))
+            used = sum(bpf.cpu_seconds(p) for p in pids) - before
+            holder.stdin.close()
+            holder.wait(timeout=300)
+            us = used / max(int(w["calls"]), 1) * 1e6
+            rows.append((size, float(w["rate"]), float(w["p99_ms"]), us))
+            print(f"3 nodes, channel {size}: setstate {w['rate']}/s p99 {w['p99_ms']} ms, {us:.1f} us CPU per write", flush=True)
+        finally:
+            c.stop()
+    return rows
+
+
 def replication_curve():
     rows = []
     for rf in (1, 2, 3):
@@ -118,7 +149,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "perf"))
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke test of the script)")
-    ap.add_argument("--only", default="channel,fanout,memory,connections,replication",
+    ap.add_argument("--only", default="channel,cluster,fanout,memory,connections,replication",
                     help="the curves to measure now; the others are taken from OUT/curves.json (an earlier run)")
     a = ap.parse_args()
     subprocess.run([os.path.join(ROOT, "Scripts", "ensure-deps"), "--python", "--bench"], check=True)
@@ -140,6 +171,8 @@ def main():
             json.dump(results, f, indent=1)
     if "channel" in only:
         keep("channel", channel_curves([10, 100, 1000] if q else [10, 100, 1000, 10000, 100000]))
+    if "cluster" in only:
+        keep("cluster", cluster_channel_curve([10, 1000] if q else [10, 100, 1000, 10000, 100000]))
     if "fanout" in only:
         # (not 10,000: its joins alone send 50 M REMOTE_JOINs to the one client reading them all,
         # which falls behind and is cut off as a slow reader before the measurement starts)
@@ -152,10 +185,12 @@ def main():
         keep("connections", connections_curve([1000, 5000] if q else [n for n in (1000, 5000, 10000, 19000, 50000) if n <= limit]))
     if "replication" in only:
         keep("replication", replication_curve())
-    chan, fan, mem, conns, rep = (results[k] for k in ("channel", "fanout", "memory", "connections", "replication"))
+    chan, clu, fan, mem, conns, rep = (results[k] for k in ("channel", "cluster", "fanout", "memory", "connections", "replication"))
 
     plot(os.path.join(a.out, "setstate-vs-channel.png"), "SetState, 50 writers, vs channel size (one node)", "members in the channel",
          [r[0] for r in chan], [("calls/s", [r[1] for r in chan], "/s"), ("p99", [r[2] for r in chan], "ms")])
+    plot(os.path.join(a.out, "cluster-vs-channel.png"), "SetState, 50 writers, vs channel size (3 nodes, 2 copies)", "members in the channel",
+         [r[0] for r in clu], [("calls/s", [r[1] for r in clu], "/s"), ("CPU per write (all nodes)", [r[3] for r in clu], "µs")])
     plot(os.path.join(a.out, "online-vs-channel.png"), "GetOnlineUsers (first page of 100, with state), 8 readers", "members in the channel",
          [r[0] for r in chan], [("pages/s", [r[3] for r in chan], "/s"), ("p99", [r[5] for r in chan], "ms")])
     plot(os.path.join(a.out, "fanout-vs-subscribers.png"), "Fan-out: one channel, 4 writers (full speed; paced from 3,000 on)", "subscribers",
@@ -172,6 +207,11 @@ def main():
     print("|---|---|---|---|---|---|")
     for s, w, wp, r, r50, r99 in chan:
         print(f"| {s:,} | {w:,.0f} | {wp:.2f} ms | {r:,.0f} | {r50:.2f} ms | {r99:.2f} ms |")
+    print()
+    print("| members in the channel, 3 nodes (replication factor 2) | SetState calls/s | p99 | CPU per write, all nodes |")
+    print("|---|---|---|---|")
+    for n, w, wp, us in clu:
+        print(f"| {n:,} | {w:,.0f} | {wp:.2f} ms | {us:.1f} µs |")
     print()
     print("| subscribers | deliveries/s | state changes/s |")
     print("|---|---|---|")
