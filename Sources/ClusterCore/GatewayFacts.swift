@@ -19,30 +19,43 @@ public struct GatewayFacts: Sendable {
     /// its user's home, and that it watches each user it watches, at that user's home.
     public static func byOwner(_ sessions: some Sequence<SessionTable.Session>, me: NodeInstance, ring: HashRing) -> [String: GatewayFacts] {
         var out: [String: GatewayFacts] = [:]
-        for s in sessions {
-            for (key, m) in s.channels {
-                guard let owner = ring.owner(of: key) else { continue }
-                let h = StableHash.of(key)
-                let fact = ChannelFact(session: s.id, user: s.userID, withPresence: m.withPresence, joinVersion: m.joinVersion,
-                                       state: m.state, stateVersion: m.stateVersion)
-                out[owner, default: GatewayFacts()].channels.add(keyHash: h, fact: fact.hash)
-                out[owner]!.channelFacts[FactDigest.bucket(h), default: []].append((key, fact))
-            }
-            if let home = ring.home(ofUser: s.userID) {
-                let h = HashRing.hash(ofUser: s.userID)
-                let fact = HomeFact.session(s.id, record(of: s, at: me))
-                out[home, default: GatewayFacts()].homes.add(keyHash: h, fact: fact.hash)
-                out[home]!.homeFacts[FactDigest.bucket(h), default: []].append((s.userID, fact))
-            }
-            for w in s.watching {
-                guard let home = ring.home(ofUser: w) else { continue }
-                let h = HashRing.hash(ofUser: w)
-                let fact = HomeFact.watcher(s.id, version: s.version)
-                out[home, default: GatewayFacts()].homes.add(keyHash: h, fact: fact.hash)
-                out[home]!.homeFacts[FactDigest.bucket(h), default: []].append((w, fact))
-            }
+        for s in sessions { add(s, me: me, ring: ring, to: &out) }
+        return out
+    }
+
+    /// `byOwner` of the sessions of several tables (a gateway's shards), each session read where
+    /// it lies (a copy of each, or of the table's values, is a retain and a release of each of its
+    /// tables, for every session every round).
+    public static func byOwner(tables: [DenseDictionary<SessionID, SessionTable.Session>], me: NodeInstance, ring: HashRing) -> [String: GatewayFacts] {
+        var out: [String: GatewayFacts] = [:]
+        for table in tables {
+            table.forEachEntry { _, s in add(s, me: me, ring: ring, to: &out) }
         }
         return out
+    }
+
+    private static func add(_ s: borrowing SessionTable.Session, me: NodeInstance, ring: HashRing, to out: inout [String: GatewayFacts]) {
+        for (key, m) in s.channels {
+            guard let owner = ring.owner(of: key) else { continue }
+            let h = StableHash.of(key)
+            let fact = ChannelFact(session: s.id, user: s.userID, withPresence: m.withPresence, joinVersion: m.joinVersion,
+                                   state: m.state, stateVersion: m.stateVersion)
+            out[owner, default: GatewayFacts()].channels.add(keyHash: h, fact: fact.hash)
+            out[owner]!.channelFacts[FactDigest.bucket(h), default: []].append((key, fact))
+        }
+        if let home = ring.home(ofUser: s.userID) {
+            let h = HashRing.hash(ofUser: s.userID)
+            let fact = HomeFact.session(s.id, record(of: s, at: me))
+            out[home, default: GatewayFacts()].homes.add(keyHash: h, fact: fact.hash)
+            out[home]!.homeFacts[FactDigest.bucket(h), default: []].append((s.userID, fact))
+        }
+        for w in s.watching {
+            guard let home = ring.home(ofUser: w) else { continue }
+            let h = HashRing.hash(ofUser: w)
+            let fact = HomeFact.watcher(s.id, version: s.version)
+            out[home, default: GatewayFacts()].homes.add(keyHash: h, fact: fact.hash)
+            out[home]!.homeFacts[FactDigest.bucket(h), default: []].append((w, fact))
+        }
     }
 
     /// A session's record as its user's home should hold it.

@@ -726,13 +726,24 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     // MARK: Anti-entropy (owner side)
 
     /// This owner's digest of what it places at the gateway `sink`, bucketed like the gateway's.
-    public func digest(of sink: NodeInstance) -> FactDigest {
+    @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
+    @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
+    /// (Mutating only to read each value where it lies, through the table's in-place access:
+    /// iterating the table, or its `values` getter, copied every value, a retain and a release of
+    /// each of its tables, for each gateway every round. Nothing is changed.)
+    public mutating func digest(of sink: NodeInstance) -> FactDigest {
         var d = FactDigest()
-        for (key, v) in owned {
-            let h = V.ringHash(of: key)
-            for f in v.factHashes(at: sink) { d.add(keyHash: h, fact: f) }
+        var i = owned.startIndex
+        while i != owned.endIndex {
+            let h = V.ringHash(of: owned.keys[i])
+            Self.addFacts(of: &owned.values[i], at: sink, keyHash: h, to: &d)
+            owned.formIndex(after: &i)
         }
         return d
+    }
+
+    private static func addFacts(of v: inout V, at sink: NodeInstance, keyHash h: UInt64, to d: inout FactDigest) {
+        for f in v.factHashes(at: sink) { d.add(keyHash: h, fact: f) }
     }
 
     /// Reconciles the facts a gateway sent for `buckets`: every owned key in those buckets with a

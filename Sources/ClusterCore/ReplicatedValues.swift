@@ -82,9 +82,11 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
     }
 
     public func factHashes(at sink: NodeInstance) -> [UInt64] {
-        places(at: sink).map { id, p in
-            FactDigest.hash(id.digest, p.version, p.withPresence ? 1 : 0, stateVersion(of: p.user))
+        var out: [UInt64] = []
+        forEachPlacement(at: sink) { id, version, withPresence, stateVersion in
+            out.append(FactDigest.hash(id.digest, version, withPresence ? 1 : 0, stateVersion))
         }
+        return out
     }
 
     public mutating func reconcile(_ facts: [ChannelFact], from sink: NodeInstance, now: Int64) -> Reconciliation<Output, StateCorrection> {
@@ -146,9 +148,30 @@ public enum HomeFact: Sendable, Equatable {
         }
     }
 
+    /// Hashes the session's channels as the text "message:a+,stream:b" (sorted; "+": with presence)
+    /// and the users it watches as "u1,u2" (sorted), without making either text: every home
+    /// digests each of its sessions for its gateway every anti-entropy round.
     static func sessionHash(_ s: SessionID, _ r: HomeRecord<NodeInstance>.Session) -> UInt64 {
-        let channels = r.channels.keys.sorted().map { "\($0)\(r.channels[$0]! ? "+" : "")" }.joined(separator: ",")
-        return FactDigest.hash(1, s.digest, r.version, StableHash.of(channels), StableHash.of(r.watching.sorted().joined(separator: ",")))
+        var channels = StableHash.Stream()
+        func add(_ key: ChannelKey, withPresence: Bool) {
+            channels.add(key.type == .stream ? "stream:" : "message:")
+            channels.add(key.name)
+            if withPresence { channels.add(UInt8(ascii: "+")) }
+        }
+        if r.channels.count <= 1 {
+            for (key, withPresence) in r.channels { add(key, withPresence: withPresence) }
+        } else {
+            for (i, key) in r.channels.keys.sorted().enumerated() {
+                if i > 0 { channels.add(UInt8(ascii: ",")) }
+                add(key, withPresence: r.channels[key]!)
+            }
+        }
+        var watching = StableHash.Stream()
+        for (i, user) in (r.watching.count <= 1 ? r.watching : r.watching.sorted()).enumerated() {
+            if i > 0 { watching.add(UInt8(ascii: ",")) }
+            watching.add(user)
+        }
+        return FactDigest.hash(1, s.digest, r.version, channels.value, watching.value)
     }
 }
 
@@ -199,7 +222,8 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
 
     public func factHashes(at sink: NodeInstance) -> [UInt64] {
         var out: [UInt64] = []
-        for (id, s) in sessions where s.sink == sink { out.append(HomeFact.sessionHash(id, s)) }
+        // (read where they lie: every home is digested for every gateway each round)
+        sessions.forEachEntry { id, s in if s.sink == sink { out.append(HomeFact.sessionHash(id, s)) } }
         for (id, w) in watchers where w.sink == sink { out.append(HomeFact.watcher(id, version: w.version).hash) }
         return out
     }

@@ -195,6 +195,20 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     }
 
     /// The places of the sessions living at `sink`, in no particular order.
+    /// Each session placed at `sink`: its id, version, whether it follows presence, and its user's
+    /// state version (what anti-entropy digests). Read where they lie: no table is copied or
+    /// searched, and no user id is hashed (each owned channel is digested for each gateway every
+    /// anti-entropy round, a 100,000-member channel included).
+    @_specialize(exported: true, where Sink == NodeInstance)
+    public func forEachPlacement(at sink: Sink, _ body: (SessionID, _ version: UInt64, _ withPresence: Bool, _ stateVersion: UInt64) -> Void) {
+        guard let index = sinkEntry(sink) else { return }
+        members.entries.withUnsafeBufferPointer { members in
+            placements.forEachEntry { id, p in
+                if p.sink == index { body(id, p.version, p.withPresence, members[Int(p.member)].value.stateVersion) }
+            }
+        }
+    }
+
     public func places(at sink: Sink) -> [(session: SessionID, place: Place)] {
         guard let index = sinkEntry(sink) else { return [] }
         return placements.filter { $0.value.sink == index }.map { ($0.key, place($0.value)) }

@@ -113,6 +113,15 @@ public struct DenseDictionary<Key: Hashable, Value> {
         }
     }
 
+    /// Runs `body` on every entry in entry order, reading each where it lies: no entry is copied
+    /// (an iterator yields copies, each value's references retained and released).
+    @inlinable
+    public func forEachEntry(_ body: (Key, Value) throws -> Void) rethrows {
+        try entries.withUnsafeBufferPointer { buffer in
+            for i in buffer.indices { try body(buffer[i].key, buffer[i].value) }
+        }
+    }
+
     private mutating func insert(_ key: Key, _ value: Value, at slot: Int) {
         precondition(entries.count < Int(UInt32.max - 1), "DenseDictionary: too many entries")
         entries.append(Entry(key: key, value: value))
@@ -200,12 +209,17 @@ public struct DenseDictionary<Key: Hashable, Value> {
         if !slots.isEmpty && entries.count <= Self.scanLimit / 2 {
             slots = []
         }
-        guard entries.capacity > 64, entries.count * 8 < entries.capacity else { return }
-        var compact: [Entry] = []
-        compact.reserveCapacity(entries.count)
-        compact.append(contentsOf: entries)
-        entries = compact
-        if !slots.isEmpty { rebuildSlots(count: Self.slotCount(for: entries.count)) }
+        if entries.capacity > 64, entries.count * 8 < entries.capacity {
+            var compact: [Entry] = []
+            compact.reserveCapacity(entries.count)
+            compact.append(contentsOf: entries)
+            entries = compact
+        }
+        // (the slots follow the count of entries, not their array's capacity, which the allocator
+        // rounds as it pleases: shrinking them with the entries left a table's size to the heap's state)
+        if !slots.isEmpty, slots.count > Self.slotCount(for: entries.count) * 4 {
+            rebuildSlots(count: Self.slotCount(for: entries.count))
+        }
     }
 }
 

@@ -4,16 +4,30 @@ import PresenceWire
 /// and, later, the cluster ring place a key the same way everywhere.
 public enum StableHash {
     public static func of(_ s: String, seed: UInt64 = 0xcbf2_9ce4_8422_2325) -> UInt64 {
-        var h = seed
-        for b in s.utf8 {
+        var h = Stream(seed: seed)
+        h.add(s)
+        return h.value
+    }
+
+    /// The hash fed piece by piece: `value` is `of` the pieces' concatenation, which is never made.
+    public struct Stream: Sendable {
+        private var h: UInt64
+        public init(seed: UInt64 = 0xcbf2_9ce4_8422_2325) { h = seed }
+        public mutating func add(_ s: String) {
+            for b in s.utf8 { add(b) }
+        }
+        public mutating func add(_ b: UInt8) {
             h ^= UInt64(b)
             h = h &* 0x0000_0100_0000_01b3
         }
-        // final mix so that close inputs spread over all bits
-        h ^= h >> 33
-        h = h &* 0xff51_afd7_ed55_8ccd
-        h ^= h >> 33
-        return h
+        public var value: UInt64 {
+            // final mix so that close inputs spread over all bits
+            var h = self.h
+            h ^= h >> 33
+            h = h &* 0xff51_afd7_ed55_8ccd
+            h ^= h >> 33
+            return h
+        }
     }
 
     /// A channel's hash (kept in its key: `ChannelKey.stableHash`).

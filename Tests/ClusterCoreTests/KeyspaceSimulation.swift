@@ -853,7 +853,7 @@ struct KeyspaceSim {
                 unary(from: env.to, to: env.from, .digestReply(round: round, buckets: nil))
                 return
             }
-            let mine = p.space.digest(of: env.from)
+            let mine = procs[n]!.space.digest(of: env.from)
             unary(from: env.to, to: env.from, .digestReply(round: round, buckets: mine.mismatches(theirs)))
         case .digestReply(let round, let buckets):
             guard let buckets, !buckets.isEmpty, let r = procs[n]!.rounds[round] else { return }

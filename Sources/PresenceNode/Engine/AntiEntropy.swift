@@ -60,7 +60,7 @@ final class AntiEntropy: Sendable {
 
     /// This gateway's facts, by the node that owns each key on `ring`.
     func facts(on ring: HashRing) -> [String: GatewayFacts] {
-        GatewayFacts.byOwner(core.gateway.shards.lazy.flatMap { $0.allSessions() }, me: core.me, ring: ring)
+        GatewayFacts.byOwner(tables: core.gateway.shards.map { $0.allSessions() }, me: core.me, ring: ring)
     }
 
     /// One round with every owner.

@@ -123,8 +123,9 @@ final class GatewayShard: Sendable {
         }
     }
 
-    /// Every session here (anti-entropy).
-    func allSessions() -> [SessionTable.Session] { state.withLock { Array($0.table.sessions.values) } }
+    /// Every session here (anti-entropy): the table itself, shared (copy-on-write), not a copy of
+    /// each session; a change made while the caller reads it copies the table then, once.
+    func allSessions() -> DenseDictionary<SessionID, SessionTable.Session> { state.withLock { $0.table.sessions } }
 
     func create(_ id: SessionID, user: String) -> Opened {
         let now = clock.monotonicNanoseconds()
