@@ -421,7 +421,7 @@ final class ServerConnection: HTTP2Connection {
             } catch {
                 finish(s, GRPCStatus(error))
             }
-        case .unary(let handler):
+        case .unary, .unaryStaged:
             if runningUnary >= core.configuration.maxConcurrentUnaryPerConnection {
                 // (its turn comes when a running one ends; the request is kept meanwhile)
                 s.messages = [request]
@@ -432,13 +432,35 @@ final class ServerConnection: HTTP2Connection {
             }
             runningUnary += 1
             s.countedUnary = true
+            let rest: @Sendable () async throws -> [UInt8]
+            switch method {
+            case .unaryStaged(let handler):
+                // (its first part runs here, on this loop; an answer that needed no wait ends the
+                // call as a task that never suspended would, with no task made)
+                do {
+                    switch try handler(request, context) {
+                    case .now(let bytes):
+                        unaryCompleted(streamID: id, .success(bytes))
+                        return
+                    case .later(let r):
+                        rest = r
+                    }
+                } catch {
+                    unaryCompleted(streamID: id, .failure(error))
+                    return
+                }
+            case .unary(let handler):
+                rest = { try await handler(request, context) }
+            default:
+                return
+            }
             // Starts on this thread and runs until it first waits, and prefers this loop after
             // that: calls to actors pinned to this loop never change threads. Its answer is taken
             // at once when it ends on this loop (and so, when it never had to wait, before
             // `Task.immediate` returns: then there is no task left to keep).
             let task = Task.immediate(executorPreference: loop) {
                 let result: Result<[UInt8], Error>
-                do { result = .success(try await handler(request, context)) } catch { result = .failure(error) }
+                do { result = .success(try await rest()) } catch { result = .failure(error) }
                 me.run { $0.unaryCompleted(streamID: id, result) }
             }
             if !s.handlerEnded {

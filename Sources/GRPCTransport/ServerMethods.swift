@@ -25,11 +25,27 @@ public enum ServerMethod: Sendable {
     case unaryInline(@Sendable ([UInt8], ServerContext) throws -> [UInt8])
     /// Runs as a task: may await actors, other nodes...
     case unary(@Sendable ([UInt8], ServerContext) async throws -> [UInt8])
+    /// Starts on the connection's loop thread and answers there when it needs no wait (no task
+    /// started, nothing suspended); else hands back the rest of the call, which runs as a task.
+    case unaryStaged(@Sendable ([UInt8], ServerContext) throws -> Staged<[UInt8], any Error>)
     /// Runs as a task that sends any number of messages through the writer.
     case serverStreaming(@Sendable ([UInt8], ServerContext, ServerStreamWriter) async throws -> Void)
     /// Starts when the request's headers arrive; reads the client's messages as they come and
     /// sends any number back.
     case bidiStreaming(@Sendable (RequestMessages, ServerContext, ServerStreamWriter) async throws -> Void)
+}
+
+extension ServerMethod {
+    /// A unary method's handler as one async function (for front doors other than gRPC's), nil
+    /// for a streaming one.
+    public var asyncUnary: (@Sendable ([UInt8], ServerContext) async throws -> [UInt8])? {
+        switch self {
+        case .unary(let handler): return handler
+        case .unaryInline(let handler): return { bytes, ctx in try handler(bytes, ctx) }
+        case .unaryStaged(let handler): return { bytes, ctx in try await handler(bytes, ctx).value }
+        case .serverStreaming, .bidiStreaming: return nil
+        }
+    }
 }
 
 /// The request messages of a bidirectional call, as they arrive; ends when the client half-closes.
@@ -147,6 +163,21 @@ public struct ServiceRegistry: Sendable {
     public mutating func unary<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> Resp) {
         register(path: m.path, .unary { bytes, ctx in
             MessageFraming.framed(try await handler(try Self.decode(Req.self, bytes), ctx))
+        })
+    }
+
+    /// A unary method that answers at once on the connection's loop when it can, and otherwise
+    /// hands back the rest of the call (`ServerMethod.unaryStaged`).
+    public mutating func unaryStaged<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Staged<Resp, any Error>) {
+        register(path: m.path, .unaryStaged { bytes, ctx in
+            try handler(try Self.decode(Req.self, bytes), ctx).map { MessageFraming.framed($0) }
+        })
+    }
+
+    /// `unaryStaged` with the response already encoded (a `Resp` as protobuf bytes).
+    public mutating func unaryStagedEncoded<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Staged<[UInt8], any Error>) {
+        register(path: m.path, .unaryStaged { bytes, ctx in
+            try handler(try Self.decode(Req.self, bytes), ctx).map { MessageFraming.framed(encoded: $0) }
         })
     }
 

@@ -23,6 +23,10 @@ enum TestMethods {
     static let bidiEcho = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Bidi", kind: .bidiStreaming)
     /// A bidirectional call that never reads its requests (waits until cancelled).
     static let bidiDeaf = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/BidiDeaf", kind: .bidiStreaming)
+    /// A staged method: key "now" answers at once, "later" from its rest (after a suspension),
+    /// "fail" and "fail later" fail in the first part or the rest; the answer's value says whether
+    /// the part that answered ran in a task ("task" or "no task").
+    static let staged = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Staged", kind: .unary)
     /// Sleeps `value` ms, then echoes.
     static let slow = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Slow", kind: .unary)
 }
@@ -68,6 +72,23 @@ struct Harness {
         registry.unaryInline(TestMethods.inlineEcho) { req, _ in
             if req.key == "fail" { throw GRPCStatus(.invalidArgument, "BAD_KEY: ünïcode % message") }
             return req
+        }
+        registry.unaryStaged(TestMethods.staged) { req, _ in
+            @Sendable func where_() -> String { withUnsafeCurrentTask { $0 == nil ? "no task" : "task" } }
+            switch req.key {
+            case "now": return .now(StateItem(key: req.key, value: where_()))
+            case "fail": throw GRPCStatus(.failedPrecondition, "FIRST_PART_FAILED")
+            case "fail later":
+                return .later {
+                    await Task.yield()
+                    throw GRPCStatus(.aborted, "REST_FAILED")
+                }
+            default:
+                return .later {
+                    await Task.yield()
+                    return StateItem(key: req.key, value: where_())
+                }
+            }
         }
         registry.serverStreaming(TestMethods.stream) { req, _, writer in
             seen.writers.withLock { $0.append(writer.raw) }

@@ -15,6 +15,32 @@ import Testing
         await h.stop()
     }
 
+    /// A staged method's first part runs on the connection's loop and, when it answers at once,
+    /// no task is made for it; otherwise its rest runs as a task; errors of either part are the
+    /// call's status.
+    @Test func aStagedMethodAnswersAtOnceOrFromItsRest() async throws {
+        let h = try Harness()
+        #expect(try await h.client.unary(TestMethods.staged, StateItem(key: "now")) == StateItem(key: "now", value: "no task"))
+        #expect(try await h.client.unary(TestMethods.staged, StateItem(key: "later")) == StateItem(key: "later", value: "task"))
+        let first = await expectStatus(.failedPrecondition) { _ = try await h.client.unary(TestMethods.staged, StateItem(key: "fail")) }
+        #expect(first?.message == "FIRST_PART_FAILED")
+        let rest = await expectStatus(.aborted) { _ = try await h.client.unary(TestMethods.staged, StateItem(key: "fail later")) }
+        #expect(rest?.message == "REST_FAILED")
+        // many at once on one connection, both kinds mixed: each answered, the slots given back
+        try await withThrowingTaskGroup(of: Void.self) { g in
+            for i in 0..<200 {
+                g.addTask {
+                    let key = i % 2 == 0 ? "now" : "later"
+                    let answer = try await h.client.unary(TestMethods.staged, StateItem(key: key))
+                    #expect(answer.key == key)
+                }
+            }
+            try await g.waitForAll()
+        }
+        #expect(try await h.client.unary(TestMethods.staged, StateItem(key: "now")).value == "no task")
+        await h.stop()
+    }
+
     @Test func handlerErrorsBecomeStatusWithPercentEncodedMessage() async throws {
         let h = try Harness()
         let s = await expectStatus(.invalidArgument) { _ = try await h.client.unary(TestMethods.inlineEcho, StateItem(key: "fail")) }

@@ -37,6 +37,26 @@ import Testing
         await n.stop()
     }
 
+    /// A state write answered at once (the test node has one loop, so every channel's shard runs on
+    /// the caller's connection's loop) is noted at the session's gateway as acknowledged, as one
+    /// answered later is: the gateway re-announces it to a new owner after a failover.
+    @Test func aStateWriteAnsweredAtOnceIsNotedAtTheGateway() async throws {
+        let n = try TestNode()
+        let tony = n.client("tony")
+        try await tony.connect()
+        try await tony.join("lobby", withPresence: false)
+        let text = try #require(tony.sessionID)
+        let id = try #require(SessionID(text: text))
+        let key = ChannelKey(name: "lobby", type: .message)
+        let gateway = n.node.engine.core.gatewayShard(id)
+        try await tony.setState("lobby", ["mic": "on", "cam": "off"])
+        #expect(gateway.held(id)?.channels[key]?.state == [StateItem(key: "cam", value: "off"), StateItem(key: "mic", value: "on")])
+        try await tony.removeState("lobby", keys: ["cam"])
+        #expect(gateway.held(id)?.channels[key]?.state == [StateItem(key: "mic", value: "on")])
+        await tony.close()
+        await n.stop()
+    }
+
     @Test func ownCallsCauseNoEventToTheCaller() async throws {
         let n = try TestNode()
         let ann = n.client("ann")

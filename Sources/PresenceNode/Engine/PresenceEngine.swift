@@ -272,41 +272,76 @@ public final class PresenceEngine: Sendable {
     }
 
     public func setState(_ sessionID: String, channel: String, type: ChannelType, items: [StateItem]) async throws(PresenceError) {
+        try await setStateStaged(sessionID, channel: channel, type: type, items: items).value
+    }
+
+    /// `setState`, done at once when it needs no wait (`Router.channelCallAtOnce`).
+    public func setStateStaged(_ sessionID: String, channel: String, type: ChannelType, items: [StateItem]) throws(PresenceError) -> Staged<Void, PresenceError> {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
         let items = try Validate.stateItems(items)
         let g = core.gatewayShard(id)
         guard let ref = try core.writeRef(g, id, key) else {
             try g.setPendingState(id, channel: key, items: items)
-            return
+            return .now(())
         }
-        let r = try await sessionCall(id, key) { () async throws(PresenceError) in
-            try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .setState,
-                                                                 session: ref, items: items))
-        }
-        g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
+        return stateWrite(id, key, g, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .setState,
+                                                         session: ref, items: items))
     }
 
     public func removeState(_ sessionID: String, channel: String, type: ChannelType, keys: [String]) async throws(PresenceError) {
+        try await removeStateStaged(sessionID, channel: channel, type: type, keys: keys).value
+    }
+
+    /// `removeState`, done at once when it needs no wait (`Router.channelCallAtOnce`).
+    public func removeStateStaged(_ sessionID: String, channel: String, type: ChannelType, keys: [String]) throws(PresenceError) -> Staged<Void, PresenceError> {
         let key = try Validate.channel(channel, type)
         let id = try Validate.sessionID(sessionID)
         for k in keys { try Validate.stateKey(k) }
         let g = core.gatewayShard(id)
         guard let ref = try core.writeRef(g, id, key) else {
             g.removePendingState(id, channel: key, keys: keys)
-            return
+            return .now(())
         }
-        let r = try await sessionCall(id, key) { () async throws(PresenceError) in
-            try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .removeState,
-                                                                 session: ref, keys: keys))
+        return stateWrite(id, key, g, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .removeState,
+                                                         session: ref, keys: keys))
+    }
+
+    /// A session's state write at its channel's owner; its answer is noted at the gateway. Made on
+    /// this thread when the owner's shard runs here: when it needs nothing more (no copy to wait
+    /// for, no refusal to act on) it is done; else the rest of the call goes on from that answer.
+    private func stateWrite(_ id: SessionID, _ key: ChannelKey, _ g: GatewayShard, _ call: ClusterChannelCall) -> Staged<Void, PresenceError> {
+        let first = router.channelCallAtOnce(key, call)
+        if let first, first.isFinal(core) {
+            g.stateAcknowledged(id, channel: key, state: first.result.state, version: first.result.stateVersion)
+            return .now(())
         }
-        g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
+        return .later { [self] () async throws(PresenceError) in
+            var first = first
+            let r = try await sessionCall(id, key) { () async throws(PresenceError) in
+                try await router.channelCall(key, call, first: first.take())
+            }
+            g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
+        }
     }
 
     public func getState(channel: String, type: ChannelType, user: String) async throws(PresenceError) -> UserState {
+        try await getStateStaged(channel: channel, type: type, user: user).value
+    }
+
+    /// `getState`, answered at once when the channel's shard runs on this thread.
+    public func getStateStaged(channel: String, type: ChannelType, user: String) throws(PresenceError) -> Staged<UserState, PresenceError> {
         let key = try Validate.channel(channel, type)
         let user = try Validate.userID(user)
-        let r = try await router.channelCall(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user))
+        let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user)
+        let first = router.channelCallAtOnce(key, call)
+        if let first, first.isFinal(core) { return .now(try Self.userState(first.result, user, key)) }
+        return .later { [router] () async throws(PresenceError) in
+            try Self.userState(try await router.channelCall(key, call, first: first), user, key)
+        }
+    }
+
+    private static func userState(_ r: ClusterChannelResult, _ user: String, _ key: ChannelKey) throws(PresenceError) -> UserState {
         guard r.found else {
             throw PresenceError(.notFound, "PRESENCE_USER_NOT_EXIST", "user \(user) is not in channel \(key)")
         }
@@ -324,11 +359,23 @@ public final class PresenceEngine: Sendable {
     /// owner encodes the page, or gives the one it kept since the channel last changed, and this
     /// node passes it on as it is.
     public func getOnlineUsersEncoded(_ r: GetOnlineUsersRequest) async throws(PresenceError) -> [UInt8] {
+        try await getOnlineUsersEncodedStaged(r).value
+    }
+
+    /// `getOnlineUsersEncoded`, answered at once when the channel's shard runs on this thread.
+    public func getOnlineUsersEncodedStaged(_ r: GetOnlineUsersRequest) throws(PresenceError) -> Staged<[UInt8], PresenceError> {
         let (key, call) = try listCall(r, encoded: true)
-        let result = try await router.channelCall(key, call)
-        if call.countOnly { return GetOnlineUsersResponse(totalOccupancy: result.total).serializedBytes() }
+        let first = router.channelCallAtOnce(key, call)
+        if let first, first.isFinal(core) { return .now(Self.encodedListing(first.result, countOnly: call.countOnly)) }
+        return .later { [router] () async throws(PresenceError) in
+            Self.encodedListing(try await router.channelCall(key, call, first: first), countOnly: call.countOnly)
+        }
+    }
+
+    private static func encodedListing(_ result: ClusterChannelResult, countOnly: Bool) -> [UInt8] {
+        if countOnly { return GetOnlineUsersResponse(totalOccupancy: result.total).serializedBytes() }
         // (an owner that does not encode pages answers with the users)
-        if result.listing.isEmpty && (result.total != 0 || !result.users.isEmpty) { return Self.listingResponse(result).serializedBytes() }
+        if result.listing.isEmpty && (result.total != 0 || !result.users.isEmpty) { return listingResponse(result).serializedBytes() }
         return result.listing
     }
 
@@ -418,7 +465,7 @@ public final class PresenceEngine: Sendable {
     }
 
     /// The user a session belongs to (for permission checks).
-    public func owner(ofSession sessionID: String) async -> String? {
+    public func owner(ofSession sessionID: String) -> String? {
         guard let id = SessionID(text: sessionID) else { return nil }
         return core.gatewayShard(id).held(id)?.userID
     }

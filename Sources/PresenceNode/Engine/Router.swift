@@ -19,9 +19,33 @@ struct Router: Sendable {
 
     private var topology: Topology { core.topology }
 
-    /// Runs a call at the channel's owner.
-    func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
-        try await retrying { (attempt: Attempt) async throws(PresenceError) in
+    /// What this node's own shard answered to a channel call, and the copies to its replicas that
+    /// the answer must wait for.
+    struct LocalAnswer: Sendable {
+        let result: ClusterChannelResult
+        let tickets: [PeerLink.Ticket]
+
+        /// Nothing is left to do with it: no copy to wait for, no error to act on.
+        func isFinal(_ core: EngineCore) -> Bool { result.error == nil && (tickets.isEmpty || core.link == nil) }
+    }
+
+    /// A channel call run at once on the calling thread: when this node owns the channel, serves
+    /// it, and the channel's shard runs on this thread (its connection's loop), the shard's
+    /// synchronous `handle` answers it here. Nil when it cannot run here; the call was not made.
+    func channelCallAtOnce(_ key: ChannelKey, _ call: ClusterChannelCall) -> LocalAnswer? {
+        let shard = core.channelShard(key)
+        guard shard.loop.inEventLoop, topology.route(key).0 == topology.me,
+              topology.notServing(keyHash: StableHash.of(key)) == nil else { return nil }
+        let (result, tickets) = shard.handleOnLoop(call, key: key)
+        return LocalAnswer(result: result, tickets: tickets)
+    }
+
+    /// Runs a call at the channel's owner. `first`, when given, is the answer this node's shard
+    /// already gave to the call (`channelCallAtOnce`): it stands for the first attempt.
+    func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall, first: LocalAnswer? = nil) async throws(PresenceError) -> ClusterChannelResult {
+        var first = first
+        return try await retrying { (attempt: Attempt) async throws(PresenceError) in
+            if let answer = first.take() { return try await finish(answer) }
             let (owner, fingerprint) = topology.route(key)
             if owner == topology.me { return try await localChannel(key, call) }
             guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(owner)") }
@@ -100,9 +124,14 @@ struct Router: Sendable {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
         let (r, tickets) = await core.channelShard(key).serve(call, key: key)
-        if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
-        if let e = r.error { throw PresenceError(wire: e) }
-        return r
+        return try await finish(LocalAnswer(result: r, tickets: tickets))
+    }
+
+    /// A local answer once its copies reached the replicas (or the wait for them timed out).
+    private func finish(_ answer: LocalAnswer) async throws(PresenceError) -> ClusterChannelResult {
+        if !answer.tickets.isEmpty, let link = core.link { await link.waitSent(answer.tickets, timeout: core.timings.replicationWait) }
+        if let e = answer.result.error { throw PresenceError(wire: e) }
+        return answer.result
     }
 
     /// A home call this node must answer as the users' home; users are split over shards.
@@ -165,7 +194,7 @@ extension ChannelShard {
     }
 
     /// (synchronous: `assumeIsolated` checks, through the loop's `checkIsolated`, that this is the loop)
-    private nonisolated func handleOnLoop(_ call: ClusterChannelCall, key: ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket]) {
+    nonisolated func handleOnLoop(_ call: ClusterChannelCall, key: ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket]) {
         assumeIsolated { $0.handle(call, key: key) }
     }
 }

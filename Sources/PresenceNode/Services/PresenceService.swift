@@ -29,6 +29,16 @@ public struct PresenceService: Sendable {
     }
 
     /// Runs a call, turning `PresenceError` into its gRPC status.
+    /// A staged engine call (`Staged`) with its errors, at once or from its rest, as gRPC statuses.
+    static func staged<T: Sendable>(_ body: () throws(PresenceError) -> Staged<T, PresenceError>) throws -> Staged<T, any Error> {
+        let first: Staged<T, PresenceError>
+        do { first = try body() } catch { throw status(error) }
+        switch first {
+        case .now(let value): return .now(value)
+        case .later(let rest): return .later { try await call { () async throws(PresenceError) in try await rest() } }
+        }
+    }
+
     static func call<T>(_ body: () async throws(PresenceError) -> T) async throws -> T {
         do {
             return try await body()
@@ -52,9 +62,9 @@ public struct PresenceService: Sendable {
 
     /// A call that names a session: in token mode its token must be valid and for the session's
     /// own user (PERMISSION_DENIED otherwise; an unknown session is NOT_FOUND from the call).
-    func checkCaller(_ ctx: ServerContext, session: String) async throws(PresenceError) {
+    func checkCaller(_ ctx: ServerContext, session: String) throws(PresenceError) {
         guard let user = try caller(ctx) else { return }
-        guard let owner = await engine.owner(ofSession: session) else { return }
+        guard let owner = engine.owner(ofSession: session) else { return }
         if owner != user {
             throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(session) belongs to another user")
         }
@@ -110,29 +120,29 @@ public struct PresenceService: Sendable {
 
         registry.unary(PresenceMethods.closeSession) { req, ctx in
             try await Self.call { () async throws(PresenceError) in
-                try await service.checkCaller(ctx, session: req.sessionID)
+                try service.checkCaller(ctx, session: req.sessionID)
                 try await engine.closeSession(req.sessionID)
             }
             return CloseSessionResponse()
         }
         registry.unary(PresenceMethods.join) { req, ctx in
             try await Self.call { () async throws(PresenceError) in
-                try await service.checkCaller(ctx, session: req.sessionID)
+                try service.checkCaller(ctx, session: req.sessionID)
                 try await engine.join(req.sessionID, channel: req.channelName, type: req.channelType, withPresence: req.withPresence)
             }
             return JoinResponse()
         }
         registry.unary(PresenceMethods.leave) { req, ctx in
             try await Self.call { () async throws(PresenceError) in
-                try await service.checkCaller(ctx, session: req.sessionID)
+                try service.checkCaller(ctx, session: req.sessionID)
                 try await engine.leave(req.sessionID, channel: req.channelName, type: req.channelType)
             }
             return LeaveResponse()
         }
-        registry.unaryEncoded(PresenceMethods.getOnlineUsers) { req, ctx in
-            try await Self.call { () async throws(PresenceError) in
+        registry.unaryStagedEncoded(PresenceMethods.getOnlineUsers) { req, ctx in
+            try Self.staged { () throws(PresenceError) in
                 try service.checkReader(ctx)
-                return try await engine.getOnlineUsersEncoded(req)
+                return try engine.getOnlineUsersEncodedStaged(req)
             }
         }
         registry.unary(PresenceMethods.getUserChannels) { req, ctx in
@@ -141,29 +151,27 @@ public struct PresenceService: Sendable {
                 return try await engine.getUserChannels(req.userID)
             }
         }
-        registry.unary(PresenceMethods.setState) { req, ctx in
-            try await Self.call { () async throws(PresenceError) in
-                try await service.checkCaller(ctx, session: req.sessionID)
-                try await engine.setState(req.sessionID, channel: req.channelName, type: req.channelType, items: req.items)
-            }
-            return SetStateResponse()
+        registry.unaryStaged(PresenceMethods.setState) { req, ctx in
+            try Self.staged { () throws(PresenceError) in
+                try service.checkCaller(ctx, session: req.sessionID)
+                return try engine.setStateStaged(req.sessionID, channel: req.channelName, type: req.channelType, items: req.items)
+            }.map { SetStateResponse() }
         }
-        registry.unary(PresenceMethods.getState) { req, ctx in
-            GetStateResponse(state: try await Self.call { () async throws(PresenceError) in
+        registry.unaryStaged(PresenceMethods.getState) { req, ctx in
+            try Self.staged { () throws(PresenceError) in
                 try service.checkReader(ctx)
-                return try await engine.getState(channel: req.channelName, type: req.channelType, user: req.userID)
-            })
+                return try engine.getStateStaged(channel: req.channelName, type: req.channelType, user: req.userID)
+            }.map { GetStateResponse(state: $0) }
         }
-        registry.unary(PresenceMethods.removeState) { req, ctx in
-            try await Self.call { () async throws(PresenceError) in
-                try await service.checkCaller(ctx, session: req.sessionID)
-                try await engine.removeState(req.sessionID, channel: req.channelName, type: req.channelType, keys: req.keys)
-            }
-            return RemoveStateResponse()
+        registry.unaryStaged(PresenceMethods.removeState) { req, ctx in
+            try Self.staged { () throws(PresenceError) in
+                try service.checkCaller(ctx, session: req.sessionID)
+                return try engine.removeStateStaged(req.sessionID, channel: req.channelName, type: req.channelType, keys: req.keys)
+            }.map { RemoveStateResponse() }
         }
         registry.unary(PresenceMethods.setStatus) { req, ctx in
             try await Self.call { () async throws(PresenceError) in
-                try await service.checkCaller(ctx, session: req.sessionID)
+                try service.checkCaller(ctx, session: req.sessionID)
                 try await engine.setStatus(req.sessionID, status: req.status)
             }
             return SetStatusResponse()
@@ -176,7 +184,7 @@ public struct PresenceService: Sendable {
         }
         registry.unary(PresenceMethods.watch) { req, ctx in
             WatchResponse(statuses: try await Self.call { () async throws(PresenceError) in
-                try await service.checkCaller(ctx, session: req.sessionID)
+                try service.checkCaller(ctx, session: req.sessionID)
                 return try await engine.watch(req.sessionID, add: req.userIDs, remove: req.unwatchUserIDs)
             })
         }

@@ -62,7 +62,7 @@ public final class WebSocketAPI: Sendable {
 
     /// One of Presence's unary methods, by name ("Join").
     func method(_ name: String) -> Method? {
-        guard let m = Self.coders[name], case .unary(let handler)? = registry.methods[m.path] else { return nil }
+        guard let m = Self.coders[name], let handler = registry.methods[m.path]?.asyncUnary else { return nil }
         return Method(path: m.path, handler: handler, request: m.request, response: m.response)
     }
 
