@@ -4,9 +4,12 @@
 /proc) per call or delivery, which is steadier here than the rate.
 
     Scripts/ab --rounds 8 /tmp/presenced-before /tmp/presenced-after [--load setstate|fanout|online]
+               [--node-args "--threads 1"]
 
 Keep a copy of the release binary before a change (`cp .build/release/presenced /tmp/...`), build
-the change, and compare the two. Prints each run, then the medians and the change in CPU per call.
+the change, and compare the two. Prints each run, then the medians and the change in CPU per call,
+and the median of each round's ratio to the first binary (paired within a round, so a drift of the
+machine between rounds cancels out).
 """
 import argparse
 import os
@@ -27,8 +30,8 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(binary, load):
-    node, port = start_node("--max-instant-events", "100000", binary=binary)
+def one_run(binary, load, node_args=()):
+    node, port = start_node("--max-instant-events", "100000", *node_args, binary=binary)
     try:
         before = cpu_seconds(node.pid)
         out = subprocess.run([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", *LOADS[load]],
@@ -48,18 +51,23 @@ def main():
     ap.add_argument("binaries", nargs="+", help="two or more presenced binaries")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--load", choices=sorted(LOADS), default="setstate")
+    ap.add_argument("--node-args", default="", help="more flags for every node, e.g. \"--threads 1\"")
     args = ap.parse_args()
+    node_args = args.node_args.split()
     results = {b: [] for b in args.binaries}
     for r in range(args.rounds):
         for b in (args.binaries if r % 2 == 0 else args.binaries[::-1]):
-            rate, us = one_run(b, args.load)
+            rate, us = one_run(b, args.load, node_args)
             results[b].append((rate, us))
             print(f"round {r} {b}: rate={rate:.0f}/s cpu={us:.2f} us/call", flush=True)
-    base = statistics.median(x[1] for x in results[args.binaries[0]])
+    first = results[args.binaries[0]]
+    base = statistics.median(x[1] for x in first)
     for b in args.binaries:
         rate = statistics.median(x[0] for x in results[b])
         us = statistics.median(x[1] for x in results[b])
-        print(f"{b}: median rate {rate:.0f}/s, median node CPU {us:.2f} us/call ({(us / base - 1) * 100:+.1f}% vs first)")
+        paired = statistics.median(x[1] / f[1] for x, f in zip(results[b], first))
+        print(f"{b}: median rate {rate:.0f}/s, median node CPU {us:.2f} us/call ({(us / base - 1) * 100:+.1f}% vs first; "
+              f"median of the rounds' ratios {(paired - 1) * 100:+.1f}%)")
 
 
 if __name__ == "__main__":

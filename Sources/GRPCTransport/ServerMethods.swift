@@ -135,6 +135,10 @@ public final class RequestMessages: AsyncSequence, Sendable {
 }
 
 /// The methods a server serves, by `:path`. Unknown paths answer `UNIMPLEMENTED`.
+///
+/// (The typed registrations are inlinable so that each method's closure is specialised for its
+/// message types where it is registered; made generically here, every call looked up the types'
+/// metadata at run time.)
 public struct ServiceRegistry: Sendable {
     public private(set) var methods: [String: ServerMethod] = [:]
 
@@ -144,7 +148,7 @@ public struct ServiceRegistry: Sendable {
         methods[path] = method
     }
 
-    static func decode<M: ProtoMessage>(_ type: M.Type, _ bytes: [UInt8]) throws -> M {
+    @usableFromInline static func decode<M: ProtoMessage>(_ type: M.Type, _ bytes: [UInt8]) throws -> M {
         do {
             return try M(serializedBytes: bytes)
         } catch let e as WireError {
@@ -153,14 +157,14 @@ public struct ServiceRegistry: Sendable {
     }
 
     /// A unary method served on the loop thread (must not block).
-    public mutating func unaryInline<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Resp) {
+    @inlinable public mutating func unaryInline<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Resp) {
         register(path: m.path, .unaryInline { bytes, ctx in
             MessageFraming.framed(try handler(try Self.decode(Req.self, bytes), ctx))
         })
     }
 
     /// A unary method served by an async handler.
-    public mutating func unary<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> Resp) {
+    @inlinable public mutating func unary<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> Resp) {
         register(path: m.path, .unary { bytes, ctx in
             MessageFraming.framed(try await handler(try Self.decode(Req.self, bytes), ctx))
         })
@@ -168,14 +172,14 @@ public struct ServiceRegistry: Sendable {
 
     /// A unary method that answers at once on the connection's loop when it can, and otherwise
     /// hands back the rest of the call (`ServerMethod.unaryStaged`).
-    public mutating func unaryStaged<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Staged<Resp, any Error>) {
+    @inlinable public mutating func unaryStaged<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Staged<Resp, any Error>) {
         register(path: m.path, .unaryStaged { bytes, ctx in
             try handler(try Self.decode(Req.self, bytes), ctx).map { MessageFraming.framed($0) }
         })
     }
 
     /// `unaryStaged` with the response already encoded (a `Resp` as protobuf bytes).
-    public mutating func unaryStagedEncoded<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Staged<[UInt8], any Error>) {
+    @inlinable public mutating func unaryStagedEncoded<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) throws -> Staged<[UInt8], any Error>) {
         register(path: m.path, .unaryStaged { bytes, ctx in
             try handler(try Self.decode(Req.self, bytes), ctx).map { MessageFraming.framed(encoded: $0) }
         })
@@ -183,7 +187,7 @@ public struct ServiceRegistry: Sendable {
 
     /// A unary method whose async handler answers with the response already encoded (a `Resp` as
     /// protobuf bytes), for answers kept encoded between calls.
-    public mutating func unaryEncoded<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> [UInt8]) {
+    @inlinable public mutating func unaryEncoded<Req, Resp>(_ m: MethodDescriptor<Req, Resp>, _ handler: @escaping @Sendable (Req, ServerContext) async throws -> [UInt8]) {
         register(path: m.path, .unary { bytes, ctx in
             MessageFraming.framed(encoded: try await handler(try Self.decode(Req.self, bytes), ctx))
         })

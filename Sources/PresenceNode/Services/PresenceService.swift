@@ -28,7 +28,6 @@ public struct PresenceService: Sendable {
         return GRPCStatus(code, e.description)
     }
 
-    /// Runs a call, turning `PresenceError` into its gRPC status.
     /// A staged engine call (`Staged`) with its errors, at once or from its rest, as gRPC statuses.
     static func staged<T: Sendable>(_ body: () throws(PresenceError) -> Staged<T, PresenceError>) throws -> Staged<T, any Error> {
         let first: Staged<T, PresenceError>
@@ -39,6 +38,7 @@ public struct PresenceService: Sendable {
         }
     }
 
+    /// Runs a call, turning `PresenceError` into its gRPC status.
     static func call<T>(_ body: () async throws(PresenceError) -> T) async throws -> T {
         do {
             return try await body()
