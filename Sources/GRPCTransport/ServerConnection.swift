@@ -432,40 +432,20 @@ final class ServerConnection: HTTP2Connection {
             }
             runningUnary += 1
             s.countedUnary = true
-            let rest: @Sendable () async throws -> [UInt8]
             switch method {
             case .unaryStaged(let handler):
                 // (its first part runs here, on this loop; an answer that needed no wait ends the
                 // call as a task that never suspended would, with no task made)
-                do {
-                    switch try handler(request, context) {
-                    case .now(let bytes):
-                        unaryCompleted(streamID: id, .success(bytes))
-                        return
-                    case .later(let r):
-                        rest = r
-                    }
-                } catch {
+                let outcome: Staged<[UInt8], any Error>
+                do { outcome = try handler(request, context) } catch {
                     unaryCompleted(streamID: id, .failure(error))
                     return
                 }
+                carryOn(id, outcome)
             case .unary(let handler):
-                rest = { try await handler(request, context) }
+                startUnaryTask(id) { try await handler(request, context) }
             default:
-                return
-            }
-            // Starts on this thread and runs until it first waits, and prefers this loop after
-            // that: calls to actors pinned to this loop never change threads. Its answer is taken
-            // at once when it ends on this loop (and so, when it never had to wait, before
-            // `Task.immediate` returns: then there is no task left to keep).
-            let task = Task.immediate(executorPreference: loop) {
-                let result: Result<[UInt8], Error>
-                do { result = .success(try await rest()) } catch { result = .failure(error) }
-                me.run { $0.unaryCompleted(streamID: id, result) }
-            }
-            if !s.handlerEnded {
-                // (the call may have been abandoned while the handler runs: it is told at once)
-                if s.status == nil { s.task = task } else { task.cancel() }
+                break
             }
         case .serverStreaming(let handler):
             startStreaming(s) { writer in try await handler(request, context, writer) }
@@ -474,6 +454,54 @@ final class ServerConnection: HTTP2Connection {
         }
     }
 
+    /// Carries a staged unary call on from its outcome so far: answers it, hands it to the loop
+    /// its attempt must run on (whose answer comes back here as a plain job: no task, no actor
+    /// hop), or runs its rest as a task. The rest runs even when the client has gone meanwhile
+    /// (it may have a change to finish, as a cancelled task's does).
+    private func carryOn(_ id: Int32, _ outcome: Staged<[UInt8], any Error>, handedOff: Bool = false) {
+        switch outcome {
+        case .now(let bytes):
+            unaryCompleted(streamID: id, .success(bytes))
+        case .onLoop(let other, let attempt) where !handedOff:
+            let me = LoopBound(self, loop: loop)
+            let sent = other.execute {
+                let next: Staged<[UInt8], any Error>
+                do { next = try attempt() } catch {
+                    me.execute { $0.unaryCompleted(streamID: id, .failure(error)) }
+                    return
+                }
+                me.execute { $0.carryOn(id, next, handedOff: true) }
+            }
+            if !sent { startUnaryTask(id) { try await outcome.value } }  // (that loop has stopped)
+        case .onLoop:
+            // (an attempt that asks to move again is not moved twice: it runs as a task)
+            startUnaryTask(id) { try await outcome.value }
+        case .later(let rest):
+            startUnaryTask(id, rest)
+        }
+    }
+
+    /// Runs a unary call's handler (or its rest) as a task.
+    private func startUnaryTask(_ id: Int32, _ rest: @escaping @Sendable () async throws -> [UInt8]) {
+        let me = LoopBound(self, loop: loop)
+        // Starts on this thread and runs until it first waits, and prefers this loop after
+        // that: calls to actors pinned to this loop never change threads. Its answer is taken
+        // at once when it ends on this loop (and so, when it never had to wait, before
+        // `Task.immediate` returns: then there is no task left to keep).
+        let task = Task.immediate(executorPreference: loop) {
+            let result: Result<[UInt8], Error>
+            do { result = .success(try await rest()) } catch { result = .failure(error) }
+            me.run { $0.unaryCompleted(streamID: id, result) }
+        }
+        guard let s = streams[id] else {
+            task.cancel()  // (its client has gone)
+            return
+        }
+        if !s.handlerEnded {
+            // (the call may have been abandoned while the handler runs: it is told at once)
+            if s.status == nil { s.task = task } else { task.cancel() }
+        }
+    }
 
     private func context(of s: ServerStream) -> ServerContext {
         ServerContext(path: s.path, deadline: s.timeout.map { t in

@@ -25,7 +25,10 @@ enum TestMethods {
     static let bidiDeaf = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/BidiDeaf", kind: .bidiStreaming)
     /// A staged method: key "now" answers at once, "later" from its rest (after a suspension),
     /// "fail" and "fail later" fail in the first part or the rest; the answer's value says whether
-    /// the part that answered ran in a task ("task" or "no task").
+    /// the part that answered ran in a task ("task" or "no task"). Keys starting "moved " hand the
+    /// call to the other loop first, where the rest of the key is done ("moved now", "moved
+    /// fail", "moved later", "moved moved now"), and the value then ends with " there" when the
+    /// answering part ran on that other loop.
     static let staged = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Staged", kind: .unary)
     /// Sleeps `value` ms, then echoes.
     static let slow = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Slow", kind: .unary)
@@ -73,23 +76,30 @@ struct Harness {
             if req.key == "fail" { throw GRPCStatus(.invalidArgument, "BAD_KEY: ünïcode % message") }
             return req
         }
-        registry.unaryStaged(TestMethods.staged) { req, _ in
-            @Sendable func where_() -> String { withUnsafeCurrentTask { $0 == nil ? "no task" : "task" } }
-            switch req.key {
-            case "now": return .now(StateItem(key: req.key, value: where_()))
+        let loops = group.loops
+        @Sendable func staged(_ key: String, answering full: String, there: EventLoop?) throws -> Staged<StateItem, any Error> {
+            @Sendable func where_() -> String {
+                withUnsafeCurrentTask { $0 == nil ? "no task" : "task" } + (there?.inEventLoop == true ? " there" : "")
+            }
+            switch key {
+            case "now": return .now(StateItem(key: full, value: where_()))
             case "fail": throw GRPCStatus(.failedPrecondition, "FIRST_PART_FAILED")
             case "fail later":
                 return .later {
                     await Task.yield()
                     throw GRPCStatus(.aborted, "REST_FAILED")
                 }
+            case let moved where moved.hasPrefix("moved "):
+                let other = there ?? loops.first { !$0.inEventLoop }!
+                return .onLoop(other) { try staged(String(moved.dropFirst(6)), answering: full, there: other) }
             default:
                 return .later {
                     await Task.yield()
-                    return StateItem(key: req.key, value: where_())
+                    return StateItem(key: full, value: where_())
                 }
             }
         }
+        registry.unaryStaged(TestMethods.staged) { req, _ in try staged(req.key, answering: req.key, there: nil) }
         registry.serverStreaming(TestMethods.stream) { req, _, writer in
             seen.writers.withLock { $0.append(writer.raw) }
             let count = Int(req.key) ?? 0

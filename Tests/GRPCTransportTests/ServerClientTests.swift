@@ -41,6 +41,34 @@ import Testing
         await h.stop()
     }
 
+    /// A staged call handed to another loop is tried again there, as a plain job (no task), and
+    /// its answer, failure or rest comes back to its connection; one that asks to move again is
+    /// not handed on twice but still answered.
+    @Test func aStagedCallHandedToAnotherLoopIsAnsweredFromThere() async throws {
+        let h = try Harness()
+        // (a deadline: an answer lost on its way back fails the test instead of hanging it)
+        func call(_ key: String) async throws -> String {
+            try await h.client.unary(TestMethods.staged, StateItem(key: key), timeout: .seconds(10)).value
+        }
+        #expect(try await call("moved now") == "no task there")
+        #expect(try await call("moved later") == "task")
+        let failed = await expectStatus(.failedPrecondition) { _ = try await call("moved fail") }
+        #expect(failed?.message == "FIRST_PART_FAILED")
+        await expectStatus(.aborted) { _ = try await call("moved fail later") }
+        #expect(try await call("moved moved now").hasSuffix("there"))
+        try await withThrowingTaskGroup(of: Void.self) { g in
+            for i in 0..<200 {
+                g.addTask {
+                    let key = ["moved now", "now", "moved later"][i % 3]
+                    let answer = try await h.client.unary(TestMethods.staged, StateItem(key: key), timeout: .seconds(10))
+                    #expect(answer.key == key)
+                }
+            }
+            try await g.waitForAll()
+        }
+        await h.stop()
+    }
+
     @Test func handlerErrorsBecomeStatusWithPercentEncodedMessage() async throws {
         let h = try Harness()
         let s = await expectStatus(.invalidArgument) { _ = try await h.client.unary(TestMethods.inlineEcho, StateItem(key: "fail")) }

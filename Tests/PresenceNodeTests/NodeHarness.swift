@@ -17,7 +17,7 @@ final class TestNode: Sendable {
 
     init(presenceTimeout: Double = 0.5, maxInstantEvents: Int = 50, presenceInterval: Double = 0.2, authSecretFile: String? = nil,
          nodeID: String = "test-node", seeds: [HostPort] = [], clusterSecretFile: String? = nil, replicationFactor: Int = 2,
-         maxSessions: Int = 1_000_000) throws {
+         maxSessions: Int = 1_000_000, threads: Int = 1) throws {
         var c = NodeConfiguration(nodeID: nodeID)
         c.listen = HostPort(host: "127.0.0.1", port: 0)
         c.peerListen = HostPort(host: "127.0.0.1", port: 0)
@@ -30,7 +30,7 @@ final class TestNode: Sendable {
         c.maxSessions = maxSessions
         c.presenceInterval = presenceInterval
         c.authSecretFile = authSecretFile
-        c.threads = 1
+        c.threads = threads
         c.logLevel = .error
         node = try Node(configuration: c)
         try node.start()

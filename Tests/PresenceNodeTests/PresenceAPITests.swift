@@ -57,6 +57,35 @@ import Testing
         await n.stop()
     }
 
+    /// With two loops, a call whose channel's shard runs on the other loop than its connection's
+    /// is handed to that loop (no task); one on the same loop is answered at once. Either way the
+    /// writes land, are noted at the gateway, and reads see them.
+    @Test func callsWhoseShardRunsOnAnotherLoopAreHandedToIt() async throws {
+        let n = try TestNode(threads: 2)
+        let users = ["ann", "bob", "cat", "dan"]
+        let clients = users.map { n.client($0) }
+        for c in clients { try await c.connect() }
+        let key = ChannelKey(name: "lobby", type: .message)
+        for (i, c) in clients.enumerated() {
+            try await c.join("lobby", withPresence: false)
+            try await c.setState("lobby", ["seat": String(i), "mic": "on"])
+            try await c.removeState("lobby", keys: ["mic"])
+        }
+        for (i, c) in clients.enumerated() {
+            let text = try #require(c.sessionID)
+            let id = try #require(SessionID(text: text))
+            #expect(n.node.engine.core.gatewayShard(id).held(id)?.channels[key]?.state == [StateItem(key: "seat", value: String(i))])
+            for (j, user) in users.enumerated() {
+                #expect(try await c.getState("lobby", user: user) == [StateItem(key: "seat", value: String(j))])
+            }
+            let page = try await c.onlineUsers("lobby", includeState: true)
+            #expect(page.users.map(\.userID) == users)
+            #expect(page.users.map(\.states) == users.indices.map { [StateItem(key: "seat", value: String($0))] })
+        }
+        for c in clients { await c.close() }
+        await n.stop()
+    }
+
     @Test func ownCallsCauseNoEventToTheCaller() async throws {
         let n = try TestNode()
         let ann = n.client("ann")

@@ -310,13 +310,23 @@ public final class PresenceEngine: Sendable {
     /// A session's state write at its channel's owner; its answer is noted at the gateway. Made on
     /// this thread when the owner's shard runs here: when it needs nothing more (no copy to wait
     /// for, no refusal to act on) it is done; else the rest of the call goes on from that answer.
-    private func stateWrite(_ id: SessionID, _ key: ChannelKey, _ g: GatewayShard, _ call: ClusterChannelCall) -> Staged<Void, PresenceError> {
-        let first = router.channelCallAtOnce(key, call)
-        if let first, first.isFinal(core) {
-            g.stateAcknowledged(id, channel: key, state: first.result.state, version: first.result.stateVersion)
-            return .now(())
+    /// Handed to the shard's loop when it runs on another of this node's (`handOff`: once).
+    private func stateWrite(_ id: SessionID, _ key: ChannelKey, _ g: GatewayShard, _ call: ClusterChannelCall,
+                            handOff: Bool = true) -> Staged<Void, PresenceError> {
+        var first: Router.LocalAnswer? = nil
+        switch router.channelCallAtOnce(key, call) {
+        case .answered(let answer):
+            if answer.isFinal(core) {
+                g.stateAcknowledged(id, channel: key, state: answer.result.state, version: answer.result.stateVersion)
+                return .now(())
+            }
+            first = answer
+        case .onLoop(let loop) where handOff:
+            return .onLoop(loop) { [self] () throws(PresenceError) in stateWrite(id, key, g, call, handOff: false) }
+        case .onLoop, .elsewhere:
+            break
         }
-        return .later { [self] () async throws(PresenceError) in
+        return .later { [self, first] () async throws(PresenceError) in
             var first = first
             let r = try await sessionCall(id, key) { () async throws(PresenceError) in
                 try await router.channelCall(key, call, first: first.take())
@@ -329,15 +339,32 @@ public final class PresenceEngine: Sendable {
         try await getStateStaged(channel: channel, type: type, user: user).value
     }
 
-    /// `getState`, answered at once when the channel's shard runs on this thread.
+    /// `getState`, answered at once when the channel's shard runs on this thread (or handed to
+    /// its loop when it runs on another of this node's).
     public func getStateStaged(channel: String, type: ChannelType, user: String) throws(PresenceError) -> Staged<UserState, PresenceError> {
         let key = try Validate.channel(channel, type)
         let user = try Validate.userID(user)
-        let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user)
-        let first = router.channelCallAtOnce(key, call)
-        if let first, first.isFinal(core) { return .now(try Self.userState(first.result, user, key)) }
-        return .later { [router] () async throws(PresenceError) in
-            try Self.userState(try await router.channelCall(key, call, first: first), user, key)
+        return try channelRead(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user)) {
+            (r: ClusterChannelResult) throws(PresenceError) -> UserState in try Self.userState(r, user, key)
+        }
+    }
+
+    /// A read at a channel's owner, staged as `stateWrite` is (a read has no copies to wait for;
+    /// a refusal goes on through the rest, which retries).
+    private func channelRead<T: Sendable>(_ key: ChannelKey, _ call: ClusterChannelCall, handOff: Bool = true,
+                                          _ answer: @escaping @Sendable (ClusterChannelResult) throws(PresenceError) -> T) throws(PresenceError) -> Staged<T, PresenceError> {
+        var first: Router.LocalAnswer? = nil
+        switch router.channelCallAtOnce(key, call) {
+        case .answered(let a):
+            if a.isFinal(core) { return .now(try answer(a.result)) }
+            first = a
+        case .onLoop(let loop) where handOff:
+            return .onLoop(loop) { [self] () throws(PresenceError) in try channelRead(key, call, handOff: false, answer) }
+        case .onLoop, .elsewhere:
+            break
+        }
+        return .later { [router, first] () async throws(PresenceError) in
+            try answer(try await router.channelCall(key, call, first: first))
         }
     }
 
@@ -365,10 +392,9 @@ public final class PresenceEngine: Sendable {
     /// `getOnlineUsersEncoded`, answered at once when the channel's shard runs on this thread.
     public func getOnlineUsersEncodedStaged(_ r: GetOnlineUsersRequest) throws(PresenceError) -> Staged<[UInt8], PresenceError> {
         let (key, call) = try listCall(r, encoded: true)
-        let first = router.channelCallAtOnce(key, call)
-        if let first, first.isFinal(core) { return .now(Self.encodedListing(first.result, countOnly: call.countOnly)) }
-        return .later { [router] () async throws(PresenceError) in
-            Self.encodedListing(try await router.channelCall(key, call, first: first), countOnly: call.countOnly)
+        let countOnly = call.countOnly
+        return try channelRead(key, call) { (r: ClusterChannelResult) throws(PresenceError) -> [UInt8] in
+            Self.encodedListing(r, countOnly: countOnly)
         }
     }
 

@@ -1,4 +1,5 @@
 import ClusterCore
+import EventLoop
 import PresenceCore
 import PresenceWire
 
@@ -29,15 +30,25 @@ struct Router: Sendable {
         func isFinal(_ core: EngineCore) -> Bool { result.error == nil && (tickets.isEmpty || core.link == nil) }
     }
 
+    /// Where a channel call can be made without a task: here, done (`answered`); on another of
+    /// this node's loops, where the channel's shard runs (`onLoop`: try again there); or not
+    /// without waiting (`elsewhere`: another node owns the channel, or this one does not serve it
+    /// now), and then the call was not made.
+    enum AtOnce {
+        case answered(LocalAnswer)
+        case onLoop(EventLoop)
+        case elsewhere
+    }
+
     /// A channel call run at once on the calling thread: when this node owns the channel, serves
     /// it, and the channel's shard runs on this thread (its connection's loop), the shard's
-    /// synchronous `handle` answers it here. Nil when it cannot run here; the call was not made.
-    func channelCallAtOnce(_ key: ChannelKey, _ call: ClusterChannelCall) -> LocalAnswer? {
+    /// synchronous `handle` answers it here.
+    func channelCallAtOnce(_ key: ChannelKey, _ call: ClusterChannelCall) -> AtOnce {
         let shard = core.channelShard(key)
-        guard shard.loop.inEventLoop, topology.route(key).0 == topology.me,
-              topology.notServing(keyHash: StableHash.of(key)) == nil else { return nil }
+        guard topology.route(key).0 == topology.me, topology.notServing(keyHash: StableHash.of(key)) == nil else { return .elsewhere }
+        guard shard.loop.inEventLoop else { return .onLoop(shard.loop) }
         let (result, tickets) = shard.handleOnLoop(call, key: key)
-        return LocalAnswer(result: result, tickets: tickets)
+        return .answered(LocalAnswer(result: result, tickets: tickets))
     }
 
     /// Runs a call at the channel's owner. `first`, when given, is the answer this node's shard

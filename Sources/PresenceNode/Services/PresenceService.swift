@@ -34,6 +34,7 @@ public struct PresenceService: Sendable {
         do { first = try body() } catch { throw status(error) }
         switch first {
         case .now(let value): return .now(value)
+        case .onLoop(let loop, let attempt): return .onLoop(loop) { try staged(attempt) }
         case .later(let rest): return .later { try await call { () async throws(PresenceError) in try await rest() } }
         }
     }
