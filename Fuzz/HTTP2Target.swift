@@ -1,13 +1,18 @@
 // libFuzzer target: a gRPC server connection fed raw bytes as if read from its socket, in pieces
 // whose sizes the input chooses, with nghttp2 doing the HTTP/2 and the server its limits (header
 // list size, metadata entries, message size, streams, output budget). One inline method echoes;
-// every other path is UNIMPLEMENTED; one is refused before its body is read. Built by
+// one staged method (at GetOnlineUsers' and SetState's paths) echoes at once, from another loop,
+// from a task, or fails, by its request's last byte (its answers may come back after the stream
+// or the connection has gone); every other
+// path is UNIMPLEMENTED; one is refused before its body is read. Built by
 // Scripts/fuzz, with the transport's sources compiled into this one module.
 import Dispatch
 import Glibc
 
 /// The loop every input runs on (connections are loop-confined), and the server core they belong to.
 private nonisolated(unsafe) let loop = EventLoop.start(name: "fuzz-http2")
+/// Where the staged method hands some calls (as a call whose shard runs on another loop).
+private nonisolated(unsafe) let otherLoop = EventLoop.start(name: "fuzz-http2-other")
 private nonisolated(unsafe) let core: ServerCore = {
     var config = ServerConfiguration(address: HostPort(host: "127.0.0.1", port: 0))
     config.maxReceiveMessageSize = 4096          // small limits: the fuzzer reaches them
@@ -22,6 +27,19 @@ private nonisolated(unsafe) let core: ServerCore = {
         MessageDeframer.writeHeader(into: &framed, length: bytes.count)
         return framed
     })
+    // (served at paths the recorded seeds call, so the fuzzer starts from calls that reach it)
+    let other = otherLoop
+    let staged = ServerMethod.unaryStaged { bytes, _ in
+        let answer = MessageFraming.framed(encoded: bytes)
+        switch bytes.last.map({ $0 % 4 }) ?? 0 {
+        case 0: return .now(answer)
+        case 1: return .onLoop(other) { .now(answer) }
+        case 2: return .later { answer }
+        default: throw GRPCStatus(.invalidArgument, "BAD_REQUEST")
+        }
+    }
+    methods.register(path: "/presence.v1.Presence/GetOnlineUsers", staged)
+    methods.register(path: "/presence.v1.Presence/SetState", staged)
     let made = DispatchSemaphore(value: 0)
     nonisolated(unsafe) var c: ServerCore? = nil
     _ = loop.execute {

@@ -33,7 +33,8 @@ public func fuzzPeer(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     switch method {
     case .unaryInline(let handler):
         _ = try? handler(body, context)
-    case .unary(let handler):
+    case .unary, .unaryStaged:
+        guard let handler = method.asyncUnary else { break }
         let done = DispatchSemaphore(value: 0)
         Task {
             _ = try? await handler(body, context)
