@@ -30,8 +30,9 @@ public enum Staged<Value: Sendable, Failure: Error>: Sendable {
         }
     }
 
-    /// Runs `attempt` on `loop`, or here when that loop has stopped (the attempt then takes the
-    /// slower way it takes off its loop).
+    /// Runs `attempt` on `loop`, or here when that loop has stopped (so the caller is not left
+    /// waiting on a job that will never run; what the attempt then gives is its own affair: a
+    /// rest that waits on that loop waits as any call to it would).
     @usableFromInline static func run(_ attempt: @escaping @Sendable () throws(Failure) -> Staged<Value, Failure>,
                                       on loop: EventLoop) async -> Result<Staged<Value, Failure>, Failure> {
         await withUnsafeContinuation { (c: UnsafeContinuation<Result<Staged<Value, Failure>, Failure>, Never>) in

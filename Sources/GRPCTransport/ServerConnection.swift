@@ -411,7 +411,6 @@ final class ServerConnection: HTTP2Connection {
         }
         s.checked = true  // (once: a replay window must not see a request waiting for its turn twice)
         let context = self.context(of: s)
-        let me = LoopBound(self, loop: loop)
         let id = s.id
         switch method {
         case .unaryInline(let handler):
@@ -472,7 +471,10 @@ final class ServerConnection: HTTP2Connection {
                 }
                 me.execute { $0.carryOn(id, next, handedOff: true) }
             }
-            if !sent { startUnaryTask(id) { try await outcome.value } }  // (that loop has stopped)
+            if !sent {
+                // (that loop has stopped: the node is going down, and what the call needs with it)
+                unaryCompleted(streamID: id, .failure(GRPCStatus(.unavailable, "SHUTTING_DOWN: this node is shutting down; retry on another node")))
+            }
         case .onLoop:
             // (an attempt that asks to move again is not moved twice: it runs as a task)
             startUnaryTask(id) { try await outcome.value }

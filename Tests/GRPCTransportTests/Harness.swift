@@ -28,7 +28,8 @@ enum TestMethods {
     /// the part that answered ran in a task ("task" or "no task"). Keys starting "moved " hand the
     /// call to the other loop first, where the rest of the key is done ("moved now", "moved
     /// fail", "moved later", "moved moved now"), and the value then ends with " there" when the
-    /// answering part ran on that other loop.
+    /// answering part ran on that other loop. "to a stopped loop" hands the call to a loop that
+    /// has stopped.
     static let staged = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Staged", kind: .unary)
     /// Sleeps `value` ms, then echoes.
     static let slow = MethodDescriptor<StateItem, StateItem>(path: "/test.Echo/Slow", kind: .unary)
@@ -77,6 +78,9 @@ struct Harness {
             return req
         }
         let loops = group.loops
+        let stoppedGroup = EventLoopGroup(count: 1, name: "test-stopped")
+        stoppedGroup.shutdown()  // (waits until it has stopped: it takes no job from then on)
+        let stopped = stoppedGroup.loops[0]
         @Sendable func staged(_ key: String, answering full: String, there: EventLoop?) throws -> Staged<StateItem, any Error> {
             @Sendable func where_() -> String {
                 withUnsafeCurrentTask { $0 == nil ? "no task" : "task" } + (there?.inEventLoop == true ? " there" : "")
@@ -89,6 +93,8 @@ struct Harness {
                     await Task.yield()
                     throw GRPCStatus(.aborted, "REST_FAILED")
                 }
+            case "to a stopped loop":
+                return .onLoop(stopped) { .now(StateItem(key: full, value: "ran")) }
             case let moved where moved.hasPrefix("moved "):
                 let other = there ?? loops.first { !$0.inEventLoop }!
                 return .onLoop(other) { try staged(String(moved.dropFirst(6)), answering: full, there: other) }

@@ -56,6 +56,8 @@ import Testing
         #expect(failed?.message == "FIRST_PART_FAILED")
         await expectStatus(.aborted) { _ = try await call("moved fail later") }
         #expect(try await call("moved moved now").hasSuffix("there"))
+        // a loop that has stopped takes no job: the call is answered UNAVAILABLE, not left waiting
+        await expectStatus(.unavailable) { _ = try await call("to a stopped loop") }
         try await withThrowingTaskGroup(of: Void.self) { g in
             for i in 0..<200 {
                 g.addTask {
