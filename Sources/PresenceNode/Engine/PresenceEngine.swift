@@ -67,7 +67,8 @@ final class EngineCore: Sendable {
     }
 
     func gatewayShard(_ id: SessionID) -> GatewayShard { gateway.shard(id) }
-    func channelShard(_ key: ChannelKey) -> ChannelShard { channelShards[Int(StableHash.of(key) % UInt64(channelShards.count))] }
+    func channelShard(_ key: ChannelKey) -> ChannelShard { channelShard(keyHash: StableHash.of(key)) }
+    func channelShard(keyHash: UInt64) -> ChannelShard { channelShards[Int(keyHash % UInt64(channelShards.count))] }
     func homeShardIndex(_ user: String) -> Int { Int(StableHash.of(user) % UInt64(userHomes.count)) }
 
     /// A session as calls carry it: its user, this gateway's process, the session's version.
@@ -285,7 +286,7 @@ public final class PresenceEngine: Sendable {
             try g.setPendingState(id, channel: key, items: items)
             return .now(())
         }
-        return stateWrite(id, key, g, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .setState,
+        return try stateWrite(id, key, g, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .setState,
                                                          session: ref, items: items))
     }
 
@@ -303,34 +304,14 @@ public final class PresenceEngine: Sendable {
             g.removePendingState(id, channel: key, keys: keys)
             return .now(())
         }
-        return stateWrite(id, key, g, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .removeState,
+        return try stateWrite(id, key, g, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .removeState,
                                                          session: ref, keys: keys))
     }
 
-    /// A session's state write at its channel's owner; its answer is noted at the gateway. Made on
-    /// this thread when the owner's shard runs here: when it needs nothing more (no copy to wait
-    /// for, no refusal to act on) it is done; else the rest of the call goes on from that answer.
-    /// Handed to the shard's loop when it runs on another of this node's (`handOff`: once).
-    private func stateWrite(_ id: SessionID, _ key: ChannelKey, _ g: GatewayShard, _ call: ClusterChannelCall,
-                            handOff: Bool = true) -> Staged<Void, PresenceError> {
-        var first: Router.LocalAnswer? = nil
-        switch router.channelCallAtOnce(key, call) {
-        case .answered(let answer):
-            if answer.isFinal(core) {
-                g.stateAcknowledged(id, channel: key, state: answer.result.state, version: answer.result.stateVersion)
-                return .now(())
-            }
-            first = answer
-        case .onLoop(let loop) where handOff:
-            return .onLoop(loop) { [self] () throws(PresenceError) in stateWrite(id, key, g, call, handOff: false) }
-        case .onLoop, .elsewhere:
-            break
-        }
-        return .later { [self, first] () async throws(PresenceError) in
-            var first = first
-            let r = try await sessionCall(id, key) { () async throws(PresenceError) in
-                try await router.channelCall(key, call, first: first.take())
-            }
+    /// A session's state write at its channel's owner (`channelStaged`), its answer noted at the
+    /// gateway; its rest goes through `sessionCall`.
+    private func stateWrite(_ id: SessionID, _ key: ChannelKey, _ g: GatewayShard, _ call: ClusterChannelCall) throws(PresenceError) -> Staged<Void, PresenceError> {
+        try channelStaged(key, call, session: id) { (r: ClusterChannelResult) in
             g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
         }
     }
@@ -344,27 +325,33 @@ public final class PresenceEngine: Sendable {
     public func getStateStaged(channel: String, type: ChannelType, user: String) throws(PresenceError) -> Staged<UserState, PresenceError> {
         let key = try Validate.channel(channel, type)
         let user = try Validate.userID(user)
-        return try channelRead(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user)) {
+        return try channelStaged(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user)) {
             (r: ClusterChannelResult) throws(PresenceError) -> UserState in try Self.userState(r, user, key)
         }
     }
 
-    /// A read at a channel's owner, staged as `stateWrite` is (a read has no copies to wait for;
-    /// a refusal goes on through the rest, which retries).
-    private func channelRead<T: Sendable>(_ key: ChannelKey, _ call: ClusterChannelCall, handOff: Bool = true,
-                                          _ answer: @escaping @Sendable (ClusterChannelResult) throws(PresenceError) -> T) throws(PresenceError) -> Staged<T, PresenceError> {
+    /// A call at a channel's owner, made on this thread when the owner's shard runs here: when it
+    /// needs nothing more (no copy to wait for, no refusal to act on) it is done; else the rest of
+    /// the call goes on from that answer (through `sessionCall` for a `session`'s call). Handed to
+    /// the shard's loop when it runs on another of this node's (`handOff`: once).
+    private func channelStaged<T: Sendable>(_ key: ChannelKey, _ call: ClusterChannelCall, session: SessionID? = nil, handOff: Bool = true,
+                                            _ answer: @escaping @Sendable (ClusterChannelResult) throws(PresenceError) -> T) throws(PresenceError) -> Staged<T, PresenceError> {
         var first: Router.LocalAnswer? = nil
         switch router.channelCallAtOnce(key, call) {
         case .answered(let a):
             if a.isFinal(core) { return .now(try answer(a.result)) }
             first = a
         case .onLoop(let loop) where handOff:
-            return .onLoop(loop) { [self] () throws(PresenceError) in try channelRead(key, call, handOff: false, answer) }
+            return .onLoop(loop) { [self] () throws(PresenceError) in try channelStaged(key, call, session: session, handOff: false, answer) }
         case .onLoop, .elsewhere:
             break
         }
-        return .later { [router, first] () async throws(PresenceError) in
-            try answer(try await router.channelCall(key, call, first: first))
+        return .later { [self, first] () async throws(PresenceError) in
+            guard let session else { return try answer(try await router.channelCall(key, call, first: first)) }
+            var first = first
+            return try answer(try await sessionCall(session, key) { () async throws(PresenceError) in
+                try await router.channelCall(key, call, first: first.take())
+            })
         }
     }
 
@@ -393,7 +380,7 @@ public final class PresenceEngine: Sendable {
     public func getOnlineUsersEncodedStaged(_ r: GetOnlineUsersRequest) throws(PresenceError) -> Staged<[UInt8], PresenceError> {
         let (key, call) = try listCall(r, encoded: true)
         let countOnly = call.countOnly
-        return try channelRead(key, call) { (r: ClusterChannelResult) throws(PresenceError) -> [UInt8] in
+        return try channelStaged(key, call) { (r: ClusterChannelResult) throws(PresenceError) -> [UInt8] in
             Self.encodedListing(r, countOnly: countOnly)
         }
     }

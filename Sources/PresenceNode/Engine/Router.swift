@@ -44,8 +44,9 @@ struct Router: Sendable {
     /// it, and the channel's shard runs on this thread (its connection's loop), the shard's
     /// synchronous `handle` answers it here.
     func channelCallAtOnce(_ key: ChannelKey, _ call: ClusterChannelCall) -> AtOnce {
-        let shard = core.channelShard(key)
-        guard topology.route(key).0 == topology.me, topology.notServing(keyHash: StableHash.of(key)) == nil else { return .elsewhere }
+        let hash = StableHash.of(key)
+        let shard = core.channelShard(keyHash: hash)
+        guard topology.route(key).0 == topology.me, topology.notServing(keyHash: hash) == nil else { return .elsewhere }
         guard shard.loop.inEventLoop else { return .onLoop(shard.loop) }
         let (result, tickets) = shard.handleOnLoop(call, key: key)
         return .answered(LocalAnswer(result: result, tickets: tickets))
@@ -131,10 +132,11 @@ struct Router: Sendable {
 
     /// A channel call this node must answer as the owner (or refuse while it may not).
     func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
-        if let why = topology.notServing(keyHash: StableHash.of(key)) {
+        let hash = StableHash.of(key)
+        if let why = topology.notServing(keyHash: hash) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
-        let (r, tickets) = await core.channelShard(key).serve(call, key: key)
+        let (r, tickets) = await core.channelShard(keyHash: hash).serve(call, key: key)
         return try await finish(LocalAnswer(result: r, tickets: tickets))
     }
 
