@@ -527,7 +527,8 @@ final class ServerConnection: HTTP2Connection {
         let id = s.id
         let drains = pendingDrains
         let writer = ServerStreamWriter(highWaterMark: core.configuration.streamHighWaterMark,
-                                        lowWaterMark: core.configuration.streamLowWaterMark) {
+                                        lowWaterMark: core.configuration.streamLowWaterMark,
+                                        coalescing: true) {
             if drains.add(id) { me.execute { $0.drainPendingWriters() } }
         }
         s.writer = writer

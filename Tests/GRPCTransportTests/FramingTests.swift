@@ -129,4 +129,43 @@ import Testing
         #expect(frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 16) } == 6)
         #expect(Array(frame[0..<6]) == [1, 2, 3, 4, 5, 6])
     }
+
+    /// A coalescing writer (an HTTP/2 stream's) hands over one copy of what it queued per drain,
+    /// none of it sharing storage with the messages sent, and keeps a small buffer for the next.
+    @Test func aCoalescingWriterHandsOverOneCopyOfItsMessagesPerDrain() throws {
+        let writer = ServerStreamWriter(coalescing: true, scheduleDrain: {})
+        let event: [UInt8] = [1, 2, 3]
+        #expect(writer.trySend(framed: event) && writer.trySend(framed: [4]) && writer.trySend(framed: event))
+        #expect(writer.queuedBytes == 7)
+        var taken: [[UInt8]] = []
+        #expect(writer.takePending(appendingTo: &taken) == 7)
+        #expect(taken == [[1, 2, 3, 4, 1, 2, 3]])
+        // (the copy is the connection's: the sent message's storage is not in it)
+        let shared = taken[0].withUnsafeBufferPointer { t in event.withUnsafeBufferPointer { $0.baseAddress == t.baseAddress } }
+        #expect(!shared)
+        #expect(writer.takePending(appendingTo: &taken) == 0 && taken.count == 1)
+        #expect(writer.trySend(framed: [5, 6]))
+        #expect(writer.takePending() == [[5, 6]])
+        // (what was taken stays counted until the connection says it wrote it)
+        #expect(writer.queuedBytes == 9)
+        writer.drained(9)
+        #expect(writer.queuedBytes == 0)
+        // (the hard limit holds as for any writer, and a closed writer drops what waits)
+        let limited = ServerStreamWriter(hardLimit: 4, coalescing: true, scheduleDrain: {})
+        #expect(limited.trySend(framed: [UInt8](repeating: 7, count: 5)))
+        #expect(!limited.trySend(framed: [8]))
+        limited.close(GRPCStatus(.cancelled, "gone"))
+        #expect(limited.takePending().isEmpty)
+        #expect(!limited.trySend(framed: [9]))
+    }
+
+    /// A writer that does not coalesce (the WebSocket door's) hands over each message as sent.
+    @Test func aWriterThatDoesNotCoalesceHandsOverEachMessageAsSent() {
+        let writer = ServerStreamWriter(scheduleDrain: {})
+        let event: [UInt8] = [1, 2, 3]
+        #expect(writer.trySend(framed: event) && writer.trySend(framed: [4]))
+        let taken = writer.takePending()
+        #expect(taken == [[1, 2, 3], [4]])
+        #expect(taken[0].withUnsafeBufferPointer { t in event.withUnsafeBufferPointer { $0.baseAddress == t.baseAddress } })
+    }
 }
