@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """The performance table of issue 11, every figure next to its peer, in one sitting.
 
-  Scripts/bench-perf [--runs N] [--quick]
+  Scripts/bench-perf [--runs N] [--quick] [--node-args "--threads 1"]
+
+--node-args: flags given to every presenced this starts (each single node, each cluster node,
+the fan-out node). Its peers are single-threaded (Redis; nghttpd runs one worker unless told
+otherwise): `--node-args "--threads 1"` measures presenced like them, with one event loop.
 
 Rows (each a median of --runs where it is a rate):
   SetState, h2load 50 clients x 1 in flight, one hot channel    vs  Redis DIY presence (peers redis)
@@ -75,10 +79,10 @@ def online_users_h2load(port):
         holder.wait(timeout=30)
 
 
-def cluster_cpu_per_write(size, duration=5, replication=None):
+def cluster_cpu_per_write(size, duration=5, replication=None, node_args=()):
     """CPU per SetState summed over every node of a `size`-node cluster (replication factor
     `replication`, default min(size, 2)), 50 clients over 8 channels; returns (µs, writes/s)."""
-    c = bc.Cluster(size, "--replication-factor", str(replication or min(size, 2)))
+    c = bc.Cluster(size, "--replication-factor", str(replication or min(size, 2)), *node_args)
     try:
         if size > 1:
             time.sleep(3)  # let the members find each other
@@ -96,8 +100,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one run, 200,000 memberships (a smoke test of the script)")
+    ap.add_argument("--node-args", default="", help="flags for every presenced started, e.g. \"--threads 1\"")
     a = ap.parse_args()
     runs = 1 if a.quick else a.runs
+    node_args = a.node_args.split()
     subprocess.run([os.path.join(ROOT, "Scripts", "ensure-deps"), "--bench"], check=True)
     subprocess.run(["swift", "build", "-c", "release"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     bc.stubs()
@@ -105,7 +111,7 @@ def main():
     for _ in range(runs):
         redis.append(bp.redis_peer()[0])
         nghttpd.append(bt.nghttpd_rate())
-        with running_node() as (p, port):
+        with running_node(*node_args) as (p, port):
             c0 = cpu_seconds(p.pid)
             rate = bp.h2load_setstate(port)
             cpu.append((cpu_seconds(p.pid) - c0) / 300000 * 1e6)
@@ -114,7 +120,7 @@ def main():
             online.append(online_users_h2load(port))
     r_rate, n_rate = statistics.median(redis), statistics.median(nghttpd)
     s_rate, s_cpu = statistics.median(h2set), statistics.median(cpu)
-    with running_node() as (_, port):
+    with running_node(*node_args) as (_, port):
         half = bp.ctl(port, "bench", "setstate", "--clients", "50", "--duration", "5", "--rate", str(int(s_rate / 2)))
         # the same offered load from h2load (C, 64 clients paced with --rps): the server's share of
         # the latency, without the Swift client's scheduling on the same two cores
@@ -135,9 +141,9 @@ def main():
     users = "20000" if a.quick else "100000"
     mem = kv(subprocess.run([os.path.join(REL, "presence-bench"), "memory", "--users", users], capture_output=True, text=True, timeout=900).stdout)
     idle_before, idle_after, per_conn = bt.idle_connections(2000 if a.quick else 10000)
-    one_cpu, one_rate = cluster_cpu_per_write(1)
-    three_cpu, three_rate = cluster_cpu_per_write(3)
-    with running_node("--max-instant-events", "100000") as (_, port):
+    one_cpu, one_rate = cluster_cpu_per_write(1, node_args=node_args)
+    three_cpu, three_rate = cluster_cpu_per_write(3, node_args=node_args)
+    with running_node("--max-instant-events", "100000", *node_args) as (_, port):
         fan = bp.ctl(port, "bench", "fanout", "--subscribers", "1000", "--publishers", "4", "--duration", "5", "--connections", "8")
     redis_cpu = 1e6 / r_rate
     print(f"raw: redis={[round(x) for x in redis]} nghttpd={[round(x) for x in nghttpd]} h2load_setstate={[round(x) for x in h2set]} "
@@ -145,6 +151,8 @@ def main():
     print(f"raw: half={half} h2load_half={h2_half} memory={mem} idle_kib={idle_before}->{idle_after} one_node=({one_cpu:.1f} us, {one_rate:.0f}/s) "
           f"three_nodes=({three_cpu:.1f} us, {three_rate:.0f}/s) fanout={fan}")
     print()
+    if node_args:
+        print(f"presenced started with: {' '.join(node_args)}")
     print("| figure | presenced | peer (same sitting) | ratio | goal |")
     print("|---|---|---|---|---|")
     print(f"| SetState, h2load 50 clients x 1 in flight, one hot channel (median of {runs}) | {s_rate:,.0f}/s | Redis DIY presence {r_rate:,.0f}/s | {s_rate / r_rate:.2f} | ≥ 1.5 |")
