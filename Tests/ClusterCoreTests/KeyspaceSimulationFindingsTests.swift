@@ -53,6 +53,14 @@
 //      everyone who had joined since, and the owner's handoff brought them back as REMOTE_JOINs.
 //      A key taken over from a dropped or unconfirmed copy now gets no SNAPSHOT and answers no
 //      call until another node's version is merged or `staleHold` passes (anti-entropy's time).
+//  17. (found by Cluster/chaos, netns seed 93: a flap) A node cut off by a partition took a
+//      channel over from its replica copy (in its view everyone else was gone) and, at the heal,
+//      gave the followers at the processes that came back a fresh SNAPSHOT of its version of it —
+//      in the very ring change that handed the channel back to its owner. Its version had
+//      dropped members whose gateways it could not see: they vanished from those followers'
+//      listings until the owner's events listed them again. Followers at a process that came back
+//      now get a fresh start only from the keys this node keeps; a key it hands off is the new
+//      owner's to restart.
 //
 // Outside the cores (PresenceNode, left as it is; the simulation models them, reports what they
 // cause apart as `knownGaps`, and KeyspaceSimulationKnownIssueTests reproduces two):
@@ -308,6 +316,56 @@ import Testing
         #expect(ks.releaseHeldBack(now: 3, wall: 2_500, mayServe: { _ in false }).isEmpty && ks.heldBack == [key])
         #expect(snapshots(ks.releaseHeldBack(now: 4, wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
         #expect(ks.heldBack.isEmpty)
+    }
+
+    /// (17)
+    @Test func aKeyHandedOffInTheRingChangeThatBringsItsFollowersBackSendsThemNoSnapshot() throws {
+        let full = HashRing(members: ["a", "b", "g"], boots: ["a": 1, "b": 1, "g": 1])
+        let alone = HashRing(members: ["a"], boots: ["a": 1])
+        // b owns the key, a holds its copy; a follower and another member live at g
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            full.owners(of: $0, count: 2) == ["b", "a"]
+        })
+        var owner = Machine(key: key, maxInstantEvents: 100)
+        owner.startLineage(now: 1_000)
+        _ = owner.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        _ = owner.join(user: "w", session: SessionID(raw: 9), withPresence: false, sink: g, version: v(1, 1), now: 1_000)
+        var ks = space("a", full, copies: 2)
+        for c in owner.fullCopies(handoff: false) { _ = ks.received(c, from: "b", now: 1, wall: 1_100) }
+        #expect(ks.copies[key] != nil)
+        // cut off: a takes the key over in its own view
+        _ = ks.ringChanged(to: alone, now: 2 * second, wall: 3_000)
+        #expect(ks.owned[key] != nil)
+        // healed: the same change brings g back and hands the key back to b
+        let healed = ks.ringChanged(to: full, now: 8 * second, wall: 9_000)
+        #expect(ks.owned[key] == nil)
+        let handedOff = healed.contains { effect in
+            if case .send(let copy, let node, _, _) = effect { return node == "b" && copy.key == key && copy.handoff }
+            return false
+        }
+        #expect(handedOff)
+        let snapshots = healed.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
+            return []
+        }
+        #expect(snapshots.isEmpty)
+    }
+
+    /// (17) A key this node keeps still restarts its followers at a process that came back.
+    @Test func aKeptKeyStillRestartsItsFollowersAtAProcessThatCameBack() {
+        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var ks = space("a", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        }
+        _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 1, wall: 2_000)  // g thought gone
+        let back = ks.ringChanged(to: ring, now: 2 * second, wall: 4_000)
+        let snapshots = back.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
+            return []
+        }
+        #expect(snapshots.map(\.sink) == [g])
     }
 
     /// (11) The same for followers at a process that comes back, while the handoff is awaited.
