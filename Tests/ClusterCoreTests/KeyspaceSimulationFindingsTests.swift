@@ -61,6 +61,13 @@
 //      listings until the owner's events listed them again. Followers at a process that came back
 //      now get a fresh start only from the keys this node keeps; a key it hands off is the new
 //      owner's to restart.
+//  18. (found by the simulation while reproducing 17) ChannelMachine's `merge` as a replicated
+//      value (`route(merge(...))`) routed the merge's events by the channel as it was before the
+//      merge — Swift reads `self` for `route` before it runs the argument — so the SNAPSHOT owed to
+//      a session the other version brought found no place and was dropped, and events missed the
+//      gateways new in the merge: a follower on the other side of a healed partition kept that
+//      side's listing until the channel's next event. The same pattern routed timeouts and
+//      removals by the channel before the leave. Every change is now made, then routed.
 //
 // Outside the cores (PresenceNode, left as it is; the simulation models them, reports what they
 // cause apart as `knownGaps`, and KeyspaceSimulationKnownIssueTests reproduces two):
@@ -366,6 +373,39 @@ import Testing
             return []
         }
         #expect(snapshots.map(\.sink) == [g])
+    }
+
+    /// (18)
+    @Test func aSessionAMergeBringsGetsItsSnapshotAndTheGatewaysNewInTheMergeGetItsEvents() {
+        var owner = Machine(key: key, maxInstantEvents: 100)
+        owner.startLineage(now: 1_000)
+        let s1 = SessionID(raw: 1), s4 = SessionID(raw: 5)
+        _ = owner.join(user: "u1", session: s1, withPresence: true, sink: b, version: v(1, 1), now: 1_000)
+        _ = owner.join(user: "u4", session: s4, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        // the other side of a partition: it kept u4 (at g) and lost b's session; this side timed u4 out
+        var other = owner
+        other.startLineage(now: 2_000)
+        _ = other.timeOut(at: b, now: 7_000)
+        _ = owner.timeOut(at: g, now: 7_000)
+        var routed: [RoutedDelivery<NodeInstance>] = []
+        for c in other.fullCopies(handoff: true) {
+            routed += owner.merge(c, isLive: { (_: NodeInstance) in true }, now: 16_000) as [RoutedDelivery<NodeInstance>]
+        }
+        #expect(owner.contains(user: "u4", session: s4))
+        // u4's session gets the merged channel's SNAPSHOT at g, and its join reaches b and g
+        #expect(routed.contains { $0.isSnapshot && $0.sink == g && $0.sessions == [s4] && $0.event.snapshot.map(\.userID) == ["u1", "u4"] })
+        #expect(Set(routed.filter { $0.event.type == .remoteJoin }.map(\.sink)) == [b, g])
+    }
+
+    /// (18) A timeout is routed by the channel after the leave: a gateway whose last follower
+    /// timed out gets no event for it.
+    @Test func aTimeoutIsRoutedByTheChannelAfterTheLeave() {
+        var m = Machine(key: key, maxInstantEvents: 100)
+        m.startLineage(now: 1_000)
+        _ = m.join(user: "u1", session: SessionID(raw: 1), withPresence: true, sink: b, version: v(1, 1), now: 1_000)
+        _ = m.join(user: "u4", session: SessionID(raw: 5), withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        let routed: [RoutedDelivery<NodeInstance>] = m.timeOut(at: g, now: 7_000)
+        #expect(routed.map(\.sink) == [b] && routed.allSatisfy { $0.event.type == .remoteTimeout })
     }
 
     /// (11) The same for followers at a process that comes back, while the handoff is awaited.

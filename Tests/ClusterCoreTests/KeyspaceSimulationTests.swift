@@ -407,6 +407,33 @@ enum SimRuns {
         #expect(sim.convergenceProblems().isEmpty, "\(sim.convergenceProblems())")
     }
 
+    /// A replica cut off, with one gateway, from the owner and the members' gateway for longer
+    /// than the presence timeout takes the channel over in its own view; the follower at that
+    /// gateway follows it and sees the members time out. At the heal the replica hands the channel
+    /// back: the follower must get the owner's SNAPSHOT and end with the owner's listing, and the
+    /// follower at the owner's side keeps the members throughout. (Finding 18: the merge's
+    /// SNAPSHOT for the follower was routed by the channel as it was before the merge, which had
+    /// no place for it, and dropped; the follower kept the cut-off side's listing for good.)
+    @Test func aFollowerOnTheCutOffSideGetsTheOwnersListingBackAfterTheHeal() {
+        var sim = R.scripted(seed: 93)
+        let key = R.channel(sim, owners: ["n2", "n1"])
+        let members = [sim.spawnClient(at: "n3"), sim.spawnClient(at: "n3")]
+        let watcher = sim.spawnClient(at: "n2"), farWatcher = sim.spawnClient(at: "n4")
+        sim.run(for: 100 * simMs)
+        for u in members + [watcher, farWatcher] {
+            sim.request(u, .join(key, withPresence: true))
+            sim.run(for: 100 * simMs)
+        }
+        sim.run(for: 500 * simMs)
+        sim.partition(["n1", "n4"], for: 14 * simSecond, clientsMove: 0)
+        sim.run(for: 18 * simSecond)  // n1 took the channel over, timed n3's sessions out; healed
+        let view = sim.feedLogs[SimFeedKey(session: sim.clients[watcher]!.session, key: key)]?.view
+        #expect(Set(members).isSubset(of: Set(view?.keys.map { $0 } ?? [])), "the watcher's view \(String(describing: view))")
+        #expect(sim.violations.isEmpty, "\(sim.violations)")
+        sim.quiesce(for: 3 * simSecond)
+        #expect(sim.convergenceProblems().isEmpty, "\(sim.convergenceProblems())")
+    }
+
     /// A paused owner's late copies (the calls that waited in its socket, answered when it
     /// resumes, replicated to the node that took its channels over meanwhile) change nothing
     /// there: the later state set through the new owner stays, and the paused owner, back on

@@ -478,7 +478,10 @@ actor ChannelShard {
         let now = wall
         for key in intervalChannels {
             var routed: [RoutedDelivery<NodeInstance>] = []
-            _ = try? withOwned(key, create: false, now: now) { m in routed = m.route(m.tick(now: now)) }
+            _ = try? withOwned(key, create: false, now: now) { m in
+                let events = m.tick(now: now)
+                routed = m.route(events)
+            }
             deliver(routed)
             if readOwned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
         }
@@ -495,7 +498,9 @@ actor ChannelShard {
         var routed: [RoutedDelivery<NodeInstance>] = []
         _ = try? withOwned(key, create: false, now: wall) { m in
             guard let user = m.user(of: session) else { return }
-            routed = m.route(m.leave(user: user, session: session, byGateway: false, now: wall))
+            // (left first, then routed: `m.route(m.leave(...))` read `m` for `route` before the leave)
+            let left = m.leave(user: user, session: session, byGateway: false, now: wall)
+            routed = m.route(left)
         }
         deliver(routed)
     }
