@@ -414,8 +414,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { back.contains($0.id) && new.isLive($0.id, boot: $0.boot) }) {
             // (only a key this node keeps: one it hands off in this change is the new owner's to
             // restart, and its version here may have dropped members whose gateways this node
-            // could not see — found by Cluster/chaos, netns seed 93: a node cut off by a partition
-            // took a channel over, and at the heal sent SNAPSHOTs without them as it handed it back)
+            // could not see: found reading this path for Cluster/chaos netns seed 93, whose
+            // followers got SNAPSHOTs without such members at a heal)
             if case .handOff = RingMove.owned(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) { continue }
             // (not from a copy this node may not serve yet: it may be stale)
             guard mayStart(key, now: now, mayServe) else {

@@ -53,7 +53,8 @@
 //      everyone who had joined since, and the owner's handoff brought them back as REMOTE_JOINs.
 //      A key taken over from a dropped or unconfirmed copy now gets no SNAPSHOT and answers no
 //      call until another node's version is merged or `staleHold` passes (anti-entropy's time).
-//  17. (found by Cluster/chaos, netns seed 93: a flap) A node cut off by a partition took a
+//  17. (found reading the path of a flap in Cluster/chaos netns seed 93, whose followers got
+//      SNAPSHOTs without members at a heal; not shown to be that run's cause) A node cut off by a partition took a
 //      channel over from its replica copy (in its view everyone else was gone) and, at the heal,
 //      gave the followers at the processes that came back a fresh SNAPSHOT of its version of it —
 //      in the very ring change that handed the channel back to its owner. Its version had
