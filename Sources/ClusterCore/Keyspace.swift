@@ -410,21 +410,6 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         goneSince = goneSince.filter { !new.isLive($0.key.id, boot: $0.key.boot) }
         guard !leaving else { return [] }
         var out: [Effect] = []
-        var restarted: [V.Output] = []
-        for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { back.contains($0.id) && new.isLive($0.id, boot: $0.boot) }) {
-            // (only a key this node keeps: one it hands off in this change is the new owner's to
-            // restart, and its version here may have dropped members whose gateways this node
-            // could not see: found reading this path for Cluster/chaos netns seed 93, whose
-            // followers got SNAPSHOTs without such members at a heal)
-            if case .handOff = RingMove.owned(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) { continue }
-            // (not from a copy this node may not serve yet: it may be stale)
-            guard mayStart(key, now: now, mayServe) else {
-                heldBack.insert(key)
-                continue
-            }
-            for node in back.sorted() { restarted += owned[key]!.restart(followersAt: node, now: wall) }
-        }
-        if !restarted.isEmpty { out.append(.deliver(restarted)) }
         for (key, v) in owned.sorted(by: { $0.key < $1.key }) {
             switch RingMove.owned(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .handOff(let newOwner, let keepCopy):
@@ -442,6 +427,21 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 for r in newReplicas { out += sendAll(v, to: r, handoff: false, now: now) }
             }
         }
+        // Followers at processes thought gone that are live again get a fresh start from the keys
+        // this node still owns: a key it handed off above is the new owner's to restart, and its
+        // version here may have dropped members whose gateways this node could not see (found
+        // reading this path for Cluster/chaos netns seed 93, whose followers got SNAPSHOTs without
+        // such members at a heal). Keys taken over below start their followers afresh themselves.
+        var restarted: [V.Output] = []
+        for key in owned.keys.sorted() where owned[key]!.sinks.contains(where: { back.contains($0.id) && new.isLive($0.id, boot: $0.boot) }) {
+            // (not from a copy this node may not serve yet: it may be stale)
+            guard mayStart(key, now: now, mayServe) else {
+                heldBack.insert(key)
+                continue
+            }
+            for node in back.sorted() { restarted += owned[key]!.restart(followersAt: node, now: wall) }
+        }
+        if !restarted.isEmpty { out.append(.deliver(restarted)) }
         for (key, v) in copies.sorted(by: { $0.key < $1.key }) {
             switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .takeOver(_, let newReplicas):

@@ -60,38 +60,26 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
 
     public func fullCopies(handoff: Bool) -> [Copy] { fullCopies(handoff: handoff, chunk: 500) }
 
-    // (Each change below is made first and routed after, in two statements: in `route(change())`
-    // Swift reads `self` for `route` before it runs the argument, so the events were routed by
-    // the value as it was before the change. A merge's SNAPSHOT for a session the other version
-    // brought found no place for it and was dropped, and its events missed the gateways new in
-    // the merge: found by the keyspace simulation, finding 18.)
+    // (Each change is routed by the channel after it: `routing`, not `route(change())`.)
 
     public mutating func merge(_ copy: Copy, isLive: (NodeInstance) -> Bool, now: Int64) -> [Output] {
-        let deliveries: [Delivery] = merge(copy, isLive: isLive, now: now)
-        return route(deliveries)
+        routing { $0.merge(copy, isLive: isLive, now: now) }
     }
 
-    public mutating func tookOver(now: Int64) -> [Output] {
-        let snapshots = snapshotForAll(now: now)
-        return route(snapshots)
-    }
+    public mutating func tookOver(now: Int64) -> [Output] { routing { $0.snapshotForAll(now: now) } }
 
     public mutating func timeOut(at sink: NodeInstance, now: Int64) -> [Output] {
         // (routed as each leave happens: a timed-out subscriber must not be counted for later ones)
         var out: [Output] = []
         for (user, s) in sessions(at: sink) {
-            let left = leave(user: user, session: s, timedOut: true, byGateway: false, now: now)
-            out += route(left)
+            out += routing { $0.leave(user: user, session: s, timedOut: true, byGateway: false, now: now) }
         }
         return out
     }
 
     public mutating func restart(followersAt node: String, now: Int64) -> [Output] {
         var out: [Output] = []
-        for sink in subscriberSinks.keys.sorted() where sink.id == node {  // (a few sinks)
-            let snapshots = snapshotForAll(at: sink, now: now)
-            out += route(snapshots)
-        }
+        for sink in subscriberSinks.keys.sorted() where sink.id == node { out += routing { $0.snapshotForAll(at: sink, now: now) } }  // (a few sinks)
         return out
     }
 
@@ -128,8 +116,7 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
         // in, no later: recorded as the maximum, the departure would refuse the session's next
         // epochs (it resumed on another gateway) for good
         let v = version == .max ? SessionVersion.make(epoch: SessionVersion.epoch(p.version), counter: 0xffff_ffff) : version
-        let left = leave(user: p.user, session: session, version: v, now: now)
-        return route(left)
+        return routing { $0.leave(user: p.user, session: session, version: v, now: now) }
     }
 
     public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output] {

@@ -116,6 +116,14 @@ import Testing
         (0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first { ring.owner(ofHash: StableHash.of($0)) == owner }!
     }
 
+    /// The SNAPSHOTs among a keyspace's effects.
+    func snapshots(in effects: [Keyspace<Machine>.Effect]) -> [RoutedDelivery<NodeInstance>] {
+        effects.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
+            return []
+        }
+    }
+
     /// A key held by `first` on `a` (owner, replica) and by `then` on `b`.
     func key(replicatedBy first: [String], on a: HashRing, thenBy then: [String], on b: HashRing) -> ChannelKey? {
         (0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
@@ -160,10 +168,7 @@ import Testing
         }
         _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 1, wall: 2_000)  // g thought gone
         let back = ks.ringChanged(to: ring, now: 2 * second, wall: 4_000)  // the same process is back
-        let snapshots = back.flatMap { e -> [RoutedDelivery<NodeInstance>] in
-            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
-            return []
-        }
+        let snapshots = self.snapshots(in: back)
         #expect(snapshots.map(\.sink) == [g] && snapshots.first?.sessions == [s])
     }
 
@@ -261,14 +266,14 @@ import Testing
         let t0 = 4 * second
         let taken = ks.ringChanged(to: r0.removing("o"), now: t0, wall: 4_000)
         #expect(ks[owned: key]?.contains(user: "early") == true && ks[owned: key]?.contains(user: "late") == false)
-        #expect(snapshots(taken).isEmpty)   // no SNAPSHOT that leaves "late" out
+        #expect(snapshots(in: taken).isEmpty)   // no SNAPSHOT that leaves "late" out
         #expect(ks.isStale(key, now: t0 + 1) && ks.heldBack == [key])
-        #expect(snapshots(ks.releaseHeldBack(now: t0 + second / 2, wall: 4_500, mayServe: { _ in true })).isEmpty)
+        #expect(snapshots(in: ks.releaseHeldBack(now: t0 + second / 2, wall: 4_500, mayServe: { _ in true })).isEmpty)
         // the owner's version arrives (it hands the key over): merged, the hold ends, and the
         // fresh start shows everyone
         for c in owner.fullCopies(handoff: true) { _ = ks.received(c, from: "o", now: t0 + second / 2, wall: 4_500) }
         #expect(!ks.isStale(key, now: t0 + second / 2))
-        let released = snapshots(ks.releaseHeldBack(now: t0 + second / 2 + 1, wall: 4_600, mayServe: { _ in true }))
+        let released = snapshots(in: ks.releaseHeldBack(now: t0 + second / 2 + 1, wall: 4_600, mayServe: { _ in true }))
         #expect(Set(released.map(\.sink)) == [a, b] && ks.heldBack.isEmpty)
         // without it, the hold ends after `staleHold` (gateways' anti-entropy has repaired it by then)
         var lone = Keyspace<Machine>(me: "r", replicationFactor: 2, presenceTimeout: 5 * second, staleHold: second, ring: r0) {
@@ -277,15 +282,9 @@ import Testing
         for c in owner.fullCopies() { _ = lone.received(c, from: "o", now: 1, wall: 1_000) }
         _ = lone.ringChanged(to: r1, now: 2, wall: 2_000)
         _ = lone.ringChanged(to: r0.removing("o"), now: t0, wall: 4_000)
-        #expect(snapshots(lone.releaseHeldBack(now: t0 + second - 1, wall: 4_999, mayServe: { _ in true })).isEmpty)
-        #expect(!snapshots(lone.releaseHeldBack(now: t0 + second, wall: 5_000, mayServe: { _ in true })).isEmpty)
+        #expect(snapshots(in: lone.releaseHeldBack(now: t0 + second - 1, wall: 4_999, mayServe: { _ in true })).isEmpty)
+        #expect(!snapshots(in: lone.releaseHeldBack(now: t0 + second, wall: 5_000, mayServe: { _ in true })).isEmpty)
         #expect(!lone.isStale(key, now: t0 + second) && lone.staleUntil.isEmpty)
-        func snapshots(_ effects: [Keyspace<Machine>.Effect]) -> [RoutedDelivery<NodeInstance>] {
-            effects.flatMap { e -> [RoutedDelivery<NodeInstance>] in
-                if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
-                return []
-            }
-        }
     }
 
     /// (13)
@@ -313,16 +312,10 @@ import Testing
         _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
             _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
         }
-        func snapshots(_ effects: [Keyspace<Machine>.Effect]) -> [RoutedDelivery<NodeInstance>] {
-            effects.flatMap { e -> [RoutedDelivery<NodeInstance>] in
-                if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
-                return []
-            }
-        }
         #expect(ks.restart(followersAt: "g", now: 2, wall: 2_000, mayServe: { _ in false }).isEmpty)
         #expect(ks.heldBack == [key])
         #expect(ks.releaseHeldBack(now: 3, wall: 2_500, mayServe: { _ in false }).isEmpty && ks.heldBack == [key])
-        #expect(snapshots(ks.releaseHeldBack(now: 4, wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
+        #expect(snapshots(in: ks.releaseHeldBack(now: 4, wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
         #expect(ks.heldBack.isEmpty)
     }
 
@@ -352,28 +345,8 @@ import Testing
             return false
         }
         #expect(handedOff)
-        let snapshots = healed.flatMap { e -> [RoutedDelivery<NodeInstance>] in
-            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
-            return []
-        }
+        let snapshots = self.snapshots(in: healed)
         #expect(snapshots.isEmpty)
-    }
-
-    /// (17) A key this node keeps still restarts its followers at a process that came back.
-    @Test func aKeptKeyStillRestartsItsFollowersAtAProcessThatCameBack() {
-        let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
-        let key = key(ownedBy: "a", on: ring)
-        var ks = space("a", ring)
-        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
-            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
-        }
-        _ = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 1, wall: 2_000)  // g thought gone
-        let back = ks.ringChanged(to: ring, now: 2 * second, wall: 4_000)
-        let snapshots = back.flatMap { e -> [RoutedDelivery<NodeInstance>] in
-            if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
-            return []
-        }
-        #expect(snapshots.map(\.sink) == [g])
     }
 
     /// (18)
@@ -434,14 +407,8 @@ import Testing
         _ = ks.received(replica.fullCopies(handoff: false)[0], from: "b", now: 1, wall: 1_000)
         #expect(ks.copies[key] != nil)
         let taken = ks.ringChanged(to: HashRing(members: ["a"], boots: ["a": 1]), now: 2, wall: 2_000, mayServe: { _ in false })
-        #expect(snapshots(taken).isEmpty && ks.owned[key] != nil && ks.heldBack == [key])
-        #expect(snapshots(ks.releaseHeldBack(now: 4, wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
-        func snapshots(_ effects: [Keyspace<Machine>.Effect]) -> [RoutedDelivery<NodeInstance>] {
-            effects.flatMap { e -> [RoutedDelivery<NodeInstance>] in
-                if case .deliver(let ds) = e { return ds.filter(\.isSnapshot) }
-                return []
-            }
-        }
+        #expect(snapshots(in: taken).isEmpty && ks.owned[key] != nil && ks.heldBack == [key])
+        #expect(snapshots(in: ks.releaseHeldBack(now: 4, wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
     }
 
     /// (4)

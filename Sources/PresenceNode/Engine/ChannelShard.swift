@@ -478,10 +478,7 @@ actor ChannelShard {
         let now = wall
         for key in intervalChannels {
             var routed: [RoutedDelivery<NodeInstance>] = []
-            _ = try? withOwned(key, create: false, now: now) { m in
-                let events = m.tick(now: now)
-                routed = m.route(events)
-            }
+            _ = try? withOwned(key, create: false, now: now) { m in routed = m.routing { $0.tick(now: now) } }
             deliver(routed)
             if readOwned(key, { $0.isIntervalMode }) != true { intervalChannels.remove(key) }
         }
@@ -498,9 +495,7 @@ actor ChannelShard {
         var routed: [RoutedDelivery<NodeInstance>] = []
         _ = try? withOwned(key, create: false, now: wall) { m in
             guard let user = m.user(of: session) else { return }
-            // (left first, then routed: `m.route(m.leave(...))` read `m` for `route` before the leave)
-            let left = m.leave(user: user, session: session, byGateway: false, now: wall)
-            routed = m.route(left)
+            routed = m.routing { $0.leave(user: user, session: session, byGateway: false, now: wall) }
         }
         deliver(routed)
     }
