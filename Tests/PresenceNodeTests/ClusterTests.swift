@@ -121,6 +121,26 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// A push queue's senders run on the loop of the destination's connection, learned by the
+    /// first one: later ones start there instead of on the global pool (a pool thread's wake-up
+    /// and a hop to the loop each time the queue went from idle to busy, about once per write).
+    @Test func aPushQueueKeepsTheLoopOfItsDestinationsConnection() async throws {
+        let nodes = try await cluster(2)
+        let key = ChannelKey(name: "room-0", type: .message)
+        let placed = nodes[0].node.engine.topology.routingRing.owners(ofHash: StableHash.of(key), count: 2)
+        let owner = try #require(nodes.first { $0.node.configuration.nodeID == placed[0] })
+        let link = try #require(owner.node.engine.core.link)
+        let ann = owner.client("ann")
+        try await ann.connect()
+        try await ann.join(key.name, withPresence: false)
+        for i in 0..<3 { try await ann.setState(key.name, ["n": "\(i)"]) }  // each replicated before its answer
+        let loops = link.senderLoopsForTesting(to: placed[1])
+        let sender = try #require(loops.sender)
+        #expect(sender === loops.connection)
+        await ann.close()
+        for n in nodes { await n.stop() }
+    }
+
     /// Names (from `prefix`) whose channel owner, or user home, is `node` on `nodes[0]`'s ring.
     func names(_ count: Int, ownedBy node: String, in nodes: [TestNode], prefix: String, home: Bool = false) -> [String] {
         let topology = nodes[0].node.engine.topology

@@ -136,6 +136,13 @@ public final class PeerLink: Sendable {
 
     // MARK: Pushes
 
+    /// The loop the senders of the queue to `node` start on (nil until one looked it up), and
+    /// the loop of the connection to `node` (for tests).
+    func senderLoopsForTesting(to node: String) -> (sender: EventLoop?, connection: EventLoop?) {
+        let q = queues.withLock { $0.first { $0.key.id == node }?.value }
+        return (q?.senderLoop, clientFor(node)?.preferredLoop)
+    }
+
     /// Something queued for a node: `waitSent` resumes once the node acknowledged it.
     public struct Ticket: Sendable {
         let queue: PushQueue
@@ -198,11 +205,20 @@ public final class PeerLink: Sendable {
     }
 
     private func startSending(_ q: PushQueue) {
+        // (on the loop of the destination's connection: each batch is sent and its answer taken
+        // without a thread hop. Looked up once, by a task, not by the caller: `push` may be
+        // called under the membership's lock, which `clientFor` takes — found by Cluster/chaos,
+        // netns seed 56. Once known, the loop is kept with the queue, and later senders start
+        // on it straight away: a sender started on the global pool first cost a wake-up of a
+        // pool thread and a hop to the loop each time a queue went from idle to busy, which
+        // under load is about once per write)
+        if let loop = q.senderLoop {
+            Task(executorPreference: loop) { [self] in await send(q) }
+            return
+        }
         Task { [self] in
-            // (on the loop of the destination's connection: each batch is sent and its answer taken
-            // without a thread hop. Looked up here, not by the caller: `push` may be called under
-            // the membership's lock, which `clientFor` takes — found by Cluster/chaos, netns seed 56)
             if let loop = clientFor(q.node.id)?.preferredLoop {
+                q.senderLoop = loop
                 await withTaskExecutorPreference(loop) { await send(q) }
             } else {
                 await send(q)
@@ -271,10 +287,19 @@ final class PushQueue: Sendable {
         var sending = false
     }
     private let state = Mutex(State())
+    private let loop = Mutex<EventLoop?>(nil)
 
     init(node: NodeInstance, maxBytes: Int) {
         self.node = node
         self.maxBytes = maxBytes
+    }
+
+    /// The loop this queue's senders run on, once looked up (the destination's connection's
+    /// loop when it was; if that connection is later replaced, a sender on this loop is still
+    /// correct, one hop further from it).
+    var senderLoop: EventLoop? {
+        get { loop.withLock { $0 } }
+        set { loop.withLock { $0 = newValue } }
     }
 
     var isCleared: Bool { state.withLock { $0.cleared } }
