@@ -173,6 +173,12 @@ public final class EventLoop: @unchecked Sendable {
         flushQueue.append(handler)
     }
 
+    /// Timers armed and not yet fired or cancelled (on the loop thread; for tests).
+    public var armedTimerCount: Int {
+        assertInLoop()
+        return timers.count
+    }
+
     /// Calls `callback` on the loop thread at `deadline` (monotonic nanoseconds).
     @discardableResult
     public func scheduleTimer(at deadline: UInt64, _ callback: @escaping () -> Void) -> TimerID {

@@ -101,14 +101,16 @@ final class ClientConnection: HTTP2Connection {
     /// (a partition that has since healed) waits for the kernel's retransmission, 1 s, then 3 s,
     /// then 7 s after it started, and every call meanwhile queues behind it.
     func armConnectTimeout(_ timeout: UInt64) {
-        connectTimer = loop.scheduleTimer(after: timeout) { [weak self] in
-            guard let self, self.state == .connecting else { return }
-            self.connectTimer = nil
-            self.loop.unregister(fd: self.fd)
-            Glibc.close(self.fd)
-            self.state = .closed
-            self.failAll(GRPCStatus(.unavailable, "CONNECT_FAILED: no answer from \(self.authority) within \(timeout / 1_000_000) ms"))
-            self.onClosed?()
+        // (a strong capture, cancelled once the connect finishes: a weak one would give the
+        // connection a side table and put every retain and release of it on the slow path)
+        connectTimer = loop.scheduleTimer(after: timeout) { [self] in
+            connectTimer = nil
+            guard state == .connecting else { return }
+            loop.unregister(fd: fd)
+            Glibc.close(fd)
+            state = .closed
+            failAll(GRPCStatus(.unavailable, "CONNECT_FAILED: no answer from \(authority) within \(timeout / 1_000_000) ms"))
+            onClosed?()
         }
     }
 

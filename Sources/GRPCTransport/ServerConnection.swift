@@ -108,27 +108,42 @@ final class ServerConnection: HTTP2Connection {
         }
     }
 
-    /// Bumped whenever the connection stops or starts being idle: an idle timer armed for an
-    /// earlier idle spell does nothing.
-    private var idleSpell = 0
+    /// When a connection with no call in progress is closed (one timer per connection).
+    private lazy var idleTimeout = IdleTimeoutStateMachine(timeout: core.configuration.idleTimeout)
+    private var idleTimer: TimerID?
+    private var handshakeTimer: TimerID?
 
     /// Handshake timeout now, idle timeout from now (no stream yet).
     func armHandshakeAndIdleTimers() {
         let handshake = core.configuration.handshakeTimeout
-        loop.scheduleTimer(after: handshake) { [weak self] in
-            guard let self, !self.handshakeDone, !self.isClosed else { return }
-            self.close(reason: "no HTTP/2 handshake within \(handshake / 1_000_000) ms")
+        // (strong captures, cancelled in `connectionClosed`: a weak one would give the connection
+        // a side table and put every retain and release of it on the runtime's slow path)
+        handshakeTimer = loop.scheduleTimer(after: handshake) { [self] in
+            handshakeTimer = nil
+            guard !handshakeDone, !isClosed else { return }
+            close(reason: "no HTTP/2 handshake within \(handshake / 1_000_000) ms")
         }
-        armIdleTimer()
+        becameIdle()
     }
 
-    private func armIdleTimer() {
-        idleSpell &+= 1
-        let spell = idleSpell
-        let idle = core.configuration.idleTimeout
-        loop.scheduleTimer(after: idle) { [weak self] in
-            guard let self, self.idleSpell == spell, self.streams.isEmpty, !self.isClosed else { return }
-            self.goAwayAndClose(reason: "idle for \(idle / 1_000_000_000) s")
+    /// No call in progress any more: the idle timer runs (armed if it is not).
+    private func becameIdle() {
+        if let at = idleTimeout.becameIdle(now: MonotonicClock.now()) { armIdleTimer(at: at) }
+    }
+
+    private func armIdleTimer(at deadline: UInt64) {
+        idleTimer = loop.scheduleTimer(at: deadline) { [self] in
+            idleTimer = nil
+            guard !isClosed else { return }
+            switch idleTimeout.timerFired(now: MonotonicClock.now()) {
+            case .none:
+                break
+            case .rearm(let at):
+                armIdleTimer(at: at)
+            case .close:
+                // (a draining connection closes once its calls end, not on this timer)
+                if !draining { goAwayAndClose(reason: "idle for \(idleTimeout.timeout / 1_000_000_000) s") }
+            }
         }
     }
 
@@ -138,6 +153,10 @@ final class ServerConnection: HTTP2Connection {
     }
 
     override func connectionClosed(reason: String) {
+        if let t = idleTimer { loop.cancelTimer(t) }
+        if let t = handshakeTimer { loop.cancelTimer(t) }
+        idleTimer = nil
+        handshakeTimer = nil
         for (_, s) in streams { abandon(s, GRPCStatus(.unavailable, "connection closed: \(reason)")) }
         streams.removeAll()
         core.connectionClosed(self)
@@ -146,7 +165,7 @@ final class ServerConnection: HTTP2Connection {
     // MARK: nghttp2 callbacks
 
     override func onBeginHeaders(streamID: Int32) -> Int32 {
-        if streams.isEmpty { idleSpell &+= 1 }  // (no longer idle)
+        if streams.isEmpty { idleTimeout.becameBusy() }
         if streams[streamID] == nil {
             let stream = ServerStream(id: streamID, maxMessageSize: core.configuration.maxReceiveMessageSize)
             if core.configuration.callObserver != nil { stream.startedAt = MonotonicClock.now() }
@@ -269,7 +288,7 @@ final class ServerConnection: HTTP2Connection {
         s.waitingForTurn = false
         unaryEnded(s)
         if let t = s.requestTimer { loop.cancelTimer(t) }
-        if streams.isEmpty && !draining { armIdleTimer() }
+        if streams.isEmpty && !draining { becameIdle() }
         if s.status == nil || s.task != nil {
             abandon(s, GRPCStatus(.cancelled, "the client cancelled the call"))
         } else if let t = s.deadlineTimer {
@@ -291,6 +310,8 @@ final class ServerConnection: HTTP2Connection {
         s.writer?.close(status)
         if let t = s.deadlineTimer { loop.cancelTimer(t) }
         s.deadlineTimer = nil
+        if let t = s.requestTimer { loop.cancelTimer(t) }
+        s.requestTimer = nil
     }
 
     override func readData(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
@@ -329,11 +350,13 @@ final class ServerConnection: HTTP2Connection {
     private func armRequestTimer(_ s: ServerStream) {
         let id = s.id
         let limit = core.configuration.requestTimeout
-        s.requestTimer = loop.scheduleTimer(after: limit) { [weak self] in
-            guard let self, let s = self.streams[id] else { return }
+        // (a strong capture, cancelled when the stream closes or is abandoned: see
+        // `armHandshakeAndIdleTimers`)
+        s.requestTimer = loop.scheduleTimer(after: limit) { [self] in
+            guard let s = streams[id] else { return }
             s.requestTimer = nil
             guard !s.requestComplete, s.status == nil else { return }
-            self.finish(s, GRPCStatus(.deadlineExceeded, "REQUEST_TIMEOUT: the request's message did not arrive within \(limit / 1_000_000) ms"))
+            finish(s, GRPCStatus(.deadlineExceeded, "REQUEST_TIMEOUT: the request's message did not arrive within \(limit / 1_000_000) ms"))
         }
     }
 

@@ -78,3 +78,28 @@ import Testing
         #expect(HostPort(host: "::1", port: 5).description == "[::1]:5")
     }
 }
+
+@Suite struct IdleTimeoutStateMachineTests {
+    /// One timer however many calls come and go; it closes only after a whole idle timeout.
+    @Test func oneTimerClosesAfterAWholeIdleSpell() {
+        var m = IdleTimeoutStateMachine(timeout: 100)
+        #expect(m.becameIdle(now: 0) == 100)       // opened: arm
+        for t in stride(from: UInt64(10), to: 60, by: 10) {  // calls come and go: no more timers
+            m.becameBusy()
+            #expect(m.becameIdle(now: t + 5) == nil)
+        }
+        #expect(m.timerFired(now: 100) == .rearm(at: 155))  // idle since 55 only
+        #expect(m.timerFired(now: 154) == .rearm(at: 155))  // (an early wake-up changes nothing)
+        #expect(m.timerFired(now: 155) == .close)
+    }
+
+    @Test func aCallInProgressIsNotIdleAndTheNextIdleSpellArmsAgain() {
+        var m = IdleTimeoutStateMachine(timeout: 100)
+        _ = m.becameIdle(now: 0)
+        m.becameBusy()
+        #expect(m.timerFired(now: 100) == .none)   // a long call: never closed under it
+        #expect(m.timerFired(now: 500) == .none)
+        #expect(m.becameIdle(now: 700) == 800)     // the timer had stopped: armed again
+        #expect(m.timerFired(now: 800) == .close)
+    }
+}

@@ -315,4 +315,66 @@ struct RawPeer {
         #expect(try await h.client.unary(TestMethods.echo, StateItem(key: "still here")) == StateItem(key: "still here"))
         await h.stop()
     }
+
+    /// A connection whose calls come and go one at a time keeps one idle timer: arming one per
+    /// call kept each in the loop's heap for the whole timeout (minutes), ~17 bytes and a heap
+    /// insertion per call, 18 million timers at 60,000 calls/s.
+    @Test func callsThatComeAndGoLeaveOneIdleTimer() async throws {
+        let h = try Harness()  // (the default idle timeout: minutes)
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        func armed() async -> Int {
+            var n = 0
+            for loop in h.group.loops {
+                n += await withCheckedContinuation { c in
+                    if !loop.execute({ c.resume(returning: loop.armedTimerCount) }) { c.resume(returning: 0) }
+                }
+            }
+            return n
+        }
+        var stream: UInt32 = 1
+        func call() -> Bool {
+            peer.request(stream: stream, path: TestMethods.echo.path, message: StateItem(key: "k").serializedBytes(prefix: 0))
+            let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: RawPeer.ended(stream: stream))
+            stream += 2
+            return RawPeer.ended(stream: stream - 2)(frames)
+        }
+        #expect(call())
+        let before = await armed()
+        for _ in 0..<200 { #expect(call()) }
+        let after = await armed()
+        #expect(after <= before + 2, "\(after - before) more timers armed after 200 calls")
+        peer.close()
+        await h.stop()
+    }
+
+    /// The idle timeout counts from the end of the last call: calls that come and go more often
+    /// than the timeout keep the connection, and so does one call that runs longer than it (the
+    /// connection has one idle timer, re-armed for the rest of each idle spell, not one per call).
+    @Test func aConnectionIsClosedOnlyAfterAWholeIdleTimeoutWithNoCall() async throws {
+        let h = try Harness { $0.idleTimeout = 300_000_000 }
+        let peer = try RawPeer(port: h.server.port)
+        peer.handshake()
+        let t0 = MonotonicClock.now()
+        var stream: UInt32 = 1
+        func call(_ method: String, _ value: String) -> Bool {
+            peer.request(stream: stream, path: method, message: StateItem(key: "k", value: value).serializedBytes(prefix: 0))
+            let (frames, closed) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: RawPeer.ended(stream: stream))
+            stream += 2
+            return !closed && !frames.contains { $0.0 == 7 } && RawPeer.ended(stream: stream - 2)(frames)
+        }
+        // calls every 100 ms for 700 ms: more than two timeouts, never idle for one
+        while MonotonicClock.now() - t0 < 700_000_000 {
+            #expect(call(TestMethods.echo.path, "v"), "closed while calls came and went")
+            usleep(100_000)
+        }
+        // one call longer than the timeout
+        #expect(call(TestMethods.slow.path, "500"), "closed under a call in progress")
+        let lastEnded = MonotonicClock.now()
+        let (frames, closed) = peer.readFrames(until: lastEnded + 3_000_000_000)
+        #expect(closed && frames.contains { $0.0 == 7 }, "\(frames)")  // GOAWAY
+        #expect(MonotonicClock.now() - lastEnded >= 250_000_000)
+        peer.close()
+        await h.stop()
+    }
 }
