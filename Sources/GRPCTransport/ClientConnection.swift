@@ -145,6 +145,8 @@ final class ClientConnection: HTTP2Connection {
     }
 
     override func connectionClosed(reason: String) {
+        if let t = connectTimer { loop.cancelTimer(t) }  // (closed while connecting)
+        connectTimer = nil
         state = .closed
         failAll(GRPCStatus(.unavailable, "CONNECTION_LOST: connection to \(authority) closed: \(reason)"))
         onClosed?()

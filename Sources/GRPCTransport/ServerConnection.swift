@@ -141,7 +141,7 @@ final class ServerConnection: HTTP2Connection {
             case .rearm(let at):
                 armIdleTimer(at: at)
             case .close:
-                // (a draining connection closes once its calls end, not on this timer)
+                // (a draining connection is closed by its GOAWAY's own timers, not this one)
                 if !draining { goAwayAndClose(reason: "idle for \(idleTimeout.timeout / 1_000_000_000) s") }
             }
         }

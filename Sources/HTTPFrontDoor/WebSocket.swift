@@ -189,9 +189,12 @@ public final class WebSocketConnection: FileDescriptorHandler {
     /// (a client that never answers a close, or never reads it, does not keep the socket)
     private func armCloseTimer() {
         guard closeTimer == nil, !isClosed else { return }
-        closeTimer = loop.scheduleTimer(after: settings.closeTimeout) { [weak self] in
-            self?.closeTimer = nil
-            self?.finish()
+        // (strong captures, here and in `scheduleKeepalive`, cancelled in `finish`: a weak one
+        // would give the connection a side table and put each retain and release of it on the
+        // runtime's slow path)
+        closeTimer = loop.scheduleTimer(after: settings.closeTimeout) { [self] in
+            closeTimer = nil
+            finish()
         }
     }
 
@@ -352,7 +355,7 @@ public final class WebSocketConnection: FileDescriptorHandler {
     // MARK: Keepalive and the end
 
     private func scheduleKeepalive() {
-        keepaliveTimer = loop.scheduleTimer(at: keepalive.nextDeadline) { [weak self] in self?.keepaliveFired() }
+        keepaliveTimer = loop.scheduleTimer(at: keepalive.nextDeadline) { [self] in keepaliveFired() }
     }
 
     private func keepaliveFired() {

@@ -103,3 +103,12 @@ import Testing
         #expect(m.timerFired(now: 800) == .close)
     }
 }
+
+extension IdleTimeoutStateMachineTests {
+    /// A timeout of `UInt64.max` means never: the deadline does not wrap into the past.
+    @Test func aTimeoutOfNeverDoesNotWrap() {
+        var m = IdleTimeoutStateMachine(timeout: .max)
+        #expect(m.becameIdle(now: 1_000) == .max)
+        #expect(m.timerFired(now: 2_000) == .rearm(at: .max))
+    }
+}

@@ -244,6 +244,9 @@ public final class PeerLink: Sendable {
                 if relay != nil { sent.relayTo = q.node.id }
                 do {
                     guard let client = clientFor(relay ?? q.node.id) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "gone") }
+                    // (the node's client was replaced, after it was declared dead and came back:
+                    // the next senders start on the new connection's loop)
+                    if relay == nil, client.preferredLoop !== q.senderLoop { q.senderLoop = client.preferredLoop }
                     let timeout = attempt == 0 ? timings.firstPushTimeout : timings.pushTimeout
                     _ = try await client.unary(PeerPresenceMethods.push, sent, timeout: .nanoseconds(Int64(timeout)))
                     delivered = true

@@ -47,7 +47,10 @@ public final class WebSocketAPI: Sendable {
                 let session = WebSocketSession(socket: ws, api: self)
                 ws.delegate = session
                 ws.start()
-                socket.loop.scheduleTimer(after: openTimeout) { [weak session] in session?.openDeadlinePassed() }
+                // (a strong capture, cancelled when the socket closes: a weak one would give the
+                // session a side table, and each retain and release of it, one per event it is
+                // handed, would take the runtime's slow path)
+                session.openTimer = socket.loop.scheduleTimer(after: openTimeout) { session.openDeadlinePassed() }
             }
         }
     }
@@ -94,6 +97,8 @@ final class WebSocketSession: WebSocketDelegate {
     private var loop: EventLoop { socket.loop }
     private enum Phase { case waitingForOpen, open, closed }
     private var phase = Phase.waitingForOpen
+    /// The deadline for the first message (cancelled when the socket closes).
+    var openTimer: TimerID?
     /// The token of the open message, sent with every call as `authorization`.
     private var metadata: [(String, String)] = []
     private var sessionID = ""
@@ -157,6 +162,8 @@ final class WebSocketSession: WebSocketDelegate {
 
     func webSocketClosed(_ socket: WebSocketConnection, code: UInt16?) {
         phase = .closed
+        if let t = openTimer { loop.cancelTimer(t) }
+        openTimer = nil
         // the stream broke: the session waits to be resumed (OpenSession's handler ends as
         // cancelled, as when a gRPC client goes away)
         stream?.cancel()
