@@ -137,6 +137,9 @@ import Testing
         let loops = link.senderLoopsForTesting(to: placed[1])
         let sender = try #require(loops.sender)
         #expect(sender === loops.connection)
+        // each write's copy starts a sender (the queue is idle between writes): none looks it up again
+        for i in 0..<5 { try await ann.setState(key.name, ["m": "\(i)"]) }
+        #expect(link.senderLoopsForTesting(to: placed[1]).lookups == loops.lookups)
         await ann.close()
         for n in nodes { await n.stop() }
     }

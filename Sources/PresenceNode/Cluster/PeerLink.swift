@@ -136,11 +136,11 @@ public final class PeerLink: Sendable {
 
     // MARK: Pushes
 
-    /// The loop the senders of the queue to `node` start on (nil until one looked it up), and
-    /// the loop of the connection to `node` (for tests).
-    func senderLoopsForTesting(to node: String) -> (sender: EventLoop?, connection: EventLoop?) {
+    /// The loop the senders of the queue to `node` start on (nil until one looked it up), the
+    /// loop of the connection to `node`, and how many senders started by looking it up (tests).
+    func senderLoopsForTesting(to node: String) -> (sender: EventLoop?, connection: EventLoop?, lookups: Int) {
         let q = queues.withLock { $0.first { $0.key.id == node }?.value }
-        return (q?.senderLoop, clientFor(node)?.preferredLoop)
+        return (q?.senderLoop, clientFor(node)?.preferredLoop, q?.lookups.load(ordering: .relaxed) ?? 0)
     }
 
     /// Something queued for a node: `waitSent` resumes once the node acknowledged it.
@@ -216,6 +216,7 @@ public final class PeerLink: Sendable {
             Task(executorPreference: loop) { [self] in await send(q) }
             return
         }
+        q.lookups.add(1, ordering: .relaxed)
         Task { [self] in
             if let loop = clientFor(q.node.id)?.preferredLoop {
                 q.senderLoop = loop
@@ -291,6 +292,8 @@ final class PushQueue: Sendable {
     }
     private let state = Mutex(State())
     private let loop = Mutex<EventLoop?>(nil)
+    /// Senders started on the global pool to look the loop up (for tests).
+    let lookups = Atomic<Int>(0)
 
     init(node: NodeInstance, maxBytes: Int) {
         self.node = node
