@@ -191,16 +191,19 @@ public final class EventLoop: @unchecked Sendable {
     /// Calls `callback` after `nanoseconds`.
     @discardableResult
     public func scheduleTimer(after nanoseconds: UInt64, _ callback: @escaping () -> Void) -> TimerID {
-        // (saturating: a delay near UInt64.max — a peer's huge grpc-timeout — means "never", not
-        // a deadline wrapped into the past)
-        let (at, overflow) = MonotonicClock.now().addingReportingOverflow(nanoseconds)
-        return scheduleTimer(at: overflow ? .max : at, callback)
+        scheduleTimer(at: MonotonicClock.deadline(after: nanoseconds, from: MonotonicClock.now()), callback)
     }
 
     /// Cancels a timer that has not fired; harmless when it has.
     public func cancelTimer(_ id: TimerID) {
         assertInLoop()
         timers.cancel(id.raw)
+    }
+
+    /// Cancels the timer `id` holds, if any, and forgets it.
+    public func cancelTimer(_ id: inout TimerID?) {
+        if let t = id { cancelTimer(t) }
+        id = nil
     }
 
     private func arm(_ deadline: UInt64) {
@@ -312,6 +315,14 @@ public enum MonotonicClock {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+    }
+
+    /// `nanoseconds` after `time`, saturating: a delay near `UInt64.max` (a peer's huge
+    /// grpc-timeout, a timeout meaning "never") is never, not a deadline wrapped into the past.
+    @inline(__always)
+    public static func deadline(after nanoseconds: UInt64, from time: UInt64) -> UInt64 {
+        let (at, overflow) = time.addingReportingOverflow(nanoseconds)
+        return overflow ? .max : at
     }
 }
 

@@ -24,13 +24,7 @@ public struct IdleTimeoutStateMachine: Sendable {
         idleSince = now
         if timerArmed { return nil }
         timerArmed = true
-        return Self.adding(timeout, to: now)
-    }
-
-    /// (saturating: a timeout of `UInt64.max`, "never", must not wrap into the past)
-    private static func adding(_ timeout: UInt64, to time: UInt64) -> UInt64 {
-        let (sum, overflow) = time.addingReportingOverflow(timeout)
-        return overflow ? .max : sum
+        return MonotonicClock.deadline(after: timeout, from: now)
     }
 
     /// A call started.
@@ -51,7 +45,7 @@ public struct IdleTimeoutStateMachine: Sendable {
     public mutating func timerFired(now: UInt64) -> Decision {
         timerArmed = false
         guard let since = idleSince else { return .none }
-        let due = Self.adding(timeout, to: since)
+        let due = MonotonicClock.deadline(after: timeout, from: since)
         if now >= due { return .close }
         timerArmed = true
         return .rearm(at: due)

@@ -145,8 +145,7 @@ final class ClientConnection: HTTP2Connection {
     }
 
     override func connectionClosed(reason: String) {
-        if let t = connectTimer { loop.cancelTimer(t) }  // (closed while connecting)
-        connectTimer = nil
+        loop.cancelTimer(&connectTimer)  // (closed while connecting)
         state = .closed
         failAll(GRPCStatus(.unavailable, "CONNECTION_LOST: connection to \(authority) closed: \(reason)"))
         onClosed?()

@@ -153,10 +153,8 @@ final class ServerConnection: HTTP2Connection {
     }
 
     override func connectionClosed(reason: String) {
-        if let t = idleTimer { loop.cancelTimer(t) }
-        if let t = handshakeTimer { loop.cancelTimer(t) }
-        idleTimer = nil
-        handshakeTimer = nil
+        loop.cancelTimer(&idleTimer)
+        loop.cancelTimer(&handshakeTimer)
         for (_, s) in streams { abandon(s, GRPCStatus(.unavailable, "connection closed: \(reason)")) }
         streams.removeAll()
         core.connectionClosed(self)
@@ -308,10 +306,8 @@ final class ServerConnection: HTTP2Connection {
         s.task?.cancel()
         s.task = nil
         s.writer?.close(status)
-        if let t = s.deadlineTimer { loop.cancelTimer(t) }
-        s.deadlineTimer = nil
-        if let t = s.requestTimer { loop.cancelTimer(t) }
-        s.requestTimer = nil
+        loop.cancelTimer(&s.deadlineTimer)
+        loop.cancelTimer(&s.requestTimer)
     }
 
     override func readData(streamID: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {

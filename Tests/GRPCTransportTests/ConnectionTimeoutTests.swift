@@ -89,6 +89,15 @@ struct RawPeer {
 
     func close() { Glibc.close(fd) }
 
+    /// A whole unary request on `stream`, then the frames read until the server ended it (or 3 s
+    /// passed); whether it was ended, and whether the server closed or sent GOAWAY meanwhile.
+    func call(stream: UInt32, path: String, message: [UInt8]) -> (ended: Bool, closed: Bool) {
+        request(stream: stream, path: path, message: message)
+        let ended = Self.ended(stream: stream)
+        let (frames, closed) = readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: ended)
+        return (ended(frames), closed || frames.contains { $0.0 == 7 })
+    }
+
     /// Whether frames read (`readFrames`) hold a HEADERS frame with END_STREAM on `stream`: the
     /// server ended it (its trailers).
     static func ended(stream: UInt32) -> ([(UInt8, UInt8, UInt32)]) -> Bool {
@@ -334,10 +343,8 @@ struct RawPeer {
         }
         var stream: UInt32 = 1
         func call() -> Bool {
-            peer.request(stream: stream, path: TestMethods.echo.path, message: StateItem(key: "k").serializedBytes(prefix: 0))
-            let (frames, _) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: RawPeer.ended(stream: stream))
-            stream += 2
-            return RawPeer.ended(stream: stream - 2)(frames)
+            defer { stream += 2 }
+            return peer.call(stream: stream, path: TestMethods.echo.path, message: StateItem(key: "k").serializedBytes(prefix: 0)).ended
         }
         #expect(call())
         let before = await armed()
@@ -358,10 +365,9 @@ struct RawPeer {
         let t0 = MonotonicClock.now()
         var stream: UInt32 = 1
         func call(_ method: String, _ value: String) -> Bool {
-            peer.request(stream: stream, path: method, message: StateItem(key: "k", value: value).serializedBytes(prefix: 0))
-            let (frames, closed) = peer.readFrames(until: MonotonicClock.now() + 3_000_000_000, stopWhen: RawPeer.ended(stream: stream))
-            stream += 2
-            return !closed && !frames.contains { $0.0 == 7 } && RawPeer.ended(stream: stream - 2)(frames)
+            defer { stream += 2 }
+            let answer = peer.call(stream: stream, path: method, message: StateItem(key: "k", value: value).serializedBytes(prefix: 0))
+            return answer.ended && !answer.closed
         }
         // calls every 100 ms for 700 ms: more than two timeouts, never idle for one
         while MonotonicClock.now() - t0 < 700_000_000 {

@@ -208,7 +208,7 @@ public final class PeerLink: Sendable {
         // (on the loop of the destination's connection: each batch is sent and its answer taken
         // without a thread hop. Looked up once, by a task, not by the caller: `push` may be
         // called under the membership's lock, which `clientFor` takes — found by Cluster/chaos,
-        // netns seed 56. Once known, the loop is kept with the queue, and later senders start
+        // netns seed 56. The sender notes the loop with the queue as it sends, and later senders start
         // on it straight away: a sender started on the global pool first cost a wake-up of a
         // pool thread and a hop to the loop each time a queue went from idle to busy, which
         // under load is about once per write)
@@ -219,7 +219,6 @@ public final class PeerLink: Sendable {
         q.lookups.add(1, ordering: .relaxed)
         Task { [self] in
             if let loop = clientFor(q.node.id)?.preferredLoop {
-                q.senderLoop = loop
                 await withTaskExecutorPreference(loop) { await send(q) }
             } else {
                 await send(q)
@@ -245,8 +244,8 @@ public final class PeerLink: Sendable {
                 if relay != nil { sent.relayTo = q.node.id }
                 do {
                     guard let client = clientFor(relay ?? q.node.id) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "gone") }
-                    // (the node's client was replaced, after it was declared dead and came back:
-                    // the next senders start on the new connection's loop)
+                    // (noted for the next senders; a new one when the node's client was replaced,
+                    // after the node was declared dead and came back)
                     if relay == nil, client.preferredLoop !== q.senderLoop { q.senderLoop = client.preferredLoop }
                     let timeout = attempt == 0 ? timings.firstPushTimeout : timings.pushTimeout
                     _ = try await client.unary(PeerPresenceMethods.push, sent, timeout: .nanoseconds(Int64(timeout)))

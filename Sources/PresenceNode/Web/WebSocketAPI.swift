@@ -162,8 +162,7 @@ final class WebSocketSession: WebSocketDelegate {
 
     func webSocketClosed(_ socket: WebSocketConnection, code: UInt16?) {
         phase = .closed
-        if let t = openTimer { loop.cancelTimer(t) }
-        openTimer = nil
+        loop.cancelTimer(&openTimer)
         // the stream broke: the session waits to be resumed (OpenSession's handler ends as
         // cancelled, as when a gRPC client goes away)
         stream?.cancel()
