@@ -10,8 +10,10 @@ otherwise): `--node-args "--threads 1"` measures presenced like them, with one e
 Rows (each a median of --runs where it is a rate):
   SetState, h2load 50 clients x 1 in flight, one hot channel    vs  Redis DIY presence (peers redis)
   CPU per SetState (the node's utime+stime / calls)              vs  Redis's (single-threaded: 1/rate)
+  the HTTP/2 floor of those two rows: nghttpd answering 5 bytes to the same h2load, and Redis's own CPU
   SetState p99 at half of the measured rate (presencectl bench setstate --rate)
   Health/Check under h2load                                      vs  nghttpd (peers http2)
+  the same against nghttpd answering 5 bytes to Health's own h2load, and CPU per call of each
   GetOnlineUsers, 100-user page with state, h2load as nghttpd's  vs  nghttpd
   memory per membership, 1 M memberships; time to build them in-process (presence-bench memory)
   memory per idle HTTP/2 connection (10,000 connections)
@@ -43,6 +45,64 @@ def cpu_seconds(pid):
 
 def kv(text):
     return dict(x.split("=", 1) for x in text.split() if "=" in x)
+
+
+REDIS_SCRIPT = ("redis.call('SADD','ch:'..ARGV[1],ARGV[2]); redis.call('HSET','st:'..ARGV[1]..':'..ARGV[2],'mic','on'); "
+                "return redis.call('PUBLISH','ev:'..ARGV[1],ARGV[2])")
+
+
+def redis_cpu_per_call(n=300000):
+    """Redis's own CPU per call (its utime+stime / calls) under the peer's load (`peers redis`:
+    redis-benchmark, 50 clients, the SADD+HSET+PUBLISH script), measured on a server started here."""
+    from benchlib import free_port, wait_for_port
+    port = free_port()
+    p = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, p, "redis-server")
+        c0 = cpu_seconds(p.pid)
+        subprocess.run(["redis-benchmark", "-p", str(port), "-q", "-c", "50", "-n", str(n), "-r", "100000", "eval", REDIS_SCRIPT,
+                        "0", "lobby", "__rand_int__"], capture_output=True, timeout=600, check=True)
+        return (cpu_seconds(p.pid) - c0) / n * 1e6
+    finally:
+        p.kill()
+        p.wait()
+
+
+def setstate_message():
+    """A SetState as `bench_presence.SetStateRequest` sends it (its session id is made up here)."""
+    def field(k, data):
+        return bytes([k << 3 | 2, len(data)]) + data
+    return field(1, b"0123456789abcdef") + field(2, b"h2bench") + bytes([0x18, 1]) + field(4, field(1, b"mic") + field(2, b"on"))
+
+
+def nghttpd_floor(msg, n, clients, streams):
+    """The HTTP/2 floor of a row: nghttpd (one worker, nghttp2's own C server) answering a 5-byte
+    file to the row's h2load (its clients, streams in flight and gRPC-framed request body and
+    headers): a server that does nothing per request. Returns (rate, nghttpd's CPU per request, µs)."""
+    from benchlib import free_port, wait_for_port
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, "tiny"), "wb") as f:
+        f.write(b"\x00" * 5)
+    body = os.path.join(d, "body")
+    with open(body, "wb") as f:
+        f.write(b"\x00" + len(msg).to_bytes(4, "big") + msg)
+    port = free_port()
+    p = subprocess.Popen(["nghttpd", "--no-tls", "-d", d, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, p, "nghttpd")
+        c0 = cpu_seconds(p.pid)
+        out = subprocess.run(["h2load", "-n", str(n), "-c", str(clients), "-m", str(streams), "-t", "1", "-d", body,
+                              "-H", "content-type: application/grpc", "-H", "te: trailers", f"http://127.0.0.1:{port}/tiny"],
+                             capture_output=True, text=True, timeout=600).stdout
+        cpu = (cpu_seconds(p.pid) - c0) / n * 1e6
+    finally:
+        p.kill()
+        p.wait()
+    ok = re.search(r"(\d+) succeeded, (\d+) failed", out)
+    if not ok or ok.group(2) != "0":
+        raise SystemExit("h2load against nghttpd failed:\n" + out)
+    return float(re.search(r"finished in .*?, ([\d.]+) req/s", out).group(1)), cpu
 
 
 def h2load_fixed(port, path, msg, n=200000, clients=16, streams=32):
@@ -108,15 +168,21 @@ def main():
     subprocess.run(["swift", "build", "-c", "release"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     bc.stubs()
     redis, nghttpd, h2set, cpu, health, online = [], [], [], [], [], []
+    redis_cpus, floors, health_floors, health_cpu = [], [], [], []
     for _ in range(runs):
         redis.append(bp.redis_peer()[0])
+        redis_cpus.append(redis_cpu_per_call())
+        floors.append(nghttpd_floor(setstate_message(), 300000, 50, 1))
+        health_floors.append(nghttpd_floor(b"", 200000, 16, 32))
         nghttpd.append(bt.nghttpd_rate())
         with running_node(*node_args) as (p, port):
             c0 = cpu_seconds(p.pid)
             rate = bp.h2load_setstate(port)
             cpu.append((cpu_seconds(p.pid) - c0) / 300000 * 1e6)
             h2set.append(rate)
+            c0 = cpu_seconds(p.pid)
             health.append(bt.h2load(port))
+            health_cpu.append((cpu_seconds(p.pid) - c0) / 200000 * 1e6)
             online.append(online_users_h2load(port))
     r_rate, n_rate = statistics.median(redis), statistics.median(nghttpd)
     s_rate, s_cpu = statistics.median(h2set), statistics.median(cpu)
@@ -146,8 +212,14 @@ def main():
     with running_node("--max-instant-events", "100000", *node_args) as (_, port):
         fan = bp.ctl(port, "bench", "fanout", "--subscribers", "1000", "--publishers", "4", "--duration", "5", "--connections", "8")
     redis_cpu = 1e6 / r_rate
+    redis_measured = statistics.median(redis_cpus)
+    floor_rate, floor_cpu = statistics.median(f[0] for f in floors), statistics.median(f[1] for f in floors)
+    hf_rate, hf_cpu = statistics.median(f[0] for f in health_floors), statistics.median(f[1] for f in health_floors)
+    h_rate, h_cpu = statistics.median(health), statistics.median(health_cpu)
     print(f"raw: redis={[round(x) for x in redis]} nghttpd={[round(x) for x in nghttpd]} h2load_setstate={[round(x) for x in h2set]} "
-          f"cpu_us={[round(x, 1) for x in cpu]} health={[round(x) for x in health]} online={[round(x) for x in online]}")
+          f"cpu_us={[round(x, 1) for x in cpu]} redis_cpu_us={[round(x, 1) for x in redis_cpus]} "
+          f"floor={[(round(r), round(c, 1)) for r, c in floors]} health_floor={[(round(r), round(c, 2)) for r, c in health_floors]} "
+          f"health_cpu_us={[round(x, 2) for x in health_cpu]} health={[round(x) for x in health]} online={[round(x) for x in online]}")
     print(f"raw: half={half} h2load_half={h2_half} memory={mem} idle_kib={idle_before}->{idle_after} one_node=({one_cpu:.1f} us, {one_rate:.0f}/s) "
           f"three_nodes=({three_cpu:.1f} us, {three_rate:.0f}/s) fanout={fan}")
     print()
@@ -157,9 +229,14 @@ def main():
     print("|---|---|---|---|---|")
     print(f"| SetState, h2load 50 clients x 1 in flight, one hot channel (median of {runs}) | {s_rate:,.0f}/s | Redis DIY presence {r_rate:,.0f}/s | {s_rate / r_rate:.2f} | ≥ 1.5 |")
     print(f"| CPU per SetState (node utime+stime / calls) | {s_cpu:.1f} µs | Redis 1/rate = {redis_cpu:.1f} µs | {s_cpu / redis_cpu:.2f} | ≤ 0.67 |")
+    print(f"| HTTP/2 floor of the two rows above: nghttpd answering 5 bytes to the same h2load (median of {runs}) | "
+          f"{s_rate / floor_rate:.2f} of its rate, {s_cpu / floor_cpu:.2f}x its CPU | nghttpd {floor_rate:,.0f}/s, {floor_cpu:.1f} µs; "
+          f"Redis's own CPU {redis_measured:.1f} µs | nghttpd / Redis: {floor_rate / r_rate:.2f} (rate), {floor_cpu / redis_measured:.2f} (CPU) | |")
     print(f"| SetState p99 at half of the measured rate ({int(s_rate / 2):,}/s offered), presencectl (Swift, 50 clients) | {float(half['p99_ms']):.2f} ms (p50 {float(half['p50_ms']):.2f}, served {float(half['rate']):,.0f}/s) | | | < 1 ms |")
     print(f"| the same, h2load (64 clients, --rps) | {h2_half[2]:.2f} ms (p50 {h2_half[1]:.2f}, served {h2_half[0]:,.0f}/s) | nghttpd, a small file, same h2load: {ng_half[2]:.2f} ms (p50 {ng_half[1]:.2f}) | {h2_half[2] / ng_half[2]:.2f} | < 1 ms |")
     print(f"| Health/Check under h2load (median of {runs}) | {statistics.median(health):,.0f}/s | nghttpd {n_rate:,.0f}/s | {statistics.median(health) / n_rate:.2f} | ≥ 0.9 |")
+    print(f"| Health/Check against its floor: nghttpd answering 5 bytes to the same h2load (POST, gRPC-framed body; median of {runs}) | "
+          f"{h_rate:,.0f}/s, {h_cpu:.2f} µs CPU per call | nghttpd {hf_rate:,.0f}/s, {hf_cpu:.2f} µs | {h_rate / hf_rate:.2f} (rate), {h_cpu / hf_cpu:.2f}x (CPU) | |")
     print(f"| GetOnlineUsers, 100-user page with state, h2load (median of {runs}) | {statistics.median(online):,.0f}/s | nghttpd {n_rate:,.0f}/s | {statistics.median(online) / n_rate:.2f} | ≥ 0.3 |")
     print(f"| memory per membership ({int(mem['memberships']):,} memberships) | {float(mem['bytes_per_membership']):.0f} B | | | ≤ 200 B |")
     print(f"| time to build {int(mem['memberships']):,} memberships in-process | {float(mem['build_s']):.1f} s | | | ≤ 10 s (1 M) |")
