@@ -1,12 +1,15 @@
 /// A hash map for the per-membership tables of a channel (its members, its sessions' places):
 /// the entries packed in one array, found by scanning it while they are few and through a table
-/// of 32-bit slots past that (open addressing, linear probing, at most half full).
+/// of slots past that (open addressing, linear probing, at most half full).
 ///
 /// Why not `Dictionary`: a Swift dictionary keeps key and value storage for every bucket, full or
 /// empty, with up to 3/4 of the buckets full; a table of 100 entries has 256 buckets, 2.56 times
-/// the entries' size. Here an empty bucket costs 4 bytes, and the entries' array grows as arrays do
+/// the entries' size. Here an empty bucket costs 2 bytes (4 in a table past 65,536 slots), and the entries' array grows as arrays do
 /// (at most twice what it holds). Keys are hashed with the standard library's seeded hasher, as a
 /// `Dictionary`'s are, so ids chosen by clients cannot be made to collide.
+///
+/// Slots are two bytes each while the table has at most 65,536 of them, four bytes past that
+/// (`SlotTable`): a channel of 100 members keeps 256 slots, 512 bytes where 4-byte slots took 1 KiB.
 ///
 /// Order: entries are kept in the order they were added, except that removing one moves the last
 /// entry into its place (nothing else moves: a caller that keeps entry indices, as a channel's
@@ -24,7 +27,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
     /// 0: empty; else the index of an entry, plus one. A power of two long; empty while the
     /// dictionary is small enough to be searched by scanning its entries (most channels have a
     /// few members: a table of slots would be one more allocation for each).
-    @usableFromInline var slots: [UInt32] = []
+    @usableFromInline var slots = SlotTable()
     /// Up to this many entries are found by scanning; a table of slots is made past it, and
     /// dropped again at half of it.
     @usableFromInline static var scanLimit: Int { 8 }
@@ -190,7 +193,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
     }
 
     private mutating func rebuildSlots(count size: Int) {
-        slots = [UInt32](repeating: 0, count: size)
+        slots = SlotTable(count: size)
         let mask = size - 1
         for i in entries.indices {
             var s = entries[i].key.hashValue & mask
@@ -207,7 +210,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
             return
         }
         if !slots.isEmpty && entries.count <= Self.scanLimit / 2 {
-            slots = []
+            slots = SlotTable()
         }
         if entries.capacity > 64, entries.count * 8 < entries.capacity {
             var compact: [Entry] = []
@@ -222,6 +225,47 @@ public struct DenseDictionary<Key: Hashable, Value> {
         }
     }
 }
+
+/// A table of slots, each 0 (empty) or an entry's index plus one: two bytes each while the table
+/// has at most 65,536 slots, four bytes each past that. A table is at most half full, so one of
+/// up to 65,536 slots names at most 32,768 entries, whose numbers fit in two bytes. The width
+/// follows from the storage's length alone: up to 65,536 two-byte slots, or at least 262,144
+/// halves (131,072 four-byte slots, the next power of two).
+@usableFromInline struct SlotTable {
+    @usableFromInline var raw: [UInt16] = []
+    @usableFromInline static var narrowLimit: Int { 65_536 }
+
+    @usableFromInline init() {}
+
+    /// `count` empty slots (a power of two).
+    @usableFromInline init(count: Int) {
+        raw = [UInt16](repeating: 0, count: count <= Self.narrowLimit ? count : count * 2)
+    }
+
+    @inlinable var isWide: Bool { raw.count > Self.narrowLimit }
+    @inlinable var count: Int { isWide ? raw.count / 2 : raw.count }
+    @inlinable var isEmpty: Bool { raw.isEmpty }
+    /// Bytes the slots take (tests).
+    var byteCount: Int { raw.count * 2 }
+
+    @usableFromInline subscript(i: Int) -> UInt32 {
+        @inlinable get {
+            guard isWide else { return UInt32(raw[i]) }
+            precondition(i >= 0 && i < raw.count / 2)
+            return raw.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: i &* 4, as: UInt32.self) }
+        }
+        set {
+            guard isWide else {
+                raw[i] = UInt16(newValue)
+                return
+            }
+            precondition(i >= 0 && i < raw.count / 2)
+            raw.withUnsafeMutableBytes { $0.storeBytes(of: newValue, toByteOffset: i &* 4, as: UInt32.self) }
+        }
+    }
+}
+
+extension SlotTable: Sendable {}
 
 extension DenseDictionary: Sequence {
     public struct Iterator: IteratorProtocol {

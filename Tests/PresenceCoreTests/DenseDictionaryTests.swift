@@ -97,4 +97,24 @@ private struct Crowded: Hashable {
         #expect(d.slots.isEmpty && d.count == 4)
         for i in 996..<1_000 { #expect(d[i] == i) }
     }
+
+    /// Slots take two bytes each up to 65,536 of them and four past that; every key stays
+    /// findable as the table widens (32,769 entries need 131,072 slots) and narrows again.
+    @Test func slotsWidenPastSixtyFiveThousandAndNarrowBack() {
+        var d = DenseDictionary<Int, Int>()
+        for i in 0..<100 { d[i] = i }
+        #expect(d.slots.count == 256 && d.slots.byteCount == 512 && !d.slots.isWide)
+        for i in 100..<32_768 { d[i] = i }
+        #expect(d.slots.count == 65_536 && d.slots.byteCount == 131_072 && !d.slots.isWide)
+        d[32_768] = 32_768
+        #expect(d.slots.count == 131_072 && d.slots.byteCount == 524_288 && d.slots.isWide)
+        for i in 32_769..<70_000 { d[i] = i }
+        for i in stride(from: 0, to: 70_000, by: 7) { #expect(d[i] == i) }
+        // removals move the last entry into the hole: its slot, a number past 65,535, is rewritten
+        for i in 0..<69_000 { #expect(d.removeValue(forKey: i) == i) }
+        #expect(d.count == 1_000 && !d.slots.isWide && d.slots.count <= 8_192)
+        for i in 69_000..<70_000 { #expect(d[i] == i) }
+        for i in 0..<69_000 where i % 1_000 == 0 { #expect(d[i] == nil) }
+    }
 }
+
