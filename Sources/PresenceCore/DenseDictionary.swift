@@ -1,4 +1,5 @@
-/// A hash map for the per-membership tables of a channel (its members, its sessions' places):
+/// A hash map for the per-membership tables of a channel (its members, its sessions' places), a
+/// gateway's sessions and the values a node owns:
 /// the entries packed in one array, found by scanning it while they are few and through a table
 /// of slots past that (open addressing, linear probing, at most half full).
 ///

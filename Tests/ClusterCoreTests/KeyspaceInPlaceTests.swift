@@ -19,6 +19,8 @@ import Testing
         var storage = Storage()
         /// Changes installed while another value shared this one's storage.
         var sharedInstalls = 0
+        /// Copies merged while another value shared this one's storage.
+        var sharedMerges = 0
 
         init(_ machine: Machine) { self.machine = machine }
 
@@ -45,7 +47,11 @@ import Testing
             machine.install(copy)
         }
         mutating func merge(_ copy: Machine.Copy, isLive: (NodeInstance) -> Bool, now: Int64) -> [Machine.Output] {
-            machine.merge(copy, isLive: isLive, now: now)
+            if !isKnownUniquelyReferenced(&storage) {
+                sharedMerges += 1
+                storage = Storage()
+            }
+            return machine.merge(copy, isLive: isLive, now: now)
         }
         mutating func tookOver(now: Int64) -> [Machine.Output] { machine.tookOver(now: now) }
         mutating func timeOut(at sink: NodeInstance, now: Int64) -> [Machine.Output] { machine.timeOut(at: sink, now: now) }
@@ -86,5 +92,28 @@ import Testing
         #expect(copy.machine.state(of: "u19") == [StateItem(key: "score", value: "19")])
         #expect(copy.machine.occupancy == 50)
         #expect(copy.sharedInstalls == 0, "a change copied the replica's whole channel \(copy.sharedInstalls) times")
+    }
+
+    /// An owner that gets another node's whole version of a key it owns (after a partition, or
+    /// from a node that still thinks it owns it) merges it into its own where it lies in its
+    /// table: no second copy of the channel while it merges.
+    @Test func anOwnerMergesAnotherVersionInPlace() throws {
+        let ring = HashRing(members: ["o", "r"], boots: ["o": 1, "r": 1])
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }
+            .first { ring.owners(of: $0, count: 2) == ["o", "r"] })
+        var owner = Keyspace<Probe>(me: "o", replicationFactor: 2, presenceTimeout: 5_000_000_000, ring: ring) {
+            Probe(Machine(key: $0, maxInstantEvents: 100))
+        }
+        _ = try owner.withOwnedValue(key, create: true, now: 1_000) { p in
+            _ = p.machine.join(user: "mine", session: SessionID(raw: 1), withPresence: true, sink: a, version: 1, now: 1_000)
+        }
+        var other = Machine(key: key, maxInstantEvents: 100)
+        other.startLineage(now: 1_500)
+        _ = other.join(user: "theirs", session: SessionID(raw: 2), withPresence: true, sink: a, version: 1, now: 1_500)
+        for c in other.fullCopies(handoff: false) { _ = owner.received(c, from: "r", now: 2, wall: 2_000) }
+        let merged = try #require(owner.owned[key])
+        #expect(merged.machine.contains(user: "mine", session: SessionID(raw: 1)))
+        #expect(merged.machine.contains(user: "theirs", session: SessionID(raw: 2)))
+        #expect(merged.sharedMerges == 0, "the merge copied the owner's whole channel \(merged.sharedMerges) times")
     }
 }

@@ -88,12 +88,14 @@ actor ChannelShard {
         for (key, m) in space.owned where before[key] != m.term {
             trace("owning", ["channel": "\(key)", "after": what, "term": String(m.term), "sequence": String(m.sequence), "members": String(m.occupancy)])
         }
-        for key in before.keys where space.owned[key] == nil {
+        for key in before.keys where space.owned.index(forKey: key) == nil {
             trace("not owning", ["channel": "\(key)", "after": what])
         }
     }
 
-    private var terms: [ChannelKey: UInt64] { fabric.trace == nil ? [:] : space.owned.mapValues(\.term) }
+    private var terms: [ChannelKey: UInt64] {
+        fabric.trace == nil ? [:] : Dictionary(uniqueKeysWithValues: space.owned.map { ($0.key, $0.value.term) })
+    }
 
     /// After anything that may have changed which channels need ticking or sweeping.
     private func reschedule(_ keys: some Sequence<ChannelKey>) {
@@ -505,7 +507,11 @@ actor ChannelShard {
     var channelCount: Int { space.owned.count }
     var copyCount: Int { space.copies.count }
     /// Users present in the channels this shard owns, summed over them.
-    var membershipCount: Int { space.owned.values.reduce(0) { $0 + $1.occupancy } }
+    var membershipCount: Int {
+        var n = 0
+        space.owned.forEachEntry { n += $1.occupancy }
+        return n
+    }
 
     /// Stops the shard's timers (the node is shutting down).
     func stop() {
