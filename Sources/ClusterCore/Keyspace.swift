@@ -729,7 +729,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             staleUntil[key] = nil
             events += owned.modify(key) { $0.tookOver(now: wall) } ?? []
         }
-        heldBack = heldBack.filter { owned[$0] != nil }
+        heldBack = heldBack.filter { owned.index(forKey: $0) != nil }
         staleUntil = staleUntil.filter { owned.index(forKey: $0.key) != nil && now < $0.value }
         return events.isEmpty ? [] : [.deliver(events)]
     }

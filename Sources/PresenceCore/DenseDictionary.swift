@@ -35,8 +35,8 @@ public struct DenseDictionary<Key: Hashable, Value> {
 
     public init() {}
 
-    public var count: Int { entries.count }
-    public var isEmpty: Bool { entries.isEmpty }
+    @inlinable public var count: Int { entries.count }
+    @inlinable public var isEmpty: Bool { entries.isEmpty }
     /// The keys, in entry order.
     public var keys: [Key] { entries.map(\.key) }
     /// The values, in entry order.
@@ -64,9 +64,9 @@ public struct DenseDictionary<Key: Hashable, Value> {
         }
     }
 
-    public func index(forKey key: Key) -> Int? { find(key).entry }
+    @inlinable public func index(forKey key: Key) -> Int? { find(key).entry }
 
-    public subscript(key: Key) -> Value? {
+    @inlinable public subscript(key: Key) -> Value? {
         get {
             guard let i = find(key).entry else { return nil }
             return entries[i].value
@@ -91,17 +91,17 @@ public struct DenseDictionary<Key: Hashable, Value> {
     }
 
     /// The key of the entry at `index` (0 ..< count).
-    public func key(at index: Int) -> Key { entries[index].key }
+    @inlinable public func key(at index: Int) -> Key { entries[index].key }
 
     /// The value of the entry at `index` (from `index(forKey:)`), to read or change in place.
-    public subscript(valueAt index: Int) -> Value {
+    @inlinable public subscript(valueAt index: Int) -> Value {
         get { entries[index].value }
         _modify { yield &entries[index].value }
     }
 
     /// Changes the value of `key` where it lies (no copy of it is made); nil when `key` is absent.
     @discardableResult
-    public mutating func modify<R>(_ key: Key, _ body: (inout Value) throws -> R) rethrows -> R? {
+    @inlinable public mutating func modify<R>(_ key: Key, _ body: (inout Value) throws -> R) rethrows -> R? {
         guard let i = find(key).entry else { return nil }
         return try body(&entries[i].value)
     }
@@ -126,7 +126,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
         }
     }
 
-    private mutating func insert(_ key: Key, _ value: Value, at slot: Int) {
+    @usableFromInline mutating func insert(_ key: Key, _ value: Value, at slot: Int) {
         precondition(entries.count < Int(UInt32.max - 1), "DenseDictionary: too many entries")
         entries.append(Entry(key: key, value: value))
         if slots.isEmpty {
@@ -139,7 +139,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
     }
 
     @discardableResult
-    public mutating func removeValue(forKey key: Key) -> Value? {
+    @inlinable public mutating func removeValue(forKey key: Key) -> Value? {
         let (slot, entry) = find(key)
         guard let entry else { return nil }
         if !slots.isEmpty { clear(slot: slot) }
@@ -167,7 +167,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
     }
 
     /// The smallest table of slots that holds `n` entries at most half full.
-    private static func slotCount(for n: Int) -> Int {
+    @usableFromInline static func slotCount(for n: Int) -> Int {
         var size = 16
         while size < n * 2 { size *= 2 }
         return size
@@ -175,7 +175,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
 
     /// Empties `slot` and moves later entries of its run back, so every entry stays reachable from
     /// its home slot without gaps (deletion without tombstones, for linear probing).
-    private mutating func clear(slot: Int) {
+    @usableFromInline mutating func clear(slot: Int) {
         let mask = slots.count - 1
         var hole = slot
         var j = slot
@@ -193,7 +193,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
         slots[hole] = 0
     }
 
-    private mutating func rebuildSlots(count size: Int) {
+    @usableFromInline mutating func rebuildSlots(count size: Int) {
         slots = SlotTable(count: size)
         let mask = size - 1
         for i in entries.indices {
@@ -205,7 +205,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
 
     /// A dictionary that held many entries and now holds few gives its storage back (arrays and
     /// dictionaries keep theirs); a small one is searched by scanning again.
-    private mutating func shrinkIfSparse() {
+    @usableFromInline mutating func shrinkIfSparse() {
         if entries.isEmpty {
             self = DenseDictionary()
             return
@@ -255,7 +255,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
             precondition(i >= 0 && i < raw.count / 2)
             return raw.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: i &* 4, as: UInt32.self) }
         }
-        set {
+        @inlinable set {
             guard isWide else {
                 raw[i] = UInt16(newValue)
                 return

@@ -110,8 +110,13 @@ private struct Crowded: Hashable {
         #expect(d.slots.count == 131_072 && d.slots.byteCount == 524_288 && d.slots.isWide)
         for i in 32_769..<70_000 { d[i] = i }
         for i in stride(from: 0, to: 70_000, by: 7) { #expect(d[i] == i) }
+        // removals while the table stays wide: entries numbered past 65,535 move into the holes
+        for i in 0..<10_000 { #expect(d.removeValue(forKey: i) == i) }
+        #expect(d.slots.isWide && d.count == 60_000)
+        for i in stride(from: 10_000, to: 70_000, by: 3) { #expect(d[i] == i) }
+        for i in stride(from: 0, to: 10_000, by: 97) { #expect(d[i] == nil) }
         // removals move the last entry into the hole: its slot, a number past 65,535, is rewritten
-        for i in 0..<69_000 { #expect(d.removeValue(forKey: i) == i) }
+        for i in 10_000..<69_000 { #expect(d.removeValue(forKey: i) == i) }
         #expect(d.count == 1_000 && !d.slots.isWide && d.slots.count <= 8_192)
         for i in 69_000..<70_000 { #expect(d[i] == i) }
         for i in 0..<69_000 where i % 1_000 == 0 { #expect(d[i] == nil) }
