@@ -69,13 +69,6 @@ def redis_cpu_per_call(n=300000):
         p.wait()
 
 
-def setstate_message():
-    """A SetState as `bench_presence.SetStateRequest` sends it (its session id is made up here)."""
-    def field(k, data):
-        return bytes([k << 3 | 2, len(data)]) + data
-    return field(1, b"0123456789abcdef") + field(2, b"h2bench") + bytes([0x18, 1]) + field(4, field(1, b"mic") + field(2, b"on"))
-
-
 def nghttpd_floor(msg, n, clients, streams):
     """The HTTP/2 floor of a row: nghttpd (one worker, nghttp2's own C server) answering a 5-byte
     file to the row's h2load (its clients, streams in flight and gRPC-framed request body and
@@ -84,25 +77,16 @@ def nghttpd_floor(msg, n, clients, streams):
     d = tempfile.mkdtemp()
     with open(os.path.join(d, "tiny"), "wb") as f:
         f.write(b"\x00" * 5)
-    body = os.path.join(d, "body")
-    with open(body, "wb") as f:
-        f.write(b"\x00" + len(msg).to_bytes(4, "big") + msg)
     port = free_port()
     p = subprocess.Popen(["nghttpd", "--no-tls", "-d", d, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, p, "nghttpd")
         c0 = cpu_seconds(p.pid)
-        out = subprocess.run(["h2load", "-n", str(n), "-c", str(clients), "-m", str(streams), "-t", "1", "-d", body,
-                              "-H", "content-type: application/grpc", "-H", "te: trailers", f"http://127.0.0.1:{port}/tiny"],
-                             capture_output=True, text=True, timeout=600).stdout
-        cpu = (cpu_seconds(p.pid) - c0) / n * 1e6
+        rate = h2load_fixed(port, "/tiny", msg, n=n, clients=clients, streams=streams)
+        return rate, (cpu_seconds(p.pid) - c0) / n * 1e6
     finally:
         p.kill()
         p.wait()
-    ok = re.search(r"(\d+) succeeded, (\d+) failed", out)
-    if not ok or ok.group(2) != "0":
-        raise SystemExit("h2load against nghttpd failed:\n" + out)
-    return float(re.search(r"finished in .*?, ([\d.]+) req/s", out).group(1)), cpu
 
 
 def h2load_fixed(port, path, msg, n=200000, clients=16, streams=32):
@@ -172,7 +156,7 @@ def main():
     for _ in range(runs):
         redis.append(bp.redis_peer()[0])
         redis_cpus.append(redis_cpu_per_call())
-        floors.append(nghttpd_floor(setstate_message(), 300000, 50, 1))
+        floors.append(nghttpd_floor(bp.setstate_message(b"0123456789abcdef"), 300000, 50, 1))
         health_floors.append(nghttpd_floor(b"", 200000, 16, 32))
         nghttpd.append(bt.nghttpd_rate())
         with running_node(*node_args) as (p, port):

@@ -42,6 +42,13 @@ def redis_peer():
     return float(m.group(1)), float(m.group(2))
 
 
+def setstate_message(sid):
+    """A SetState (protobuf) for session `sid` in channel h2bench: mic=on."""
+    def field(n, data):
+        return bytes([n << 3 | 2, len(data)]) + data
+    return field(1, sid) + field(2, b"h2bench") + bytes([0x18, 1]) + field(4, field(1, b"mic") + field(2, b"on"))
+
+
 class SetStateRequest:
     """A session held open (`presencectl join`) and a file with one gRPC-framed SetState for it,
     for h2load to send over and over."""
@@ -51,12 +58,7 @@ class SetStateRequest:
                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         line = self.holder.stderr.readline()
         sid = re.search(r"session ([0-9a-f]{16})", line).group(1)
-
-        def field(n, data):
-            return bytes([n << 3 | 2, len(data)]) + data
-
-        item = field(1, b"mic") + field(2, b"on")
-        msg = field(1, sid.encode()) + field(2, b"h2bench") + bytes([0x18, 1]) + field(4, item)
+        msg = setstate_message(sid.encode())
         body = tempfile.NamedTemporaryFile(delete=False)
         body.write(b"\x00" + struct.pack(">I", len(msg)) + msg)
         body.close()

@@ -342,7 +342,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         for (key, r) in retired where wall - r.since >= retirement { retired[key] = nil }
         for (key, since) in unconfirmed where wall - since >= retirement {
             unconfirmed[key] = nil
-            if owned.index(forKey: key) == nil { copies[key] = nil }
+            if !hasOwned(key) { copies[key] = nil }
         }
         let oldest = min(retired.values.map(\.since).min() ?? .max, unconfirmed.values.min() ?? .max)
         retirementDue = oldest == .max ? .max : oldest &+ retirement
@@ -364,7 +364,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
     @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
     public mutating func placed(_ key: V.Key, at sink: NodeInstance, now: UInt64) {
-        guard !isLive(sink), owned.index(forKey: key) != nil else { return }
+        guard !isLive(sink), hasOwned(key) else { return }
         orphanKeys.insert(key)
         if goneSince[sink] == nil { goneSince[sink] = now }
     }
@@ -496,7 +496,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// over from, stale as it may be (gateways' anti-entropy brings it up to date).
     private mutating func ringCameBack(mayServe: (V.Key) -> Bool, now: UInt64, wall: Int64, skipping held: Set<V.Key>) -> [Effect] {
         var out: [Effect] = []
-        for (key, r) in retired.sorted(by: { $0.key < $1.key }) where !held.contains(key) && owned.index(forKey: key) == nil {
+        for (key, r) in retired.sorted(by: { $0.key < $1.key }) where !held.contains(key) && !hasOwned(key) {
             let owners = ring.owners(ofHash: V.ringHash(of: key), count: replicationFactor)
             guard owners.contains(me) else { continue }
             retired[key] = nil
@@ -559,13 +559,14 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             let since = now > min(age, presenceTimeout) ? now - min(age, presenceTimeout) : 0
             goneSince[sink] = min(goneSince[sink] ?? since, since)
         }
-        if owned.index(forKey: key) != nil {
+        if let i = owned.index(forKey: key) {
             // (another node's whole version, or its handoff, brings a stale takeover up to date)
             if V.isFull(copy) || V.isHandoff(copy) { staleUntil[key] = nil }
-            // (liveness read from a copy of the ring: the closure may not reach `self` while `owned` is changed)
+            // (liveness read from a copy of the ring: given `self.isLive`, the merge would reach
+            // `self` while `owned` is changed, and the value would be copied out and back)
             let ring = self.ring
-            let events = owned.modify(key) { $0.merge(copy, isLive: { ring.isLive($0.id, boot: $0.boot) }, now: wall) } ?? []
-            let v = owned[key]!
+            let events = owned[valueAt: i].merge(copy, isLive: { ring.isLive($0.id, boot: $0.boot) }, now: wall)
+            let v = owned[valueAt: i]
             keep(key, wall: wall)
             noteOrphans(key, now: now)
             var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
@@ -729,8 +730,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             staleUntil[key] = nil
             events += owned.modify(key) { $0.tookOver(now: wall) } ?? []
         }
-        heldBack = heldBack.filter { owned.index(forKey: $0) != nil }
-        staleUntil = staleUntil.filter { owned.index(forKey: $0.key) != nil && now < $0.value }
+        heldBack = heldBack.filter { hasOwned($0) }
+        staleUntil = staleUntil.filter { hasOwned($0.key) && now < $0.value }
         return events.isEmpty ? [] : [.deliver(events)]
     }
 
@@ -791,14 +792,16 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                                    moved: [(V.Key, SessionID, NodeInstance, UInt64)], now: UInt64, wall: Int64) -> [Effect] {
         var effects: [Effect] = []
         var touched = Set<V.Key>()
-        for (key, session, to, version) in moved where owned.index(forKey: key) != nil {
-            let events = owned.modify(key) { $0.moved(session, from: sink, to: to, version: version, now: wall) } ?? []
+        for (key, session, to, version) in moved {
+            guard let i = owned.index(forKey: key) else { continue }
+            let events = owned[valueAt: i].moved(session, from: sink, to: to, version: version, now: wall)
             if !events.isEmpty { effects.append(.deliver(events)) }
             touched.insert(key)
             noteOrphans(key, now: now)
         }
-        for (key, session, version) in gone where owned.index(forKey: key) != nil {
-            let events = owned.modify(key) { $0.removeGone(session, at: sink, version: version, now: wall) } ?? []
+        for (key, session, version) in gone {
+            guard let i = owned.index(forKey: key) else { continue }
+            let events = owned[valueAt: i].removeGone(session, at: sink, version: version, now: wall)
             if !events.isEmpty { effects.append(.deliver(events)) }
             touched.insert(key)
             keep(key, wall: wall)

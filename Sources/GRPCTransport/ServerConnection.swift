@@ -269,12 +269,12 @@ final class ServerConnection: HTTP2Connection {
             requests.end(nil)
         } else if type == UInt8(NGHTTP2_DATA.rawValue), endStream, let s = stream(streamID), s.status == nil {
             s.requestComplete = true
-            if let t = s.requestTimer { loop.cancelTimer(t); s.requestTimer = nil }
+            loop.cancelTimer(&s.requestTimer)
             dispatch(s)
         } else if type == UInt8(NGHTTP2_HEADERS.rawValue), endStream, let s = stream(streamID), s.status == nil {
             // trailers from the client end the request too
             s.requestComplete = true
-            if let t = s.requestTimer { loop.cancelTimer(t); s.requestTimer = nil }
+            loop.cancelTimer(&s.requestTimer)
             dispatch(s)
         }
         return 0
@@ -285,12 +285,12 @@ final class ServerConnection: HTTP2Connection {
         queuedBytes -= s.outbound.remainingBytes
         s.waitingForTurn = false
         unaryEnded(s)
-        if let t = s.requestTimer { loop.cancelTimer(t) }
         if streams.isEmpty && !draining { becameIdle() }
         if s.status == nil || s.task != nil {
-            abandon(s, GRPCStatus(.cancelled, "the client cancelled the call"))
-        } else if let t = s.deadlineTimer {
-            loop.cancelTimer(t)
+            abandon(s, GRPCStatus(.cancelled, "the client cancelled the call"))  // (cancels its timers)
+        } else {
+            loop.cancelTimer(&s.requestTimer)
+            loop.cancelTimer(&s.deadlineTimer)
         }
         core.streamClosed(on: self)
         return 0
@@ -661,10 +661,7 @@ final class ServerConnection: HTTP2Connection {
             requests.end(status.code == .ok ? GRPCStatus(.cancelled, "the call has ended") : status)
             s.task?.cancel()
         }
-        if let t = s.deadlineTimer {
-            loop.cancelTimer(t)
-            s.deadlineTimer = nil
-        }
+        loop.cancelTimer(&s.deadlineTimer)
         if !s.responseSubmitted {
             // Trailers-Only: one HEADERS frame with the status and END_STREAM.
             s.responseSubmitted = true

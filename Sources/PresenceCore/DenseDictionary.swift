@@ -5,12 +5,10 @@
 ///
 /// Why not `Dictionary`: a Swift dictionary keeps key and value storage for every bucket, full or
 /// empty, with up to 3/4 of the buckets full; a table of 100 entries has 256 buckets, 2.56 times
-/// the entries' size. Here an empty bucket costs 2 bytes (4 in a table past 65,536 slots), and the entries' array grows as arrays do
-/// (at most twice what it holds). Keys are hashed with the standard library's seeded hasher, as a
-/// `Dictionary`'s are, so ids chosen by clients cannot be made to collide.
-///
-/// Slots are two bytes each while the table has at most 65,536 of them, four bytes past that
-/// (`SlotTable`): a channel of 100 members keeps 256 slots, 512 bytes where 4-byte slots took 1 KiB.
+/// the entries' size. Here an empty bucket is a slot of 2 bytes (4 in a table past 65,536 slots:
+/// `SlotTable`), and the entries' array grows as arrays do (at most twice what it holds). Keys are
+/// hashed with the standard library's seeded hasher, as a `Dictionary`'s are, so ids chosen by
+/// clients cannot be made to collide.
 ///
 /// Order: entries are kept in the order they were added, except that removing one moves the last
 /// entry into its place (nothing else moves: a caller that keeps entry indices, as a channel's

@@ -88,7 +88,7 @@ actor ChannelShard {
         for (key, m) in space.owned where before[key] != m.term {
             trace("owning", ["channel": "\(key)", "after": what, "term": String(m.term), "sequence": String(m.sequence), "members": String(m.occupancy)])
         }
-        for key in before.keys where space.owned.index(forKey: key) == nil {
+        for key in before.keys where !space.hasOwned(key) {
             trace("not owning", ["channel": "\(key)", "after": what])
         }
     }
