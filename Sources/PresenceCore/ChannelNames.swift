@@ -27,13 +27,13 @@ public final class ChannelNames: Sendable {
     /// One channel's name, shared by every key of it, with its hashes (computed once): its
     /// `StableHash`, the same on every node, for routing; and the process's seeded hash of it, for
     /// tables.
-    final class Name: Sendable {
+    @usableFromInline final class Name: Sendable {
         let text: ChannelName
         let stableHash: UInt64
         /// `text.hashValue`. Tables must not key by `stableHash`: FNV-1a is unseeded, and a client
         /// could make up any number of colliding channel names offline (the seeded hasher is what
         /// keeps them from landing in one bucket chain).
-        let seededHash: Int
+        @usableFromInline let seededHash: Int
 
         init(_ text: ChannelName, seededHash: Int) {
             self.text = text
@@ -46,6 +46,7 @@ public final class ChannelNames: Sendable {
         let text: ChannelName
         let seededHash: Int
         func hash(into hasher: inout Hasher) { hasher.combine(seededHash) }
+        func _rawHashValue(seed: Int) -> Int { KeyHash.mix(UInt64(bitPattern: Int64(seededHash)), seed: seed) }
         static func == (a: Slot, b: Slot) -> Bool { a.seededHash == b.seededHash && a.text == b.text }
     }
 
@@ -121,7 +122,7 @@ public struct ChannelName: Hashable, Sendable {
 /// tables by channel. It carries the name's `StableHash`, which routing asks for several times per
 /// call.
 public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertible {
-    private let interned: ChannelNames.Name
+    @usableFromInline let interned: ChannelNames.Name
 
     public init(name: String, type: ChannelType) {
         interned = ChannelNames.shared.intern(name, type)
@@ -142,6 +143,9 @@ public struct ChannelKey: Hashable, Sendable, Comparable, CustomStringConvertibl
     }
 
     public func hash(into hasher: inout Hasher) { hasher.combine(interned.seededHash) }
+
+    /// The name's seeded hash mixed with the table's seed (`KeyHash`): no `Hasher` run per lookup.
+    @inlinable public func _rawHashValue(seed: Int) -> Int { KeyHash.mix(UInt64(bitPattern: Int64(interned.seededHash)), seed: seed) }
 
     public static func < (a: ChannelKey, b: ChannelKey) -> Bool {
         a.name != b.name ? a.name < b.name : a.type.rawValue < b.type.rawValue
