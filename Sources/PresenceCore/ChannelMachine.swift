@@ -43,8 +43,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public var maxInstantEvents: Int
 
     struct Member: Sendable {
-        /// Never empty: a user whose last session leaves is no longer a member.
-        var sessions: SessionList
+        /// The user's first session here (a user whose last session leaves is no longer a member);
+        /// any others are in `moreSessions`.
+        var first: SessionID
         var state: StateItems
         /// The channel counter value at the state's last change (0: never set).
         var stateVersion: UInt64 = 0
@@ -105,6 +106,11 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     enum Mode: Equatable { case realtime, interval }
 
     private var members: DenseDictionary<String, Member> = [:] { didSet { listingRevision = ListingRevision.next() } }
+    /// The sessions after the first of each member that has several, by user id. A user almost
+    /// always has one session in a channel: kept beside the members rather than in each (an array
+    /// reference in every entry was 8 bytes per membership), this is empty in most channels and
+    /// costs nothing while it is.
+    private var moreSessions: [String: [SessionID]] = [:]
     /// The members in user id order, for paging: indices of their entries in `members` (4 bytes
     /// where an id is 16; `addMember` and `removeMember` keep the two in step).
     private var order: [UInt32] = [] { didSet { listingRevision = ListingRevision.next() } }
@@ -169,7 +175,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public func contains(user: String) -> Bool { members[user] != nil }
     @_specialize(exported: true, where Sink == NodeInstance)
-    public func contains(user: String, session: SessionID) -> Bool { members[user]?.sessions.contains(session) ?? false }
+    public func contains(user: String, session: SessionID) -> Bool { members[user].map { has($0, user, session) } ?? false }
     @_specialize(exported: true, where Sink == NodeInstance)
     public func state(of user: String) -> [StateItem]? { members[user]?.state.items }
     @_specialize(exported: true, where Sink == NodeInstance)
@@ -285,8 +291,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         if let i = members.index(forKey: user) {
             member = i
             var m = members[valueAt: i]
-            if !m.sessions.contains(session) {
-                m.sessions.append(session)
+            if !has(m, user, session) {
+                moreSessions[user, default: []].append(session)
                 var changed = false
                 if !pendingState.isEmpty, m.state.countAfterMerging(pendingState) <= Limits.maxStateKeys {
                     changed = m.state.merge(pendingState)
@@ -298,7 +304,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            member = addMember(user, Member(sessions: SessionList(session), state: state,
+            member = addMember(user, Member(first: session, state: state,
                                             stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence()))
             updateMode(now: now, into: &out)
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
@@ -340,7 +346,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         // followed another owner's lineage of this channel meanwhile (the other side of a
         // partition, started later and so numbered higher): it gets a SNAPSHOT numbered above any
         // lineage started before now.
-        if let member = members.index(forKey: user), members[valueAt: member].sessions.contains(session) {
+        if let member = members.index(forKey: user), has(members[valueAt: member], user, session) {
             let before = place(of: session)
             place(session, member: member, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
             let resumed = SessionVersion.epoch(before?.version ?? 0) < SessionVersion.epoch(version)
@@ -430,7 +436,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         // leave the gateway had given up on and retried elsewhere, delivered by TCP once a
         // partition healed) changes nothing: versions of a session only grow
         if byGateway, version != 0, let p = placements[session], version < p.version { return [] }
-        guard var m = members[user], m.sessions.contains(session) else {
+        guard var m = members[user], has(m, user, session) else {
             // (a gateway's leave of a session this version does not hold — it joined in another
             // version of the channel, not merged here yet — is remembered all the same: that
             // version, merged later, must not bring the session back)
@@ -443,8 +449,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         forgetOldDepartures(now: now)
         departed[session] = Departure(user: user, version: max(placements[session]?.version ?? 0, version), byGateway: byGateway, at: now)
         unplace(session)
-        if let rest = m.sessions.removing(session) {
-            m.sessions = rest
+        if drop(session, from: &m, user) {
             members[user] = m
             return []
         }
@@ -477,7 +482,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// attempt of a write this owner learnt was carried out (or overtaken) elsewhere changes nothing.
     public mutating func setState(user: String, session: SessionID, items: [StateItem], write: UInt32 = 0, version: UInt64 = 0,
                                   now: Int64) throws(PresenceError) -> [Delivery] {
-        guard var m = members[user], m.sessions.contains(session), admits(write, of: session, version: version) else { return [] }
+        guard var m = members[user], has(m, user, session), admits(write, of: session, version: version) else { return [] }
         let after = m.state.countAfterMerging(items)
         guard after <= Limits.maxStateKeys else {
             throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
@@ -495,7 +500,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func removeState(user: String, session: SessionID, keys: [String], write: UInt32 = 0, version: UInt64 = 0,
                                      now: Int64) -> [Delivery] {
-        guard var m = members[user], m.sessions.contains(session), admits(write, of: session, version: version) else { return [] }
+        guard var m = members[user], has(m, user, session), admits(write, of: session, version: version) else { return [] }
         applied(write, of: session, version: version)
         guard m.state.remove(keys) else { return [] }
         m.stateVersion = nextSequence()
@@ -594,7 +599,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public func copy(of user: String) -> MemberCopy<Sink> {
         guard let m = members[user] else { return MemberCopy(userID: user, sessions: [], state: []) }
-        let sessions = m.sessions.all.compactMap { s in
+        let sessions = self.sessions(m, user).compactMap { s in
             placements[s].map { p in
                 MemberCopy<Sink>.Session(id: s, sink: sinks[Int(p.sink)].sink, withPresence: p.withPresence, version: p.version,
                                          written: WriteNumber.latest(p.written, p.fence))
@@ -634,14 +639,15 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// new owner taking a channel over). Events were already sent by whoever made the change.
     public mutating func install(_ copy: MemberCopy<Sink>) {
         if let m = members[copy.userID] {
-            for s in m.sessions.all { unplace(s) }
+            for s in sessions(m, copy.userID) { unplace(s) }
         }
         if copy.sessions.isEmpty {
             removeMember(copy.userID)
         } else {
-            var list = SessionList(copy.sessions[0].id)
-            for s in copy.sessions.dropFirst() { list.append(s.id) }
-            let m = Member(sessions: list, state: StateItems(copy.state), stateVersion: copy.stateVersion)
+            let m = Member(first: copy.sessions[0].id, state: StateItems(copy.state), stateVersion: copy.stateVersion)
+            if copy.sessions.count > 1 || moreSessions[copy.userID] != nil {
+                moreSessions[copy.userID] = copy.sessions.count > 1 ? copy.sessions.dropFirst().map(\.id) : nil
+            }
             let member: Int
             if let i = members.index(forKey: copy.userID) {
                 members[valueAt: i] = m
@@ -774,7 +780,31 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// Sessions of a user here.
     @_specialize(exported: true, where Sink == NodeInstance)
-    public func sessions(of user: String) -> [SessionID] { members[user]?.sessions.all ?? [] }
+    public func sessions(of user: String) -> [SessionID] { members[user].map { sessions($0, user) } ?? [] }
+
+    /// Whether `session` is a session of `user`, whose entry is `m`.
+    private func has(_ m: Member, _ user: String, _ session: SessionID) -> Bool {
+        m.first == session || (!moreSessions.isEmpty && moreSessions[user]?.contains(session) == true)
+    }
+
+    /// The sessions of `user`, whose entry is `m`, its first one first.
+    private func sessions(_ m: Member, _ user: String) -> [SessionID] {
+        guard !moreSessions.isEmpty, let more = moreSessions[user] else { return [m.first] }
+        return [m.first] + more
+    }
+
+    /// Takes `session`, one of the sessions of `user` (whose entry is `m`), from the user's
+    /// sessions; false, changing nothing, when it is the user's only one (the member goes).
+    private mutating func drop(_ session: SessionID, from m: inout Member, _ user: String) -> Bool {
+        guard !moreSessions.isEmpty, var more = moreSessions[user] else { return false }
+        if m.first == session {
+            m.first = more.removeFirst()
+        } else if let i = more.firstIndex(of: session) {
+            more.remove(at: i)
+        }
+        moreSessions[user] = more.isEmpty ? nil : more
+        return true
+    }
 
     // MARK: Rules
 
@@ -809,13 +839,14 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         let last = members.count - 1
         if i != last {
             order[insertionIndex(for: members.key(at: last))] = UInt32(i)
-            for s in members[valueAt: last].sessions.all {
+            for s in sessions(members[valueAt: last], members.key(at: last)) {
                 guard let p = placements.index(forKey: s), placements[valueAt: p].member == UInt32(last) else { continue }
                 placements[valueAt: p].member = UInt32(i)
             }
         }
         order.remove(at: at)
         members.removeValue(forKey: user)
+        if !moreSessions.isEmpty { moreSessions[user] = nil }
     }
 
     /// Interval mode above `maxInstantEvents` users; back to real time (after flushing) at or below.
@@ -956,29 +987,3 @@ struct IntervalBatch: Sendable {
     }
 }
 
-/// The sessions of one user in one channel, never none: almost always one, so that case needs no
-/// allocation (24 bytes: an optional first id would take 32 with its padding).
-struct SessionList: Equatable, Sendable {
-    private var first: SessionID
-    private var more: [SessionID] = []
-
-    init(_ s: SessionID) { first = s }
-
-    var all: [SessionID] { [first] + more }
-
-    func contains(_ s: SessionID) -> Bool { first == s || more.contains(s) }
-
-    mutating func append(_ s: SessionID) { more.append(s) }
-
-    /// The list without `s`; nil when `s` was its only session.
-    func removing(_ s: SessionID) -> SessionList? {
-        var out = self
-        if first == s {
-            guard !more.isEmpty else { return nil }
-            out.first = out.more.removeFirst()
-        } else if let i = more.firstIndex(of: s) {
-            out.more.remove(at: i)
-        }
-        return out
-    }
-}

@@ -146,6 +146,12 @@ try await withThrowingTaskGroup(of: PresenceEngine.OpenedSession.self) { group i
 }
 let after = rssBytes()
 let memberships = users * perUser
+if CommandLine.arguments.contains("--heap") {
+    // (glibc's own account of its arenas, on stderr: system bytes against bytes in use)
+    if let f = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "malloc_stats") {
+        unsafeBitCast(f, to: (@convention(c) () -> Void).self)()
+    }
+}
 let check = try await engine.getOnlineUsers(GetOnlineUsersRequest(channelName: channelName(0), channelType: .message, includeUserID: false))
 print(String(format: "bench=memory users=%d channels=%d memberships=%d rss_before_mib=%.1f rss_after_mib=%.1f bytes_per_membership=%.0f build_s=%.1f occupancy_channel0=%d",
              users, channels, memberships, Double(before) / 1048576, Double(after) / 1048576,

@@ -659,3 +659,62 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(replica.snapshotForAll(now: 9).map(\.to) == [.session(s1)])
     }
 }
+
+/// A member's first session is kept in its entry and any others beside the members
+/// (`moreSessions`): every path that adds, removes, moves or copies sessions keeps the two together.
+@Suite struct ChannelMachineSeveralSessionsTests {
+    let a1 = SessionID(raw: 11), b1 = SessionID(raw: 21), b2 = SessionID(raw: 22), b3 = SessionID(raw: 23)
+    let c1 = SessionID(raw: 31), c2 = SessionID(raw: 32)
+
+    @Test func aUsersSessionsSurviveLeavesEntryMovesAndCopies() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "a", session: a1, withPresence: false, sink: "n1", now: 1)
+        for s in [b1, b2, b3] { _ = m.join(user: "b", session: s, withPresence: false, sink: "n1", now: 2) }
+        _ = m.join(user: "c", session: c1, withPresence: true, sink: "n1", now: 3)
+        _ = m.join(user: "c", session: c2, withPresence: true, sink: "n2", now: 4)
+        #expect(m.sessions(of: "b") == [b1, b2, b3])
+        #expect(m.contains(user: "b", session: b3) && !m.contains(user: "b", session: c1))
+
+        // "a" goes: "c", the last entry, moves into its place with both its sessions
+        let gone = m.leave(user: "a", session: a1, now: 5)
+        #expect(gone.map(\.event.type) == [.remoteLeave])
+        #expect(m.sessions(of: "c") == [c1, c2])
+        #expect(m.user(of: c2) == "c" && m.place(of: c1)?.user == "c" && m.sink(of: c2) == "n2")
+
+        // the first session leaves: the next one becomes the first, and no event is made
+        #expect(m.leave(user: "b", session: b1, now: 6).isEmpty)
+        #expect(m.sessions(of: "b") == [b2, b3])
+        #expect(!m.contains(user: "b", session: b1))
+        // a session past the first acts for its user
+        let changed = try m.setState(user: "b", session: b3, items: [item("mic", "on")], now: 7)
+        #expect(changed.map(\.event.type) == [.remoteStateChanged])
+        #expect(try m.setState(user: "b", session: b1, items: [item("mic", "off")], now: 8).isEmpty)
+
+        // copies carry every session, and installing one replaces the user's sessions whole
+        let copy = m.copy(of: "b")
+        #expect(copy.sessions.map(\.id) == [b2, b3])
+        var replica = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        replica.install(copy)
+        #expect(replica.sessions(of: "b") == [b2, b3] && replica.state(of: "b") == [item("mic", "on")])
+        var fewer = copy
+        fewer.sessions.removeLast()
+        replica.install(fewer)
+        #expect(replica.sessions(of: "b") == [b2])
+        #expect(!replica.contains(user: "b", session: b3) && replica.place(of: b3) == nil)
+        // a copy without sessions takes the user away with all of them
+        replica.install(copy)
+        replica.install(MemberCopy(userID: "b", sessions: [], state: []))
+        #expect(!replica.contains(user: "b") && replica.place(of: b2) == nil && replica.place(of: b3) == nil)
+        _ = replica.join(user: "b", session: b1, withPresence: false, sink: "n1", now: 9)
+        #expect(replica.sessions(of: "b") == [b1])
+
+        // the last sessions leave: one REMOTE_LEAVE, and a later first session starts alone
+        #expect(m.leave(user: "b", session: b3, now: 9).isEmpty)
+        #expect(m.leave(user: "b", session: b2, now: 10).map(\.event.type) == [.remoteLeave])
+        #expect(m.sessions(of: "b").isEmpty && !m.contains(user: "b"))
+        _ = m.join(user: "b", session: b1, withPresence: false, sink: "n1", now: 11)
+        #expect(m.sessions(of: "b") == [b1])
+        #expect(!m.contains(user: "b", session: b2))
+        #expect(m.occupancy == 2)
+    }
+}

@@ -152,20 +152,29 @@ struct Router: Sendable {
         if let why = topology.notServing(users: call.userIDs) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
+        // (most calls name one user: one shard, without grouping them first)
+        if call.userIDs.count == 1 { return try await localHomePart(core.homeShardIndex(call.userIDs[0]), call) }
         var groups: [Int: [String]] = [:]
         for u in call.userIDs { groups[core.homeShardIndex(u), default: []].append(u) }
         var merged = ClusterHomeResult()
         for (i, users) in groups.sorted(by: { $0.key < $1.key }) {
             var part = call
             part.userIDs = users
-            let (r, tickets) = await core.userHomes[i].serve(part, users: users)
-            if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
-            if let e = r.error { throw PresenceError(wire: e) }
+            let r = try await localHomePart(i, part)
             merged.channels += r.channels
             merged.statuses += r.statuses
             if r.found { merged.found = true; merged.session = r.session }
         }
         return merged
+    }
+
+    /// The part of a home call whose users all live in shard `i`, once its copies reached the
+    /// replicas (or the wait for them timed out); a refusal is thrown.
+    private func localHomePart(_ i: Int, _ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+        let (r, tickets) = await core.userHomes[i].serve(call, users: call.userIDs)
+        if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
+        if let e = r.error { throw PresenceError(wire: e) }
+        return r
     }
 
     /// Users grouped by their home node (one home call per group).
