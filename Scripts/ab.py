@@ -4,7 +4,7 @@
 /proc) per call or delivery, which is steadier here than the rate.
 
     Scripts/ab --rounds 8 /tmp/presenced-before /tmp/presenced-after [--load setstate|fanout|online]
-               [--node-args "--threads 1"]   (loads: setstate, fanout, online, online-h2load)
+               [--node-args "--threads 1"]   (loads: setstate, fanout, online, online-h2load, health)
 
 Keep a copy of the release binary before a change (`cp .build/release/presenced /tmp/...`), build
 the change, and compare the two. Prints each run, then the medians and the change in CPU per call,
@@ -32,6 +32,17 @@ def cpu_seconds(pid):
 
 def one_run(binary, load, node_args=()):
     node, port = start_node("--max-instant-events", "100000", *node_args, binary=binary)
+    if load == "health":
+        # grpc.health.v1.Health/Check under h2load (16 connections x 32 in flight), as Scripts/bench-perf
+        import bench_transport
+        try:
+            before = cpu_seconds(node.pid)
+            rate = bench_transport.h2load(port)
+            used = cpu_seconds(node.pid) - before
+        finally:
+            node.terminate()
+            node.wait()
+        return rate, used / 200000 * 1e6
     if load == "online-h2load":
         # GetOnlineUsers of a 100-member page with state under h2load, as Scripts/bench-perf
         import bench_perf
@@ -61,7 +72,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binaries", nargs="+", help="two or more presenced binaries")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--load", choices=sorted([*LOADS, "online-h2load"]), default="setstate")
+    ap.add_argument("--load", choices=sorted([*LOADS, "online-h2load", "health"]), default="setstate")
     ap.add_argument("--node-args", default="", help="more flags for every node, e.g. \"--threads 1\"")
     args = ap.parse_args()
     node_args = args.node_args.split()

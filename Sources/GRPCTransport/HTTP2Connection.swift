@@ -33,40 +33,42 @@ public struct HTTP2Settings: Sendable {
 
 /// One HTTP/2 connection on one socket: nghttp2 does the protocol, this class the I/O.
 /// Server and client connections subclass it and receive nghttp2's callbacks.
-/// Loop-confined: every method runs on `loop`'s thread.
+/// Loop-confined: every method runs on `loop`'s thread. Its mutable fields are
+/// `@exclusivity(unchecked)` for the reasons `ServerStream` gives: one thread, and no access to a
+/// field open across a call into nghttp2 or anything else that could reach the field again.
 open class HTTP2Connection: FileDescriptorHandler, FlushHandler {
     public let loop: EventLoop
     let fd: Int32
-    var session: OpaquePointer?
-    private var outbound: [UInt8] = []
+    @exclusivity(unchecked) var session: OpaquePointer?
+    @exclusivity(unchecked) private var outbound: [UInt8] = []
     /// `flush` writes once this much is buffered (a frame may take it up to 16 KiB past), so the
     /// buffer of a busy connection settles at 64 KiB...
     static let writeAt = 47 * 1024
     /// ...which is what it keeps between flushes at most.
     static let keptOutbound = 64 * 1024
-    private var outboundOffset = 0
-    private var flushScheduled = false
-    private var writableWanted = false
-    public private(set) var isClosed = false
+    @exclusivity(unchecked) private var outboundOffset = 0
+    @exclusivity(unchecked) private var flushScheduled = false
+    @exclusivity(unchecked) private var writableWanted = false
+    @exclusivity(unchecked) public private(set) var isClosed = false
     /// Calls into nghttp2 (`mem_recv`, `mem_send`) under way on this connection's stack: the
     /// session must outlive them, so a close asked for from inside one of their callbacks (a
     /// handler's answer over the output budget) waits for them to return.
-    private var sessionDepth = 0
+    @exclusivity(unchecked) private var sessionDepth = 0
     /// Such a close, carried out when the outermost call into nghttp2 returns. Meanwhile every
     /// callback refuses (NGHTTP2_ERR_CALLBACK_FAILURE), so nothing more of the input is acted on.
-    private var closeWhenOut: (reason: String, flushFirst: Bool)? = nil
+    @exclusivity(unchecked) private var closeWhenOut: (reason: String, flushFirst: Bool)? = nil
     /// A close is waiting for nghttp2 to return (see `closeWhenOut`).
     var isClosing: Bool { closeWhenOut != nil }
-    private var keepalive: KeepaliveStateMachine
-    private var keepaliveTimer: TimerID?
-    private var idleBuffers: IdleBufferStateMachine
-    private var idleBufferTimer: TimerID?
+    @exclusivity(unchecked) private var keepalive: KeepaliveStateMachine
+    @exclusivity(unchecked) private var keepaliveTimer: TimerID?
+    @exclusivity(unchecked) private var idleBuffers: IdleBufferStateMachine
+    @exclusivity(unchecked) private var idleBufferTimer: TimerID?
     /// The allocator's notes on this session's blocks (nghttp2_mem's user data; freed in `close`).
-    private var pagesSession: UnsafeMutablePointer<cshim_pages_session>?
+    @exclusivity(unchecked) private var pagesSession: UnsafeMutablePointer<cshim_pages_session>?
     let settings: HTTP2Settings
     private let readBuffer: ReadBuffer
     /// TLS between the socket and nghttp2, when the endpoint uses it (set before `start`).
-    var tls: TLSPipe?
+    @exclusivity(unchecked) var tls: TLSPipe?
 
     init(fd: Int32, loop: EventLoop, settings: HTTP2Settings) {
         self.fd = fd

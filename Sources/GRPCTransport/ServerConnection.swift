@@ -4,47 +4,55 @@ import Glibc
 import Synchronization
 
 /// One request stream of a server connection. Loop-confined.
+///
+/// Its fields, and the connection's, are `@exclusivity(unchecked)`: they are read and written on
+/// one thread, and no access to one of them is ever open while another starts (no field is passed
+/// inout to, or changed by a mutating method of, anything that calls back into the connection;
+/// nghttp2's callbacks run from calls that hold no such access). Checked, each field access was a
+/// call into the runtime's access set: 5-7% of a Health/Check's CPU (`Scripts/profile health`).
+/// (Until they were marked, the suites and the chaos runs exercised every one of these paths with
+/// the checks on, and none ever trapped.)
 final class ServerStream {
     let id: Int32
     /// The served method its `:path` names; nil for a path no method serves (kept in `unknownPath`).
-    var route: Route? = nil
-    var unknownPath = ""
+    @exclusivity(unchecked) var route: Route? = nil
+    @exclusivity(unchecked) var unknownPath = ""
     var path: String { route?.path ?? unknownPath }
-    var isPost = false
-    var isGRPC = false
-    var unsupportedEncoding: String? = nil
-    var timeout: UInt64? = nil
-    var badTimeout = false
-    var metadata: [(String, String)] = []
+    @exclusivity(unchecked) var isPost = false
+    @exclusivity(unchecked) var isGRPC = false
+    @exclusivity(unchecked) var unsupportedEncoding: String? = nil
+    @exclusivity(unchecked) var timeout: UInt64? = nil
+    @exclusivity(unchecked) var badTimeout = false
+    @exclusivity(unchecked) var metadata: [(String, String)] = []
     /// Decoded header bytes so far (RFC 9113's count); over the limit, nothing more is kept.
-    var headerBytes = 0
-    var headersTooLarge = false
-    var deframer: MessageDeframer
-    var messages: [[UInt8]] = []
-    var requestComplete = false
-    var dispatched = false
+    @exclusivity(unchecked) var headerBytes = 0
+    @exclusivity(unchecked) var headersTooLarge = false
+    @exclusivity(unchecked) var deframer: MessageDeframer
+    @exclusivity(unchecked) var messages: [[UInt8]] = []
+    @exclusivity(unchecked) var requestComplete = false
+    @exclusivity(unchecked) var dispatched = false
     /// When its headers began (monotonic ns; only kept for a server with a call observer).
-    var startedAt: UInt64 = 0
+    @exclusivity(unchecked) var startedAt: UInt64 = 0
 
     // response side
-    var outbound = OutboundMessages()
-    var responseSubmitted = false
-    var status: GRPCStatus? = nil
-    var task: Task<Void, Never>? = nil
-    var writer: ServerStreamWriter? = nil
+    @exclusivity(unchecked) var outbound = OutboundMessages()
+    @exclusivity(unchecked) var responseSubmitted = false
+    @exclusivity(unchecked) var status: GRPCStatus? = nil
+    @exclusivity(unchecked) var task: Task<Void, Never>? = nil
+    @exclusivity(unchecked) var writer: ServerStreamWriter? = nil
     /// A bidirectional call's request messages, handed to its handler as they arrive.
-    var requests: RequestMessages? = nil
-    var deadlineTimer: TimerID? = nil
+    @exclusivity(unchecked) var requests: RequestMessages? = nil
+    @exclusivity(unchecked) var deadlineTimer: TimerID? = nil
     /// Ends the request if its message has not fully arrived in time (`requestTimeout`).
-    var requestTimer: TimerID? = nil
+    @exclusivity(unchecked) var requestTimer: TimerID? = nil
     /// A unary request waiting for a handler slot of its connection.
-    var waitingForTurn = false
+    @exclusivity(unchecked) var waitingForTurn = false
     /// The server's `refuse` check passed.
-    var checked = false
+    @exclusivity(unchecked) var checked = false
     /// Counted among its connection's running unary handlers.
-    var countedUnary = false
+    @exclusivity(unchecked) var countedUnary = false
     /// Its unary handler has ended (its answer, or failure, was taken).
-    var handlerEnded = false
+    @exclusivity(unchecked) var handlerEnded = false
 
     init(id: Int32, maxMessageSize: Int) {
         self.id = id
@@ -86,16 +94,16 @@ final class PendingDrains: Sendable {
 /// results into responses. Loop-confined.
 final class ServerConnection: HTTP2Connection {
     private let core: ServerCore
-    private var streams: [Int32: ServerStream] = [:]
-    private var draining = false
+    @exclusivity(unchecked) private var streams: [Int32: ServerStream] = [:]
+    @exclusivity(unchecked) private var draining = false
     var activeStreamCount: Int { streams.count }
     /// The client's first SETTINGS frame arrived (the handshake is done).
-    private var handshakeDone = false
+    @exclusivity(unchecked) private var handshakeDone = false
     /// Response bytes on this connection's streams that the client has not taken yet.
-    private var queuedBytes = 0
+    @exclusivity(unchecked) private var queuedBytes = 0
     /// Unary handlers running for this connection, and requests waiting for one to end.
-    private var runningUnary = 0
-    private var waitingUnary: [Int32] = []
+    @exclusivity(unchecked) private var runningUnary = 0
+    @exclusivity(unchecked) private var waitingUnary: [Int32] = []
     /// Streams whose writers have messages waiting (they are filled from any thread).
     private let pendingDrains = PendingDrains()
 
@@ -110,8 +118,8 @@ final class ServerConnection: HTTP2Connection {
 
     /// When a connection with no call in progress is closed (one timer per connection).
     private lazy var idleTimeout = IdleTimeoutStateMachine(timeout: core.configuration.idleTimeout)
-    private var idleTimer: TimerID?
-    private var handshakeTimer: TimerID?
+    @exclusivity(unchecked) private var idleTimer: TimerID?
+    @exclusivity(unchecked) private var handshakeTimer: TimerID?
 
     /// Handshake timeout now, idle timeout from now (no stream yet).
     func armHandshakeAndIdleTimers() {
@@ -331,7 +339,7 @@ final class ServerConnection: HTTP2Connection {
     // MARK: Requests
 
     /// Requests whose headers came in this read without their message.
-    private var awaitingMessage: [Int32] = []
+    @exclusivity(unchecked) private var awaitingMessage: [Int32] = []
 
     /// This read's bytes are handled: requests still missing their message get their timer.
     override func inputBatchEnded() {
@@ -564,7 +572,7 @@ final class ServerConnection: HTTP2Connection {
     }
 
     /// The waiting requests are being started further up the stack.
-    private var startingWaiting = false
+    @exclusivity(unchecked) private var startingWaiting = false
 
     /// A unary handler ended (answered, failed, or its stream went away): the next waiting runs.
     private func unaryEnded(_ s: ServerStream) {
