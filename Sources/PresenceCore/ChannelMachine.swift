@@ -43,12 +43,14 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public var maxInstantEvents: Int
 
     struct Member: Sendable {
-        /// The user's first session here (a user whose last session leaves is no longer a member);
-        /// any others are in `moreSessions`.
-        var first: SessionID
         var state: StateItems
         /// The channel counter value at the state's last change (0: never set).
         var stateVersion: UInt64 = 0
+        /// The index in `placements` of the user's first session here (a user whose last session
+        /// leaves is no longer a member; any others are in `moreSessions`): 4 bytes where its id
+        /// is 16, and the entry 40 bytes instead of 48. `place` changes placements where they lie
+        /// and `unplace` moves the last one into the hole, keeping its member's index in step.
+        var firstPlace: UInt32
     }
 
     /// Where a session of the channel lives, whether it follows presence, and at which version.
@@ -304,14 +306,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         } else {
             var state = StateItems()
             state.merge(pendingState)
-            member = addMember(user, Member(first: session, state: state,
-                                            stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence()))
+            // (its first session's index is set once the session is placed, below)
+            member = addMember(user, Member(state: state, stateVersion: state.isEmpty ? (datingState ? sequence : 0) : nextSequence(),
+                                            firstPlace: UInt32.max))
             updateMode(now: now, into: &out)
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
             if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
         }
         let before = place(of: session)
-        place(session, member: member, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
+        let at = place(session, member: member, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
+        if members[valueAt: member].firstPlace == UInt32.max { members[valueAt: member].firstPlace = UInt32(at) }
         if withPresence && (before?.withPresence != true || before?.sink != sink) {
             snapshot(for: session, now: now, into: &out)
         }
@@ -394,22 +398,46 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// Places `session` as a session of the member whose entry is at `member` in `members`. Its
     /// record of writes stays while its epoch does.
-    private mutating func place(_ session: SessionID, member: Int, at sink: Sink, withPresence: Bool, version: UInt64) {
-        let before = placements[session]
-        unplace(session)
+    /// A session already placed keeps its entry in `placements` (members name their first
+    /// session by that entry's index); returns the index of the session's entry.
+    @discardableResult
+    private mutating func place(_ session: SessionID, member: Int, at sink: Sink, withPresence: Bool, version: UInt64) -> Int {
+        let at = placements.index(forKey: session)
+        let before = at.map { placements[valueAt: $0] }
+        if let before { uncount(before) }
         let entry = interned(sink)
         var p = Placement(member: UInt32(member), sink: entry, version: version, withPresence: withPresence)
         if let before, SessionVersion.epoch(before.version) == SessionVersion.epoch(version) {
             p.written = before.written
             p.fence = before.fence
         }
-        placements[session] = p
         sinks[Int(entry)].sessions += 1
         if withPresence { sinks[Int(entry)].subscribers += 1 }
+        if let at {
+            placements[valueAt: at] = p
+            return at
+        }
+        placements[session] = p
+        return placements.count - 1
     }
 
+    /// Removes a session's placement. `placements` moves its last entry into the hole: a member
+    /// that named that entry as its first session's names the new index.
     private mutating func unplace(_ session: SessionID) {
+        guard let at = placements.index(forKey: session) else { return }
+        let last = placements.count - 1
         guard let old = placements.removeValue(forKey: session) else { return }
+        uncount(old)
+        if at != last {
+            let owner = Int(placements[valueAt: at].member)
+            if owner < members.count, members[valueAt: owner].firstPlace == UInt32(last) {
+                members[valueAt: owner].firstPlace = UInt32(at)
+            }
+        }
+    }
+
+    /// Takes a placement out of its sink's counts.
+    private mutating func uncount(_ old: Placement) {
         // (an entry whose sessions all left is free for the next sink: `sinkEntry` skips it)
         sinks[Int(old.sink)].sessions -= 1
         if old.withPresence { sinks[Int(old.sink)].subscribers -= 1 }
@@ -436,7 +464,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         // leave the gateway had given up on and retried elsewhere, delivered by TCP once a
         // partition healed) changes nothing: versions of a session only grow
         if byGateway, version != 0, let p = placements[session], version < p.version { return [] }
-        guard var m = members[user], has(m, user, session) else {
+        guard let member = members.index(forKey: user), has(members[valueAt: member], user, session) else {
             // (a gateway's leave of a session this version does not hold — it joined in another
             // version of the channel, not merged here yet — is remembered all the same: that
             // version, merged later, must not bring the session back)
@@ -448,11 +476,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         }
         forgetOldDepartures(now: now)
         departed[session] = Departure(user: user, version: max(placements[session]?.version ?? 0, version), byGateway: byGateway, at: now)
+        let wasFirst = firstSession(members[valueAt: member]) == session
         unplace(session)
-        if drop(session, from: &m, user) {
-            members[user] = m
-            return []
-        }
+        if drop(session, wasFirst: wasFirst, fromMemberAt: member, user) { return [] }
         removeMember(user)
         var out: [Delivery] = []
         updateMode(now: now, into: &out)
@@ -644,7 +670,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         if copy.sessions.isEmpty {
             removeMember(copy.userID)
         } else {
-            let m = Member(first: copy.sessions[0].id, state: StateItems(copy.state), stateVersion: copy.stateVersion)
+            // (its first session's index is set once its sessions are placed, below)
+            let m = Member(state: StateItems(copy.state), stateVersion: copy.stateVersion, firstPlace: UInt32.max)
             if copy.sessions.count > 1 || moreSessions[copy.userID] != nil {
                 moreSessions[copy.userID] = copy.sessions.count > 1 ? copy.sessions.dropFirst().map(\.id) : nil
             }
@@ -656,7 +683,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                 member = addMember(copy.userID, m)
             }
             for s in copy.sessions {
-                place(s.id, member: member, at: s.sink, withPresence: s.withPresence, version: s.version)
+                let at = place(s.id, member: member, at: s.sink, withPresence: s.withPresence, version: s.version)
+                if s.id == copy.sessions[0].id { members[valueAt: member].firstPlace = UInt32(at) }
                 learnt(s.written, of: s.id, version: s.version)
                 departed[s.id] = nil
             }
@@ -782,26 +810,41 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public func sessions(of user: String) -> [SessionID] { members[user].map { sessions($0, user) } ?? [] }
 
+    /// The first session of the member whose entry is `m` (nil only if its index went wrong).
+    private func firstSession(_ m: Member) -> SessionID? {
+        Int(m.firstPlace) < placements.count ? placements.key(at: Int(m.firstPlace)) : nil
+    }
+
     /// Whether `session` is a session of `user`, whose entry is `m`.
     private func has(_ m: Member, _ user: String, _ session: SessionID) -> Bool {
-        m.first == session || (!moreSessions.isEmpty && moreSessions[user]?.contains(session) == true)
+        firstSession(m) == session || (!moreSessions.isEmpty && moreSessions[user]?.contains(session) == true)
     }
 
     /// The sessions of `user`, whose entry is `m`, its first one first.
     private func sessions(_ m: Member, _ user: String) -> [SessionID] {
-        guard !moreSessions.isEmpty, let more = moreSessions[user] else { return [m.first] }
-        return [m.first] + more
+        let first = firstSession(m).map { [$0] } ?? []
+        guard !moreSessions.isEmpty, let more = moreSessions[user] else { return first }
+        return first + more
     }
 
-    /// Takes `session`, one of the sessions of `user` (whose entry is `m`), from the user's
-    /// sessions; false, changing nothing, when it is the user's only one (the member goes).
-    private mutating func drop(_ session: SessionID, from m: inout Member, _ user: String) -> Bool {
+    /// Takes `session` (already unplaced; `wasFirst`: it was the user's first) from the sessions
+    /// of `user`, whose entry is at `member`: the next one becomes the first. False, changing
+    /// nothing, when the user has no other session (the member goes).
+    private mutating func drop(_ session: SessionID, wasFirst: Bool, fromMemberAt member: Int, _ user: String) -> Bool {
         guard !moreSessions.isEmpty, var more = moreSessions[user] else { return false }
-        if m.first == session {
-            m.first = more.removeFirst()
-        } else if let i = more.firstIndex(of: session) {
-            more.remove(at: i)
+        if wasFirst {
+            while !more.isEmpty {
+                let next = more.removeFirst()
+                if let at = placements.index(forKey: next) {
+                    members[valueAt: member].firstPlace = UInt32(at)
+                    moreSessions[user] = more.isEmpty ? nil : more
+                    return true
+                }
+            }
+            moreSessions[user] = nil
+            return false
         }
+        if let i = more.firstIndex(of: session) { more.remove(at: i) }
         moreSessions[user] = more.isEmpty ? nil : more
         return true
     }

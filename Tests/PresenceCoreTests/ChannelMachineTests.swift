@@ -718,3 +718,61 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(m.occupancy == 2)
     }
 }
+
+/// Members name their first session by its index in the placements (`firstPlace`), which moves
+/// whenever a placement is removed: random joins, leaves, re-places and installs, checked after
+/// each step against a plain model of who has which sessions.
+@Suite struct ChannelMachineSessionIndexTests {
+    @Test(arguments: [1, 2, 3, 4])
+    func everySessionStaysWithItsUserThroughRandomChanges(seed: UInt64) {
+        var rng = SplitMix64(seed: seed)
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1000)
+        var model: [String: [SessionID]] = [:]   // each user's sessions, the order ignored
+        let users = (0..<12).map { "u\($0)" }
+        var nextID: UInt64 = 1
+        for step in 0..<1500 {
+            let user = users[Int(rng.next() % UInt64(users.count))]
+            let now = Int64(step)
+            switch rng.next() % 10 {
+            case 0...3:   // a new session joins
+                let id = SessionID(raw: nextID)
+                nextID += 1
+                _ = m.join(user: user, session: id, withPresence: rng.next() % 2 == 0, sink: "n\(rng.next() % 3)", now: now)
+                model[user, default: []].append(id)
+            case 4...6:   // one of the user's sessions leaves
+                guard let all = model[user], !all.isEmpty else { continue }
+                let id = all[Int(rng.next() % UInt64(all.count))]
+                _ = m.leave(user: user, session: id, now: now)
+                model[user]!.removeAll { $0 == id }
+                if model[user]!.isEmpty { model[user] = nil }
+            case 7:       // a session moves to another gateway (placed again, where it lies)
+                guard let all = model[user], !all.isEmpty else { continue }
+                let id = all[Int(rng.next() % UInt64(all.count))]
+                _ = m.announce(user: user, session: id, withPresence: true, sink: "n\(rng.next() % 3)", now: now)
+            case 8:       // a replica's view of the user replaces this one: some sessions kept, one new
+                var copy = m.copy(of: user)
+                copy.sessions = copy.sessions.filter { _ in rng.next() % 3 != 0 }
+                if rng.next() % 2 == 0 {
+                    copy.sessions.append(.init(id: SessionID(raw: nextID), sink: "n0", withPresence: false))
+                    nextID += 1
+                }
+                m.install(copy)
+                model[user] = copy.sessions.isEmpty ? nil : copy.sessions.map(\.id)
+            default:      // the whole channel is copied into a fresh replica, which carries on
+                var replica = ChannelMachine<String>(key: lobby, maxInstantEvents: 1000)
+                for c in m.fullCopies() { replica.install(c) }
+                m = replica
+            }
+            for u in users {
+                let want = Set(model[u] ?? [])
+                #expect(Set(m.sessions(of: u)) == want, "step \(step): \(u)")
+                #expect(m.sessions(of: u).count == want.count, "step \(step): \(u) listed a session twice")
+                #expect(m.contains(user: u) == !want.isEmpty)
+                for id in want {
+                    #expect(m.contains(user: u, session: id) && m.user(of: id) == u, "step \(step): \(id) of \(u)")
+                }
+            }
+            #expect(m.occupancy == model.count)
+        }
+    }
+}
