@@ -287,6 +287,10 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// with them (from the gateway, or from the other version): not dated.
     private mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64,
                                pendingState: [StateItem], datingState: Bool, now: Int64) -> [Delivery] {
+        // a session is its user's own (its gateway and its home check it): one that another user
+        // holds here is a faulty sender's word, and changes nothing (found in review: placed under
+        // both, a member named its first session by an entry that had become another's)
+        if let p = placements[session], userID(atEntry: p.member) != user { return [] }
         var out: [Delivery] = []
         departed[session] = nil
         let member: Int
@@ -666,6 +670,11 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public mutating func install(_ copy: MemberCopy<Sink>) {
         if let m = members[copy.userID] {
             for s in sessions(m, copy.userID) { unplace(s) }
+        }
+        // (a session the copy gives this user that another member holds here — only a faulty
+        // sender's word does that — leaves that member first, silently: the copy is its owner's)
+        for s in copy.sessions {
+            if let p = placements[s.id] { _ = leave(user: userID(atEntry: p.member), session: s.id, byGateway: false, now: 0) }
         }
         if copy.sessions.isEmpty {
             removeMember(copy.userID)

@@ -66,14 +66,13 @@ public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible
 
     public static func == (a: SessionID, b: SessionID) -> Bool { a.raw == b.raw && a.hi == b.hi }
 
+    /// Hashed with the seeded `Hasher`, all 128 bits: a client can make a node hold ids it chose
+    /// for a while (a resume's claim, an id in doubt), and an unkeyed fold of the two halves would
+    /// let it pick thousands that land in one bucket chain (found in review; `KeyHashTests`).
     public func hash(into hasher: inout Hasher) {
         hasher.combine(hi)
         hasher.combine(raw)
     }
-
-    /// The id's bits mixed with the table's seed (`KeyHash`: random bits this node drew, no
-    /// `Hasher` run per lookup).
-    @inlinable public func _rawHashValue(seed: Int) -> Int { KeyHash.mix(raw ^ (hi &* 0x9E37_79B9_7F4A_7C15), seed: seed) }
 
     /// All 128 bits folded into one number, for digests.
     public var digest: UInt64 { raw ^ (hi &* 0x9E37_79B9_7F4A_7C15) }

@@ -717,6 +717,23 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(!m.contains(user: "b", session: b2))
         #expect(m.occupancy == 2)
     }
+
+    /// A session id is its user's own: a join naming another user's session changes nothing, and
+    /// a copy that gives it to another user takes it from the first (found in review: placed under
+    /// both, the first user's member named an entry that had become someone else's).
+    @Test func aSessionOfOneUserIsNeverAlsoAnothers() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "x", session: a1, withPresence: false, sink: "n1", now: 1)
+        _ = m.join(user: "z", session: c1, withPresence: false, sink: "n1", now: 2)
+        #expect(m.join(user: "y", session: a1, withPresence: true, sink: "n2", now: 3).isEmpty)
+        #expect(!m.contains(user: "y") && m.user(of: a1) == "x" && m.sink(of: a1) == "n1")
+
+        m.install(MemberCopy(userID: "y", sessions: [.init(id: a1, sink: "n2", withPresence: false)], state: []))
+        #expect(m.user(of: a1) == "y" && m.sessions(of: "y") == [a1])
+        #expect(!m.contains(user: "x") && m.sessions(of: "x").isEmpty)
+        _ = m.leave(user: "y", session: a1, now: 4)
+        #expect(m.sessions(of: "z") == [c1] && m.user(of: c1) == "z" && m.occupancy == 1)
+    }
 }
 
 /// Members name their first session by its index in the placements (`firstPlace`), which moves
@@ -728,6 +745,7 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         var rng = SplitMix64(seed: seed)
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1000)
         var model: [String: [SessionID]] = [:]   // each user's sessions, the order ignored
+        var sinkOf: [SessionID: String] = [:]
         let users = (0..<12).map { "u\($0)" }
         var nextID: UInt64 = 1
         for step in 0..<1500 {
@@ -737,23 +755,37 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
             case 0...3:   // a new session joins
                 let id = SessionID(raw: nextID)
                 nextID += 1
-                _ = m.join(user: user, session: id, withPresence: rng.next() % 2 == 0, sink: "n\(rng.next() % 3)", now: now)
+                let sink = "n\(rng.next() % 3)"
+                _ = m.join(user: user, session: id, withPresence: rng.next() % 2 == 0, sink: sink, now: now)
                 model[user, default: []].append(id)
+                sinkOf[id] = sink
             case 4...6:   // one of the user's sessions leaves
                 guard let all = model[user], !all.isEmpty else { continue }
                 let id = all[Int(rng.next() % UInt64(all.count))]
                 _ = m.leave(user: user, session: id, now: now)
                 model[user]!.removeAll { $0 == id }
                 if model[user]!.isEmpty { model[user] = nil }
-            case 7:       // a session moves to another gateway (placed again, where it lies)
+            case 7:       // a session moves to another gateway (placed again, where it lies), or a gateway's sessions time out
+                guard rng.next() % 4 != 0 else {
+                    let sink = "n\(rng.next() % 3)"
+                    _ = m.timeOut(sessionsAt: sink, now: now)
+                    for (u, ids) in model {
+                        let left = ids.filter { sinkOf[$0] != sink }
+                        model[u] = left.isEmpty ? nil : left
+                    }
+                    continue
+                }
                 guard let all = model[user], !all.isEmpty else { continue }
                 let id = all[Int(rng.next() % UInt64(all.count))]
-                _ = m.announce(user: user, session: id, withPresence: true, sink: "n\(rng.next() % 3)", now: now)
+                let sink = "n\(rng.next() % 3)"
+                _ = m.announce(user: user, session: id, withPresence: true, sink: sink, now: now)
+                sinkOf[id] = sink
             case 8:       // a replica's view of the user replaces this one: some sessions kept, one new
                 var copy = m.copy(of: user)
                 copy.sessions = copy.sessions.filter { _ in rng.next() % 3 != 0 }
                 if rng.next() % 2 == 0 {
                     copy.sessions.append(.init(id: SessionID(raw: nextID), sink: "n0", withPresence: false))
+                    sinkOf[SessionID(raw: nextID)] = "n0"
                     nextID += 1
                 }
                 m.install(copy)

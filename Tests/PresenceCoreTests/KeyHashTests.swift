@@ -2,9 +2,9 @@
 import PresenceWire
 import Testing
 
-/// Channel keys and session ids hash by mixing bits they already have (`KeyHash`), not by a
-/// `Hasher` run: equal keys must still hash alike, and every pattern of ids must still spread over
-/// a table's low bits (tables mask by them).
+/// Channel keys hash by mixing the seeded hash their name already has (`KeyHash`), not by a
+/// `Hasher` run: equal keys must still hash alike, and keys must still spread over a table's low
+/// bits (tables mask by them). Session ids keep `Hasher`: ids a client picks must not collide.
 struct KeyHashTests {
     /// The largest number of `hashes` that land in one of `buckets` buckets (a power of two), by
     /// their low bits as `DenseDictionary` and `Dictionary` use them.
@@ -26,17 +26,31 @@ struct KeyHashTests {
         #expect(Set([id, SessionID(hi: 0x1234, lo: 0x5678), SessionID(hi: 0x5678, lo: 0x1234)]).count == 2)
     }
 
-    /// Sequential ids (tests make them; the 64-bit form has no high half) and ids that differ only
-    /// in their high half spread as evenly as random ones: with 4,096 ids in 4,096 buckets a fair
-    /// hash fills no bucket past ~7; unmixed bits put every id of the second pattern in one.
-    @Test func idsOfAnyPatternSpreadOverATablesLowBits() {
+    /// Every pattern of ids spreads as random ones do: with 4,096 ids in 4,096 buckets a fair hash
+    /// fills no bucket past ~7. Among them the ids a client could pick to collide under an unkeyed
+    /// fold of the two halves (`raw = t ^ (hi * c)`), and ids that differ only in their high half.
+    @Test func sessionIdsOfAnyPatternSpreadOverATablesLowBits() {
         let n = 4096
         let sequential = (1...n).map { SessionID(raw: UInt64($0)).hashValue }
         let highHalfOnly = (1...n).map { SessionID(hi: UInt64($0), lo: 1).hashValue }
         let strided = (1...n).map { SessionID(raw: UInt64($0) << 32).hashValue }
-        for hashes in [sequential, highHalfOnly, strided] {
+        let sameFold = (1...n).map { i -> Int in
+            let hi = UInt64(i) &* 0x1234_5678_9ABC_DEF1
+            return SessionID(hi: hi, lo: 0x5555 ^ (hi &* 0x9E37_79B9_7F4A_7C15)).hashValue
+        }
+        for hashes in [sequential, highHalfOnly, strided, sameFold] {
             #expect(Set(hashes).count == n)
             #expect(fullestBucket(hashes, buckets: n) <= 10)
+        }
+    }
+
+    /// The mixer reaches every input bit into the low bits: inputs that differ only in their high
+    /// bits, or step by a power of two, spread as random ones do.
+    @Test func theMixerSpreadsInputsThatDifferOnlyInHighBits() {
+        let n = 4096
+        for shift: UInt64 in [0, 20, 32, 52] {
+            let hashes = (0..<UInt64(n)).map { KeyHash.mix($0 << shift, seed: 0) }
+            #expect(fullestBucket(hashes, buckets: n) <= 10, "inputs i << \(shift)")
         }
         let names = ChannelNames()
         let channels = (0..<n).map { ChannelKey(name: "room-\($0)", type: .message, in: names).hashValue }
