@@ -29,22 +29,36 @@ public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible
     public init?(text: String) {
         var text = text
         let parsed = text.withUTF8 { bytes -> (hi: UInt64, lo: UInt64)? in
-            guard bytes.count == 16 || bytes.count == 32 else { return nil }
-            var hi: UInt64 = 0, lo: UInt64 = 0
-            for (i, c) in bytes.enumerated() {
-                let digit: UInt64
-                switch c {
-                case 48...57: digit = UInt64(c &- 48)    // 0-9
-                case 97...102: digit = UInt64(c &- 87)   // a-f
-                default: return nil
-                }
-                if bytes.count == 32 && i < 16 { hi = hi << 4 | digit } else { lo = lo << 4 | digit }
+            switch bytes.count {
+            case 16:
+                guard let lo = Self.hexWord(bytes, at: 0) else { return nil }
+                return (0, lo)
+            case 32:
+                guard let hi = Self.hexWord(bytes, at: 0), let lo = Self.hexWord(bytes, at: 16) else { return nil }
+                return (hi, lo)
+            default:
+                return nil
             }
-            return (hi, lo)
         }
         guard let parsed, parsed.hi != 0 || parsed.lo != 0 else { return nil }
         hi = parsed.hi
         raw = parsed.lo
+    }
+
+    /// The 64-bit number the 16 lower-case hex digits at `start` spell; nil if any is not one.
+    /// (Without a branch per digit: every call names its session this way, some twice.)
+    @inline(__always)
+    private static func hexWord(_ bytes: UnsafeBufferPointer<UInt8>, at start: Int) -> UInt64? {
+        var word: UInt64 = 0
+        var bad = false
+        for i in start..<(start + 16) {
+            let c = bytes[i]
+            let decimal = c &- 48      // 0-9: 0 ... 9
+            let letter = c &- 97       // a-f: 0 ... 5
+            bad = bad || (decimal > 9 && letter > 5)
+            word = word << 4 | UInt64(decimal <= 9 ? decimal : letter &+ 10)
+        }
+        return bad ? nil : word
     }
 
     public var description: String {

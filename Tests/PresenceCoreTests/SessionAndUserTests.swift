@@ -365,6 +365,28 @@ extension SessionTableTests {
         }
     }
 
+    /// Every byte in every position of both text forms: only 0-9 and a-f are digits (the bytes
+    /// next to those ranges, '/', ':', '`', 'g' and the upper-case letters, are not), and the
+    /// digits are read in order.
+    @Test func sessionIdTextAcceptsExactlyTheLowerCaseHexDigits() {
+        let digits = Array("0123456789abcdef".utf8)
+        for form in [16, 32] {
+            let base = (0..<form).map { digits[$0 % 16] }
+            for position in 0..<form {
+                for byte in UInt8.min...UInt8.max {
+                    var bytes = base
+                    bytes[position] = byte
+                    let parsed = SessionID(text: String(decoding: bytes, as: UTF8.self))
+                    let isDigit = digits.contains(byte)
+                    #expect((parsed != nil) == isDigit, "form \(form), byte \(byte) at \(position)")
+                    if let parsed, isDigit {
+                        #expect(parsed.description == String(decoding: bytes, as: UTF8.self))
+                    }
+                }
+            }
+        }
+    }
+
     @Test func sessionIDs() {
         let id = SessionID.random()
         #expect(SessionID(text: id.description) == id)
