@@ -16,12 +16,23 @@ import os
 import statistics
 import subprocess
 
+import bench_perf
+import bench_transport
 from benchlib import REL, start_node
 
 LOADS = {
     "setstate": ["bench", "setstate", "--clients", "50", "--duration", "6"],
     "fanout": ["bench", "fanout", "--subscribers", "1000", "--publishers", "4", "--connections", "8", "--duration", "6"],
     "online": ["bench", "online-users", "--clients", "50", "--duration", "6"],
+}
+
+
+# Loads driven by h2load, as Scripts/bench-perf runs them: (run(port) -> rate, calls it sends).
+H2LOAD_LOADS = {
+    # GetOnlineUsers of a 100-member page with state
+    "online-h2load": (bench_perf.online_users_h2load, 100000),
+    # grpc.health.v1.Health/Check, 16 connections x 32 in flight
+    "health": (bench_transport.h2load, 200000),
 }
 
 
@@ -32,28 +43,16 @@ def cpu_seconds(pid):
 
 def one_run(binary, load, node_args=()):
     node, port = start_node("--max-instant-events", "100000", *node_args, binary=binary)
-    if load == "health":
-        # grpc.health.v1.Health/Check under h2load (16 connections x 32 in flight), as Scripts/bench-perf
-        import bench_transport
+    if load in H2LOAD_LOADS:
+        run, calls = H2LOAD_LOADS[load]
         try:
             before = cpu_seconds(node.pid)
-            rate = bench_transport.h2load(port)
+            rate = run(port)
             used = cpu_seconds(node.pid) - before
         finally:
             node.terminate()
             node.wait()
-        return rate, used / 200000 * 1e6
-    if load == "online-h2load":
-        # GetOnlineUsers of a 100-member page with state under h2load, as Scripts/bench-perf
-        import bench_perf
-        try:
-            before = cpu_seconds(node.pid)
-            rate = bench_perf.online_users_h2load(port)
-            used = cpu_seconds(node.pid) - before
-        finally:
-            node.terminate()
-            node.wait()
-        return rate, used / 100000 * 1e6
+        return rate, used / calls * 1e6
     try:
         before = cpu_seconds(node.pid)
         out = subprocess.run([os.path.join(REL, "presencectl"), "--server", f"127.0.0.1:{port}", *LOADS[load]],
@@ -72,7 +71,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binaries", nargs="+", help="two or more presenced binaries")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--load", choices=sorted([*LOADS, "online-h2load", "health"]), default="setstate")
+    ap.add_argument("--load", choices=sorted([*LOADS, *H2LOAD_LOADS]), default="setstate")
     ap.add_argument("--node-args", default="", help="more flags for every node, e.g. \"--threads 1\"")
     args = ap.parse_args()
     node_args = args.node_args.split()

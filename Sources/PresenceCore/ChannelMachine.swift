@@ -290,7 +290,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         // a session is its user's own (its gateway and its home check it): one that another user
         // holds here is a faulty sender's word, and changes nothing (found in review: placed under
         // both, a member named its first session by an entry that had become another's)
-        if let p = placements[session], userID(atEntry: p.member) != user { return [] }
+        let before = place(of: session)
+        if let before, before.user != user { return [] }
         var out: [Delivery] = []
         departed[session] = nil
         let member: Int
@@ -317,7 +318,6 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             emit(.remoteJoin, user: user, except: session, now: now, into: &out)
             if !state.isEmpty { emit(.remoteStateChanged, user: user, except: session, now: now, into: &out) }
         }
-        let before = place(of: session)
         let at = place(session, member: member, at: sink, withPresence: withPresence, version: max(before?.version ?? 0, version))
         if members[valueAt: member].firstPlace == UInt32.max { members[valueAt: member].firstPlace = UInt32(at) }
         if withPresence && (before?.withPresence != true || before?.sink != sink) {
@@ -428,11 +428,11 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// Removes a session's placement. `placements` moves its last entry into the hole: a member
     /// that named that entry as its first session's names the new index.
     private mutating func unplace(_ session: SessionID) {
-        guard let at = placements.index(forKey: session) else { return }
-        let last = placements.count - 1
-        guard let old = placements.removeValue(forKey: session) else { return }
+        guard let (at, old) = placements.removeEntry(forKey: session) else { return }
         uncount(old)
-        if at != last {
+        if at < placements.count {
+            // (the entry now at `at` was the last, at `placements.count`)
+            let last = placements.count
             let owner = Int(placements[valueAt: at].member)
             if owner < members.count, members[valueAt: owner].firstPlace == UInt32(last) {
                 members[valueAt: owner].firstPlace = UInt32(at)

@@ -137,7 +137,12 @@ public struct DenseDictionary<Key: Hashable, Value> {
     }
 
     @discardableResult
-    @inlinable public mutating func removeValue(forKey key: Key) -> Value? {
+    @inlinable public mutating func removeValue(forKey key: Key) -> Value? { removeEntry(forKey: key)?.value }
+
+    /// Removes `key`'s entry; returns its value and the index it had, where the last entry now is
+    /// (a caller that keeps entry indices moves the last one's: see the type's note on order).
+    @discardableResult
+    @inlinable public mutating func removeEntry(forKey key: Key) -> (index: Int, value: Value)? {
         let (slot, entry) = find(key)
         guard let entry else { return nil }
         if !slots.isEmpty { clear(slot: slot) }
@@ -149,7 +154,7 @@ public struct DenseDictionary<Key: Hashable, Value> {
         }
         let removed = entries.removeLast().value
         shrinkIfSparse()
-        return removed
+        return (entry, removed)
     }
 
     public mutating func removeAll() {

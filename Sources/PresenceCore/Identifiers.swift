@@ -78,8 +78,6 @@ public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible
         }
     }
 
-    public static func == (a: SessionID, b: SessionID) -> Bool { a.raw == b.raw && a.hi == b.hi }
-
     /// Hashed with the seeded `Hasher`, all 128 bits: a client can make a node hold ids it chose
     /// for a while (a resume's claim, an id in doubt), and an unkeyed fold of the two halves would
     /// let it pick thousands that land in one bucket chain (found in review; `KeyHashTests`).
