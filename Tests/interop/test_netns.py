@@ -1,7 +1,7 @@
 """Three presenced hosts in network namespaces (Cluster/netns): a node cut off the network for less
 than the presence timeout; when the partition heals, the membership merges back and every node
-lists every user with its state again; and a node left alone answers UNAVAILABLE for channels it
-cannot reach once its retry window ran out. Needs root and iproute2; every wait is bounded and the
+lists every user with its state again; and a node left alone answers UNAVAILABLE at once (it is
+cut off: no retry can succeed). Needs root and iproute2; every wait is bounded and the
 namespaces are removed at the end."""
 import os
 import subprocess
@@ -119,11 +119,14 @@ def test_a_partition_shorter_than_the_timeout_heals_and_loses_nothing():
         c.close()
 
 
-def test_a_node_that_cannot_reach_an_owner_answers_unavailable_after_its_retry_window():
-    """API.md, Errors: UNAVAILABLE when the cluster cannot reach the owner right now (safe to retry).
-    Node-1 alone, the other two cut off: a minority keeps its ring, so the channels the others own
-    stay theirs; each read of one is retried for the routing window, then answered UNAVAILABLE —
-    neither hanging nor answered from a view that is not the owner's."""
+def test_a_node_cut_off_from_the_cluster_answers_unavailable_at_its_first_failure():
+    """API.md, Errors: UNAVAILABLE when the cluster cannot reach the owner right now (safe to retry);
+    RELIABILITY.md, invariant 7. Node-1 alone, the other two cut off: a minority keeps its ring, so
+    the channels the others own stay theirs, and node-1 has heard from nobody for longer than its
+    lease. Each read is answered UNAVAILABLE — neither hanging, nor answered from a view that is not
+    the owner's, nor after the whole routing window: a node cut off from the cluster stops at its
+    first failure, so its clients move on (found by Cluster/chaos, netns seed 104: a Leave spent two
+    routing windows at a cut-off gateway and was answered after 5.25 s)."""
     c = NetnsCluster(3)
     try:
         wait_until("three hosts alive everywhere", lambda: alive_everywhere(c.nodes), 20)
@@ -132,6 +135,7 @@ def test_a_node_that_cannot_reach_an_owner_answers_unavailable_after_its_retry_w
             wait_until(f"{ch} readable on node-1", lambda: listing(n1, ch) == {}, 10)
         c.ctl("partition", "2")
         c.ctl("partition", "3")
+        time.sleep(1.0)   # past node-1's serving lease (0.6 s)
         outcomes = {}
         for ch in CHANNELS:
             t0 = time.monotonic()
@@ -140,11 +144,11 @@ def test_a_node_that_cannot_reach_an_owner_answers_unavailable_after_its_retry_w
                 outcomes[ch] = ("ok", time.monotonic() - t0)
             except grpc.RpcError as e:
                 outcomes[ch] = (e.code(), time.monotonic() - t0, e.details())
-        refused = [o for o in outcomes.values() if o[0] != "ok"]
-        assert refused, f"node-1 owns all of {CHANNELS}: pick other channel names ({outcomes})"
-        for o in refused:
+        assert len(outcomes) == len(CHANNELS)
+        for o in outcomes.values():
             assert o[0] == grpc.StatusCode.UNAVAILABLE, outcomes
-            assert o[1] < 30, outcomes   # the retry window and its last attempt, not the 60 s deadline
+            # one unanswered first attempt (0.7 s) at most, not the routing window (1.6 s and more)
+            assert o[1] < 1.2, outcomes
     except BaseException:
         print(c.logs())
         raise

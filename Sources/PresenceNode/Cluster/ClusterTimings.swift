@@ -1,3 +1,5 @@
+import ClusterCore
+
 /// Every timing of the cluster's presence protocols, in one place (nanoseconds unless named
 /// otherwise). They follow from the two settings an operator chooses: the SWIM protocol period
 /// (`--probe-interval`, which sets how fast failures are detected) and `--presence-timeout` (how
@@ -7,8 +9,12 @@ public struct ClusterTimings: Sendable, Equatable {
     /// How long a disconnected session may resume; a gone gateway's sessions time out after it.
     public var presenceTimeout: UInt64
     /// How long a gateway keeps retrying a call whose owner is moving or unreachable before it
-    /// answers UNAVAILABLE (2 s: longer than failure detection plus a handoff).
+    /// answers UNAVAILABLE (1.6 s: about failure detection plus a handoff, and short enough that a
+    /// client trying its node twice, then another, is answered within invariant 7's 5 s).
     public var routingRetry: UInt64
+    /// The last attempt of a call gets at least this long, even with less left of the retry window
+    /// (0.1 s): a call is answered within `routingRetry + routingLastAttempt`.
+    public var routingLastAttempt: UInt64
     /// How long a change waits for its replica copies before it is answered anyway (a replica that
     /// does not acknowledge by then is stuck, and about to be declared dead): 1 s.
     public var replicationWait: UInt64
@@ -55,7 +61,8 @@ public struct ClusterTimings: Sendable, Equatable {
 
     public init(probeInterval: UInt64 = 200_000_000, presenceTimeout: UInt64 = 10_000_000_000) {
         self.presenceTimeout = presenceTimeout
-        routingRetry = max(2_000_000_000, probeInterval * 10)
+        routingRetry = max(1_600_000_000, probeInterval * 8)
+        routingLastAttempt = max(100_000_000, probeInterval / 2)
         replicationWait = max(1_000_000_000, probeInterval * 5)
         peerCallTimeout = max(2_000_000_000, probeInterval * 10)
         pushTimeout = max(5_000_000_000, probeInterval * 25)
@@ -73,5 +80,11 @@ public struct ClusterTimings: Sendable, Equatable {
         movedMemory = presenceTimeout * 10
         endRetryPause = 1_000_000_000
         endRetryAttempts = 10
+    }
+
+    /// How a gateway retries one call (`RoutingWindow`).
+    public var routingWindow: RoutingWindow.Settings {
+        RoutingWindow.Settings(window: routingRetry, firstAttempt: firstPushTimeout, callTimeout: peerCallTimeout,
+                               minimumAttempt: routingLastAttempt)
     }
 }

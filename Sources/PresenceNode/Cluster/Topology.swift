@@ -51,6 +51,13 @@ public final class Topology: Sendable {
     public var isReady: Bool { state.withLock { $0.ready } }
     public var isAlone: Bool { state.withLock { $0.ring.members.count == 1 } }
     public var isLeaving: Bool { state.withLock { $0.leaving } }
+    /// Whether this node is cut off from the cluster: it has other members, but none answered its
+    /// probes for longer than its lease (a partition, or a process just back from a freeze). None of
+    /// its calls to them can succeed meanwhile: it answers at once, so its clients move
+    /// (`RoutingWindow`).
+    public var isCutOff: Bool {
+        state.withLock { s in s.ring.members.count > 1 && !s.lease.holds(now: MonotonicClock.now()) }
+    }
     /// Whether the engine has carried out the current ring.
     public var isSettled: Bool { state.withLock { $0.settled } }
 

@@ -13,7 +13,7 @@ extension PresenceError {
 /// Sends each call to the owner of what it touches (ARCHITECTURE.md, "Routing"): a channel's owner
 /// or a user's home, here (a shard actor) or over the peer link, stamped with the fingerprint of
 /// the ring it was routed by. While ownership moves, or the owner cannot be reached, a call is
-/// retried for `ClusterTimings.routingRetry`, then answered UNAVAILABLE (retryable); it is never
+/// retried as its `RoutingWindow` says, then answered UNAVAILABLE (retryable); it is never
 /// answered from state this node does not own.
 struct Router: Sendable {
     let core: EngineCore
@@ -56,54 +56,34 @@ struct Router: Sendable {
     /// already gave to the call (`channelCallAtOnce`): it stands for the first attempt.
     func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall, first: LocalAnswer? = nil) async throws(PresenceError) -> ClusterChannelResult {
         var first = first
-        return try await retrying { (attempt: Attempt) async throws(PresenceError) in
+        return try await retrying { (attempt: RoutingWindow.Attempt) async throws(PresenceError) in
             if let answer = first.take() { return try await finish(answer) }
             let (owner, fingerprint) = topology.route(key)
             if owner == topology.me { return try await localChannel(key, call) }
             guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(owner)") }
             var call = call
             call.ringFingerprint = fingerprint
-            let (node, timeout) = attempt.target(owner, relays: relays(owner))
-            return try await link.channel(node, call, timeout: timeout)
+            return try await link.channel(target(owner, attempt), call, timeout: attempt.timeout)
         }
     }
 
     /// Runs a call at the users' home (all of `call.userIDs`, at least one, share it).
     func homeCall(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
-        try await retrying { (attempt: Attempt) async throws(PresenceError) in
+        try await retrying { (attempt: RoutingWindow.Attempt) async throws(PresenceError) in
             let (home, fingerprint) = topology.route(user: call.userIDs.first ?? "")
             if home == topology.me { return try await localHome(call) }
             guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(home)") }
             var call = call
             call.ringFingerprint = fingerprint
-            let (node, timeout) = attempt.target(home, relays: relays(home))
-            return try await link.home(node, call, timeout: timeout)
+            return try await link.home(target(home, attempt), call, timeout: attempt.timeout)
         }
     }
 
-    /// Other live members, through which a call to `node` may go when it cannot be reached directly.
-    private func relays(_ node: String) -> [String] {
-        topology.routingRing.members.filter { $0 != node && $0 != topology.me }
-    }
-
-    /// Where one attempt of a call goes. The first goes straight to the owner and is given little
-    /// time; after the owner could not be reached (a link may be cut while both ends live), every
-    /// other attempt goes through another member, which forwards it once. No attempt runs past the
-    /// retry window by more than a first attempt's time, so a call is answered within
-    /// `routingRetry + firstPushTimeout` (2.7 s) even when its last attempt gets no answer.
-    struct Attempt {
-        let number: Int
-        let unreachable: Bool
-        let timings: ClusterTimings
-        /// Nanoseconds left of the call's retry window.
-        var windowLeft: UInt64 = .max
-
-        func target(_ owner: String, relays: [String]) -> (String, UInt64) {
-            if number == 0 { return (owner, timings.firstPushTimeout) }
-            let timeout = min(timings.peerCallTimeout, max(timings.firstPushTimeout, windowLeft))
-            if unreachable && number % 2 == 1, let relay = relays.randomElement() { return (relay, timeout) }
-            return (owner, timeout)
-        }
+    /// Where an attempt at `owner` goes: to it, or through another live member (any one) when the
+    /// attempt is to take a relay.
+    private func target(_ owner: String, _ attempt: RoutingWindow.Attempt) -> String {
+        guard attempt.throughRelay else { return owner }
+        return topology.routingRing.members.filter { $0 != owner && $0 != topology.me }.randomElement() ?? owner
     }
 
     func homeCall(_ user: String, _ op: ClusterHomeOp, _ fill: (inout ClusterHomeCall) -> Void = { _ in }) async throws(PresenceError) -> ClusterHomeResult {
@@ -112,20 +92,20 @@ struct Router: Sendable {
         return try await homeCall(call)
     }
 
-    private func retrying<T>(_ body: (Attempt) async throws(PresenceError) -> T) async throws(PresenceError) -> T {
-        let deadline = core.clock.monotonicNanoseconds() + core.timings.routingRetry
-        var pause: UInt64 = 10_000_000
-        var attempt = Attempt(number: 0, unreachable: false, timings: core.timings)
+    /// Makes attempts at `body` as the call's `RoutingWindow` says, while they fail as unavailable.
+    private func retrying<T>(_ body: (RoutingWindow.Attempt) async throws(PresenceError) -> T) async throws(PresenceError) -> T {
+        var window = RoutingWindow(core.timings.routingWindow, now: core.clock.monotonicNanoseconds())
+        var attempt = window.first
         while true {
             do {
                 return try await body(attempt)
-            } catch where error.kind == .unavailable && core.clock.monotonicNanoseconds() + pause < deadline && !Task.isCancelled {
+            } catch where error.kind == .unavailable && !Task.isCancelled {
                 // (a node that did not answer at all is unreachable; one that refused is not)
+                let next = window.failed(ownerUnreachable: error.name == "NODE_UNAVAILABLE", cutOff: topology.isCutOff,
+                                         now: core.clock.monotonicNanoseconds())
+                guard case .retry(let pause, let nextAttempt) = next else { throw error }
                 try? await Task.sleep(nanoseconds: pause)
-                pause = min(pause * 2, 200_000_000)
-                let now = core.clock.monotonicNanoseconds()
-                attempt = Attempt(number: attempt.number + 1, unreachable: attempt.unreachable || error.name == "NODE_UNAVAILABLE",
-                                  timings: core.timings, windowLeft: deadline > now ? deadline - now : 0)
+                attempt = nextAttempt
             }
         }
     }
