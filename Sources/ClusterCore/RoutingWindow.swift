@@ -3,10 +3,12 @@
 /// each attempt goes, how long it may take, how long to pause between attempts, and when to stop
 /// and answer UNAVAILABLE so the client can retry or move to another node.
 ///
-/// The bound a client sees: every call is answered within `window + minimumAttempt`, so an SDK that
-/// tries a node twice and then moves still gets its answer within the 5 s of invariant 7. A node
-/// cut off from the cluster (its serving lease ran out) gives up at its first failure: no attempt
-/// it makes can succeed, and its clients do better moving to a node that can reach the others.
+/// The bound: a call to another node is answered within `window + minimumAttempt` (and a pause's
+/// oversleep), so an SDK that tries a node twice still has time left of invariant 7's 5 s to move
+/// to another. (A call this node answers as the owner may also wait up to the replication wait for
+/// its copies.) A node cut off from the cluster (no probe answered for a while) gives up at its
+/// first failure: no attempt it makes can succeed, and its clients do better moving to a node
+/// that can reach the others.
 ///
 /// A plain value: failures and clock readings in, the next attempt (or the answer) out.
 public struct RoutingWindow: Sendable {

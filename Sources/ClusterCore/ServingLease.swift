@@ -27,4 +27,11 @@ public struct ServingLease: Sendable, Equatable {
         guard duration > 0, let last = lastHeard else { return true }
         return now <= last || now - last <= duration
     }
+
+    /// Whether no probe was answered for longer than `span` at `now`: false before the first
+    /// answer, and for a clock reading earlier than the last answer.
+    public func silent(for span: UInt64, now: UInt64) -> Bool {
+        guard let last = lastHeard else { return false }
+        return now > last && now - last > span
+    }
 }

@@ -55,6 +55,7 @@ public final class Node: Sendable {
         settings.listingCacheBytes = configuration.listingCacheBytes
         let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
                                 handoffLimit: settings.timings.handoffLimit, lease: settings.timings.lease,
+                                cutOffAfter: settings.timings.cutOffAfter,
                                 ready: !configuration.seeds.contains { $0 != (configuration.peerAdvertise ?? configuration.peerListen) })
         let membership = Membership(nodeID: configuration.nodeID, peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
                                     clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,

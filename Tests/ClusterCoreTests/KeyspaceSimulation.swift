@@ -1647,7 +1647,7 @@ struct KeyspaceSim {
         case 6:
             // (a client moves on its own now and then, not right after it resumed somewhere:
             // PresenceNode's answer to an older epoch's SESSION_MOVED drops the session whatever
-            // its epoch, and a claim's announces are retried for 2 s)
+            // its epoch, and a claim's announces are retried for a routing window)
             if let last = leftBehind.last(where: { $0.user == user }), now < last.at + 3 * simSecond { return }
             let others = upNodes.filter { $0 != c.gateway.id && !procs[$0]!.leaving }
             guard let to = others.randomElement(using: &rng) else { return }

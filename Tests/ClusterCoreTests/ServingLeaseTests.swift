@@ -30,4 +30,15 @@ import Testing
         lease.heard(at: 1)
         #expect(lease.holds(now: 1_000_000_000_000))
     }
+
+    @Test func aNodeIsSilentOnlyOnceItHeardNothingForLongerThanTheSpan() {
+        var lease = ServingLease(duration: 600)
+        #expect(!lease.silent(for: 1_000, now: 1_000_000), "before the first answer the node is joining, not cut off")
+        lease.heard(at: 2_000)
+        #expect(!lease.silent(for: 1_000, now: 3_000))
+        #expect(lease.silent(for: 1_000, now: 3_001))
+        #expect(!lease.silent(for: 1_000, now: 1_500), "a reading from another thread, earlier than the answer")
+        lease.heard(at: 3_500)
+        #expect(!lease.silent(for: 1_000, now: 4_000))
+    }
 }

@@ -33,4 +33,27 @@ import Testing
         t.handoffDone(from: "n3", fingerprint: ring.fingerprint)
         #expect(t.notServing(users: [ready, waiting]) == nil)
     }
+
+    /// RELIABILITY.md, invariant 7 (`RoutingWindow`): a node counts as cut off from the cluster only
+    /// when it has other members and none answered its probes for `cutOffAfter`; never when alone,
+    /// never before its first answer (it is joining), and not within the lease and its slack.
+    @Test func aNodeIsCutOffOnlyWhenItsOtherMembersWereSilentForTheWholeSpan() {
+        let t = Topology(me: "n1", boot: 1, replicationFactor: 2, lease: 600, cutOffAfter: 1_000)
+        t.heardFromCluster(at: 10_000)
+        #expect(!t.isCutOff(now: 50_000), "a node alone in its ring is never cut off")
+        _ = t.update(ring: HashRing(members: ["n1", "n2", "n3"], boots: ["n1": 1, "n2": 2, "n3": 3]))
+        #expect(!t.isCutOff(now: 11_000))
+        #expect(t.isCutOff(now: 11_001))
+        t.heardFromCluster(at: 11_500)
+        #expect(!t.isCutOff(now: 12_000))
+
+        let joining = Topology(me: "n1", boot: 1, replicationFactor: 2, lease: 600, cutOffAfter: 1_000, ready: false)
+        _ = joining.update(ring: HashRing(members: ["n1", "n2"], boots: ["n1": 1, "n2": 2]))
+        #expect(!joining.isCutOff(now: 1_000_000), "nothing heard yet: joining, not cut off")
+
+        let never = Topology(me: "n1", boot: 1, replicationFactor: 2, lease: 600)
+        _ = never.update(ring: HashRing(members: ["n1", "n2"], boots: ["n1": 1, "n2": 2]))
+        never.heardFromCluster(at: 1)
+        #expect(!never.isCutOff(now: 1_000_000), "without a span (a single-node setting) never cut off")
+    }
 }

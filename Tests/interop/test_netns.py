@@ -135,7 +135,7 @@ def test_a_node_cut_off_from_the_cluster_answers_unavailable_at_its_first_failur
             wait_until(f"{ch} readable on node-1", lambda: listing(n1, ch) == {}, 10)
         c.ctl("partition", "2")
         c.ctl("partition", "3")
-        time.sleep(1.0)   # past node-1's serving lease (0.6 s)
+        time.sleep(1.5)   # past the time after which node-1 counts as cut off (1 s without an answered probe)
         outcomes = {}
         for ch in CHANNELS:
             t0 = time.monotonic()
@@ -144,10 +144,9 @@ def test_a_node_cut_off_from_the_cluster_answers_unavailable_at_its_first_failur
                 outcomes[ch] = ("ok", time.monotonic() - t0)
             except grpc.RpcError as e:
                 outcomes[ch] = (e.code(), time.monotonic() - t0, e.details())
-        assert len(outcomes) == len(CHANNELS)
         for o in outcomes.values():
             assert o[0] == grpc.StatusCode.UNAVAILABLE, outcomes
-            # one unanswered first attempt (0.7 s) at most, not the routing window (1.6 s and more)
+            # one unanswered first attempt (0.7 s) at most, not the routing window (1.4 s and more)
             assert o[1] < 1.2, outcomes
     except BaseException:
         print(c.logs())

@@ -8,12 +8,13 @@ import ClusterCore
 public struct ClusterTimings: Sendable, Equatable {
     /// How long a disconnected session may resume; a gone gateway's sessions time out after it.
     public var presenceTimeout: UInt64
-    /// How long a gateway keeps retrying a call whose owner is moving or unreachable before it
-    /// answers UNAVAILABLE (1.6 s: about failure detection plus a handoff, and short enough that a
-    /// client trying its node twice, then another, is answered within invariant 7's 5 s).
+    /// How long a gateway keeps starting new attempts of a call whose owner is moving or
+    /// unreachable before it answers UNAVAILABLE (1.4 s: about failure detection plus a handoff,
+    /// and short enough that two attempts at one node leave 1.5 s of invariant 7's 5 s for a move).
     public var routingRetry: UInt64
     /// The last attempt of a call gets at least this long, even with less left of the retry window
-    /// (0.1 s): a call is answered within `routingRetry + routingLastAttempt`.
+    /// (0.3 s: a round trip over a slow link): a call to another node is answered within
+    /// `routingRetry + routingLastAttempt`.
     public var routingLastAttempt: UInt64
     /// How long a change waits for its replica copies before it is answered anyway (a replica that
     /// does not acknowledge by then is stuck, and about to be declared dead): 1 s.
@@ -40,6 +41,10 @@ public struct ClusterTimings: Sendable, Equatable {
     /// less than others take to declare it dead), so a process frozen longer answers nothing from
     /// its stale view until it has heard again.
     public var lease: UInt64
+    /// A node that heard from no other member for this long counts as cut off from the cluster
+    /// (1 s: the lease and two probe periods more, past the longest gap between answered probes
+    /// while one member is down): its calls are answered at their first failure (`RoutingWindow`).
+    public var cutOffAfter: UInt64
     /// How long a new owner waits for a live previous owner's handoff before serving anyway (3 s).
     public var handoffLimit: UInt64
     /// Followers owed fresh SNAPSHOTs of keys still waiting for their handoff are tried again this
@@ -61,8 +66,8 @@ public struct ClusterTimings: Sendable, Equatable {
 
     public init(probeInterval: UInt64 = 200_000_000, presenceTimeout: UInt64 = 10_000_000_000) {
         self.presenceTimeout = presenceTimeout
-        routingRetry = max(1_600_000_000, probeInterval * 8)
-        routingLastAttempt = max(100_000_000, probeInterval / 2)
+        routingRetry = max(1_400_000_000, probeInterval * 7)
+        routingLastAttempt = max(300_000_000, probeInterval * 3 / 2)
         replicationWait = max(1_000_000_000, probeInterval * 5)
         peerCallTimeout = max(2_000_000_000, probeInterval * 10)
         pushTimeout = max(5_000_000_000, probeInterval * 25)
@@ -76,6 +81,7 @@ public struct ClusterTimings: Sendable, Equatable {
         heldBackRetry = probeInterval
         staleTakeoverHold = antiEntropyAfterRingChange + antiEntropyInterval
         lease = probeInterval * 3
+        cutOffAfter = lease + probeInterval * 2
         aloneAfter = max(3_000_000_000, probeInterval * 15)
         movedMemory = presenceTimeout * 10
         endRetryPause = 1_000_000_000

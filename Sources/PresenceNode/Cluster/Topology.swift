@@ -30,17 +30,19 @@ public final class Topology: Sendable {
         var routing: HashRing
         /// Whether this node heard from the cluster lately enough to answer from its view.
         var lease: ServingLease
+        /// After how long without an answered probe this node counts as cut off (0: never).
+        var cutOffAfter: UInt64
     }
     private let state: Mutex<State>
     private let readyObservers = Mutex<[@Sendable () -> Void]>([])
 
     public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000,
-                lease: UInt64 = 0, ready: Bool = true) {
+                lease: UInt64 = 0, cutOffAfter: UInt64 = 0, ready: Bool = true) {
         self.me = me
         self.replicationFactor = max(1, replicationFactor)
         let ring = HashRing(members: [me], boots: [me: boot])
         state = Mutex(State(boot: boot, ring: ring, gate: HandoffGate(me: me, limit: handoffLimit), ready: ready, routing: ring,
-                                 lease: ServingLease(duration: lease)))
+                                 lease: ServingLease(duration: lease), cutOffAfter: cutOffAfter))
     }
 
     /// A fresh process instance: the wall clock in ns (a restart on the same host is always
@@ -51,12 +53,13 @@ public final class Topology: Sendable {
     public var isReady: Bool { state.withLock { $0.ready } }
     public var isAlone: Bool { state.withLock { $0.ring.members.count == 1 } }
     public var isLeaving: Bool { state.withLock { $0.leaving } }
-    /// Whether this node is cut off from the cluster: it has other members, but none answered its
-    /// probes for longer than its lease (a partition, or a process just back from a freeze). None of
-    /// its calls to them can succeed meanwhile: it answers at once, so its clients move
-    /// (`RoutingWindow`).
-    public var isCutOff: Bool {
-        state.withLock { s in s.ring.members.count > 1 && !s.lease.holds(now: MonotonicClock.now()) }
+    /// Whether this node is cut off from the cluster at `now`: it has other members, but none
+    /// answered its probes for `cutOffAfter` (a partition; or a process just back from a freeze,
+    /// until its next probe is answered). A failed call is then answered at once instead of tried
+    /// again for the routing window (`RoutingWindow`): from a partition none of its attempts could
+    /// succeed, and its clients do better moving; after a freeze it costs a client one retry.
+    public func isCutOff(now: UInt64 = MonotonicClock.now()) -> Bool {
+        state.withLock { s in s.cutOffAfter > 0 && s.ring.members.count > 1 && s.lease.silent(for: s.cutOffAfter, now: now) }
     }
     /// Whether the engine has carried out the current ring.
     public var isSettled: Bool { state.withLock { $0.settled } }

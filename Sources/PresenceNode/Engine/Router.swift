@@ -101,7 +101,7 @@ struct Router: Sendable {
                 return try await body(attempt)
             } catch where error.kind == .unavailable && !Task.isCancelled {
                 // (a node that did not answer at all is unreachable; one that refused is not)
-                let next = window.failed(ownerUnreachable: error.name == "NODE_UNAVAILABLE", cutOff: topology.isCutOff,
+                let next = window.failed(ownerUnreachable: error.name == "NODE_UNAVAILABLE", cutOff: topology.isCutOff(),
                                          now: core.clock.monotonicNanoseconds())
                 guard case .retry(let pause, let nextAttempt) = next else { throw error }
                 try? await Task.sleep(nanoseconds: pause)
