@@ -18,11 +18,41 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         public var channels: [ChannelKey: Bool]
         /// Users this session watches.
         public var watching: [String]
+        /// For channels the session left (the last `changesRemembered`), the version of their last
+        /// change: a join or leave stamped earlier arrives late (a retransmission once a cut link
+        /// heals) and changes nothing. Kept by this home only: copies do not carry it, and it takes
+        /// no part in `==`.
+        public var lastChange: [ChannelKey: UInt64] = [:]
+
         public init(sink: Sink, version: UInt64 = 0, channels: [ChannelKey: Bool] = [:], watching: [String] = []) {
             self.sink = sink
             self.version = version
             self.channels = channels
             self.watching = watching
+        }
+
+        public static func == (a: Session, b: Session) -> Bool {
+            a.sink == b.sink && a.version == b.version && a.channels == b.channels && a.watching == b.watching
+        }
+
+        /// How many channels' last changes a session remembers (the oldest is forgotten first).
+        public static var changesRemembered: Int { 16 }
+
+        /// Whether a join or leave of `channel` stamped `version` comes from before the channel's
+        /// last change (a message that arrived late).
+        func isOlderThanLastChange(of channel: ChannelKey, _ version: UInt64) -> Bool {
+            guard let last = lastChange[channel] else { return false }
+            return version < last
+        }
+
+        /// Remembers a change of `channel` at `version`: always for a leave, and for a join of a
+        /// channel already remembered (a repeat of the leave must not undo it).
+        mutating func remember(_ channel: ChannelKey, at version: UInt64, leave: Bool) {
+            guard leave || lastChange[channel] != nil else { return }
+            lastChange[channel] = max(lastChange[channel] ?? 0, version)
+            if lastChange.count > Self.changesRemembered, let oldest = lastChange.min(by: { $0.value < $1.value })?.key {
+                lastChange[oldest] = nil
+            }
         }
     }
 
@@ -208,6 +238,10 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             if r.sessions.isEmpty && !r.everOpened { r.chosen = .online }
             r.everOpened = true
             r.departed[session] = nil
+            // (the gateway's record is the newer word; what is remembered of changes still refuses
+            // messages from before them)
+            var record = record
+            if let known = r.sessions[session] { record.lastChange = known.lastChange }
             r.sessions[session] = record
         }
         return outcome
@@ -254,7 +288,15 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionJoined(session: SessionID, channel: ChannelKey, withPresence: Bool, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        changeSession(session, version: version) { $0.channels[channel] = withPresence }
+        // (a join from before the session last left this channel: found by Cluster/chaos, netns
+        // seed 106, a join's first attempt retransmitted after a 6 s link cut healed, behind the
+        // leave its client made meanwhile; the record kept the channel, and a resume elsewhere
+        // announced the session in it again)
+        if sessions[session]?.isOlderThanLastChange(of: channel, version) == true { return nil }
+        changeSession(session, version: version) { s in
+            s.channels[channel] = withPresence
+            s.remember(channel, at: version, leave: false)
+        }
         return nil
     }
 
@@ -264,7 +306,11 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionLeft(session: SessionID, channel: ChannelKey, version: UInt64 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        changeSession(session, version: version) { $0.channels[channel] = nil }
+        if sessions[session]?.isOlderThanLastChange(of: channel, version) == true { return nil }
+        changeSession(session, version: version) { s in
+            s.channels[channel] = nil
+            s.remember(channel, at: version, leave: true)
+        }
         return nil
     }
 

@@ -162,6 +162,63 @@ extension SessionTableTests {
 }
 
 @Suite struct HomeRecordTests {
+    /// Found by Cluster/chaos (netns seed 106): a Join's first attempt at the home, sent over a
+    /// link then cut, got no answer and the join went through another member; the client left the
+    /// channel; once the link healed 6 s later, the first attempt was retransmitted and arrived
+    /// behind the leave. The record had the channel again, and the client's resume on another
+    /// node announced the session in it (REMOTE_JOIN of a user out of the channel).
+    @Test func aJoinFromBeforeItsLeaveThatArrivesLateDoesNotBringTheChannelBack() {
+        let ch = ChannelKey(name: "ch-4", type: .stream)
+        let v = { (n: UInt64) in SessionVersion.make(epoch: 1, counter: n) }
+        var r = HomeRecord<String>(userID: "u16")
+        _ = r.sessionOpened(session: s1, sink: "node-3", version: v(0), initial: .online)
+        #expect(r.sessionJoined(session: s1, channel: ch, withPresence: false, version: v(3)) == nil)
+        #expect(r.sessionLeft(session: s1, channel: ch, version: v(4)) == nil)
+        // the late first attempts: the leave's (a repeat) and then the join's
+        #expect(r.sessionLeft(session: s1, channel: ch, version: v(4)) == nil)
+        #expect(r.sessionJoined(session: s1, channel: ch, withPresence: false, version: v(3)) == nil)
+        #expect(r.channels.isEmpty, "the late join brought \(r.channels) back")
+        // a real join after the leave counts, and a late repeat of the leave does not undo it
+        #expect(r.sessionJoined(session: s1, channel: ch, withPresence: true, version: v(5)) == nil)
+        #expect(r.sessionLeft(session: s1, channel: ch, version: v(4)) == nil)
+        #expect(r.channels == [ch])
+        #expect(r.sessions[s1]?.channels[ch] == true)
+        // the memory takes no part in a copy's equality
+        var copy = r.sessions[s1]!
+        copy.lastChange = [:]
+        #expect(copy == r.sessions[s1]!)
+    }
+
+    /// Two joins of one session in flight at once reach the home in either order: a join stamped
+    /// before another channel's later change still counts (only the channel's own history refuses).
+    @Test func joinsOfDifferentChannelsCountInWhicheverOrderTheyArrive() {
+        let a = ChannelKey(name: "a", type: .message), b = ChannelKey(name: "b", type: .message)
+        let v = { (n: UInt64) in SessionVersion.make(epoch: 1, counter: n) }
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw", version: v(0), initial: .online)
+        _ = r.sessionJoined(session: s1, channel: b, withPresence: false, version: v(2))
+        _ = r.sessionLeft(session: s1, channel: b, version: v(3))
+        _ = r.sessionJoined(session: s1, channel: a, withPresence: false, version: v(1))
+        #expect(r.channels == [a])
+    }
+
+    @Test func aSessionRemembersTheLastChangesOfAtMostSixteenChannels() {
+        let v = { (n: UInt64) in SessionVersion.make(epoch: 1, counter: n) }
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw", version: v(0), initial: .online)
+        for i in 0..<40 {
+            let ch = ChannelKey(name: "c\(i)", type: .message)
+            _ = r.sessionJoined(session: s1, channel: ch, withPresence: false, version: v(UInt64(2 * i + 1)))
+            _ = r.sessionLeft(session: s1, channel: ch, version: v(UInt64(2 * i + 2)))
+        }
+        let remembered = r.sessions[s1]!.lastChange
+        #expect(remembered.count == HomeRecord<String>.Session.changesRemembered)
+        #expect(Set(remembered.keys) == Set((24..<40).map { ChannelKey(name: "c\($0)", type: .message) }), "the oldest are forgotten first")
+        // the newest's late join is still refused
+        _ = r.sessionJoined(session: s1, channel: ChannelKey(name: "c39", type: .message), withPresence: false, version: v(79))
+        #expect(r.channels.isEmpty)
+    }
+
     @Test func visibleStatusFollowsTheRules() {
         var r = HomeRecord<String>(userID: "ann")
         #expect(r.visibleStatus == .unknown)
