@@ -211,6 +211,8 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         let previous = s.sink
         s.version = SessionVersion.nextEpoch(s.version)
         s.sink = sink
+        // (every message of the old epoch is refused by its epoch from now on)
+        s.lastChange = [:]
         sessions[session] = s
         revised()
         return (s, previous)
@@ -411,7 +413,12 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             }
             for (id, s) in other.sessions {
                 if let mine = r.sessions[id] {
-                    if s.version > mine.version { r.sessions[id] = s }
+                    if s.version > mine.version {
+                        // (a copy does not carry what this home remembers of channel changes)
+                        var s = s
+                        s.lastChange = mine.lastChange
+                        r.sessions[id] = s
+                    }
                 } else if !(r.departed[id].map { $0.version >= s.version && ($0.byGateway || !isLive(s.sink)) } ?? false) {
                     // (a timeout this record decided while cut off from a gateway that is live
                     // does not keep the session out: found by Cluster/chaos, netns seed 67)

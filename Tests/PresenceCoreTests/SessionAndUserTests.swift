@@ -189,6 +189,33 @@ extension SessionTableTests {
         #expect(copy == r.sessions[s1]!)
     }
 
+    /// What the home remembers of a channel's changes outlives the gateway's own record of the
+    /// session (anti-entropy) and a copy merged in; a repeat of the same join (a retried call)
+    /// still counts; a new epoch forgets it (the epoch refuses every older message).
+    @Test func theMemoryOfChannelChangesOutlivesAnnouncesAndMergesAndEndsWithTheEpoch() {
+        let ch = ChannelKey(name: "ch", type: .message)
+        let v = { (n: UInt64) in SessionVersion.make(epoch: 1, counter: n) }
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw", version: v(0), initial: .online)
+        _ = r.sessionJoined(session: s1, channel: ch, withPresence: false, version: v(3))
+        _ = r.sessionLeft(session: s1, channel: ch, version: v(4))
+        _ = r.announce(session: s1, record: .init(sink: "gw", version: v(4)))
+        _ = r.sessionJoined(session: s1, channel: ch, withPresence: false, version: v(3))
+        #expect(r.channels.isEmpty, "a late join after an announce")
+        var newer = HomeRecord<String>(userID: "ann")
+        _ = newer.sessionOpened(session: s1, sink: "gw", version: v(6), initial: .online)
+        var copy = r
+        _ = copy.merge(newer, isLive: { _ in true })
+        #expect(copy.sessions[s1]?.version == v(6))
+        _ = copy.sessionJoined(session: s1, channel: ch, withPresence: false, version: v(3))
+        #expect(copy.channels.isEmpty, "a late join after a merge")
+        _ = r.sessionJoined(session: s1, channel: ch, withPresence: true, version: v(5))
+        _ = r.sessionJoined(session: s1, channel: ch, withPresence: true, version: v(5))
+        #expect(r.channels == [ch], "a repeated join")
+        _ = r.claim(session: s1, sink: "gw2")
+        #expect(r.sessions[s1]?.lastChange.isEmpty == true)
+    }
+
     /// Two joins of one session in flight at once reach the home in either order: a join stamped
     /// before another channel's later change still counts (only the channel's own history refuses).
     @Test func joinsOfDifferentChannelsCountInWhicheverOrderTheyArrive() {
