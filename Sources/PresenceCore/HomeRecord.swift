@@ -23,6 +23,13 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         /// heals) and changes nothing. Kept by this home only: copies do not carry it, and it takes
         /// no part in `==`.
         public var lastChange: [ChannelKey: UInt64] = [:]
+        /// The gateway's numbers (`WriteNumber`, counted per session and epoch) of the last SetStatus
+        /// and the last list of watched users this home took from the session: a call numbered at
+        /// or below one arrives late (a first attempt retransmitted once a cut link heals, behind
+        /// the call its client made next) and changes nothing. 0: none yet. Kept by this home only,
+        /// as `lastChange`.
+        public var statusWrite: UInt32 = 0
+        public var watchingWrite: UInt32 = 0
 
         public init(sink: Sink, version: UInt64 = 0, channels: [ChannelKey: Bool] = [:], watching: [String] = []) {
             self.sink = sink
@@ -33,6 +40,22 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
         public static func == (a: Session, b: Session) -> Bool {
             a.sink == b.sink && a.version == b.version && a.channels == b.channels && a.watching == b.watching
+        }
+
+        /// This session with what `known` (the home's own record of it) remembers of the calls it
+        /// took: a gateway's record or a copy does not carry it.
+        func keepingWhatIsRemembered(of known: Session) -> Session {
+            var s = self
+            s.lastChange = known.lastChange
+            s.statusWrite = known.statusWrite
+            s.watchingWrite = known.watchingWrite
+            return s
+        }
+
+        /// Whether a call numbered `write` comes after the last one numbered `last` (unnumbered
+        /// calls, from a peer that does not number them, count in the order they arrive).
+        static func isLater(_ write: UInt32, than last: UInt32) -> Bool {
+            write == 0 || last == 0 || WriteNumber.isAfter(write, last)
         }
 
         /// How many channels' last changes a session remembers (the oldest is forgotten first).
@@ -211,8 +234,11 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         let previous = s.sink
         s.version = SessionVersion.nextEpoch(s.version)
         s.sink = sink
-        // (every message of the old epoch is refused by its epoch from now on)
+        // (every message of the old epoch is refused by its epoch from now on, and the new gateway
+        // numbers its calls afresh)
         s.lastChange = [:]
+        s.statusWrite = 0
+        s.watchingWrite = 0
         sessions[session] = s
         revised()
         return (s, previous)
@@ -242,9 +268,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             r.departed[session] = nil
             // (the gateway's record is the newer word; what is remembered of changes still refuses
             // messages from before them)
-            var record = record
-            if let known = r.sessions[session] { record.lastChange = known.lastChange }
-            r.sessions[session] = record
+            r.sessions[session] = r.sessions[session].map { record.keepingWhatIsRemembered(of: $0) } ?? record
         }
         return outcome
     }
@@ -264,10 +288,24 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         departed = departed.filter { now - $0.value.at < 120_000 }
     }
 
-    /// SetStatus: ONLINE, AWAY, BUSY or OFFLINE (invisible).
+    /// SetStatus: ONLINE, AWAY, BUSY or OFFLINE (invisible), by `session` (its gateway numbered the
+    /// call `write`, and stamped it with the session's `version`). A call numbered at or below the
+    /// session's last SetStatus here, or from a session its gateway ended since, arrived late and
+    /// changes nothing (nil is returned either way: the client's later word stands).
     @_specialize(exported: true, where Sink == NodeInstance)
-    public mutating func setStatus(_ status: UserStatus) -> StatusChange? {
-        change { r in
+    public mutating func setStatus(_ status: UserStatus, by session: SessionID? = nil, version: UInt64 = 0, write: UInt32 = 0) -> StatusChange? {
+        if let session, write != 0 {
+            // (found by review after Cluster/chaos netns seed 106: a SetStatus's first attempt,
+            // retransmitted once a cut link healed, arrived behind the SetStatus its client made
+            // next and put the earlier status back)
+            if let i = sessions.index(forKey: session) {
+                guard Session.isLater(write, than: sessions[valueAt: i].statusWrite) else { return nil }
+                sessions[valueAt: i].statusWrite = write
+            } else if endedAfter(session, version) {
+                return nil
+            }
+        }
+        return change { r in
             r.chosen = status
             r.chosenVersion = r.nextVersion()
         }
@@ -317,12 +355,15 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     }
 
     /// The users the session watches, as its gateway says; the same rule for a superseded gateway.
+    /// A list numbered (`write`) at or below the last one taken from the session arrived late and
+    /// changes nothing.
     @discardableResult
     @_specialize(exported: true, where Sink == NodeInstance)
-    public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0) -> UInt64? {
+    public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0, write: UInt32 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        guard sessions[session] != nil else { return nil }
-        sessions[session]?.watching = watching
+        guard let i = sessions.index(forKey: session), Session.isLater(write, than: sessions[valueAt: i].watchingWrite) else { return nil }
+        sessions[valueAt: i].watching = watching
+        if write != 0 { sessions[valueAt: i].watchingWrite = write }
         revised()
         return nil
     }
@@ -414,10 +455,8 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             for (id, s) in other.sessions {
                 if let mine = r.sessions[id] {
                     if s.version > mine.version {
-                        // (a copy does not carry what this home remembers of channel changes)
-                        var s = s
-                        s.lastChange = mine.lastChange
-                        r.sessions[id] = s
+                        // (a copy does not carry what this home remembers of the session's calls)
+                        r.sessions[id] = s.keepingWhatIsRemembered(of: mine)
                     }
                 } else if !(r.departed[id].map { $0.version >= s.version && ($0.byGateway || !isLive(s.sink)) } ?? false) {
                     // (a timeout this record decided while cut off from a gateway that is live

@@ -236,6 +236,15 @@ public struct SessionTable {
         }
     }
 
+    /// Numbers a call of the session its user's home orders by that number (SetStatus, the list
+    /// of watched users), from the counter state writes are numbered with.
+    public mutating func numberedCall(_ id: SessionID) throws(PresenceError) -> UInt32 {
+        try withSession(id) { (s: inout Session) -> UInt32 in
+            s.writes = WriteNumber.next(s.writes)
+            return s.writes
+        }
+    }
+
     /// Keeps state for a channel the session has not joined (applied when it joins).
     public mutating func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {
         try withSession(id) { (s: inout Session) throws(PresenceError) in

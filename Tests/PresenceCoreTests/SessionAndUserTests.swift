@@ -158,6 +158,11 @@ extension SessionTableTests {
         #expect(try t.numberedWrite(s1, channel: room)?.write == 3)
         #expect(try t.numberedWrite(s2, channel: room)?.write == 1)
         #expect(throws: PresenceError.self) { _ = try t.numberedWrite(s3, channel: room) }
+        // calls its home orders by number (SetStatus, Watch) take the next numbers of the same count
+        #expect(try t.numberedCall(s1) == 4)
+        #expect(try t.numberedWrite(s1, channel: hall)?.write == 5)
+        #expect(try t.numberedCall(s2) == 2)
+        #expect(throws: PresenceError.self) { _ = try t.numberedCall(s3) }
     }
 }
 
@@ -244,6 +249,60 @@ extension SessionTableTests {
         // the newest's late join is still refused
         _ = r.sessionJoined(session: s1, channel: ChannelKey(name: "c39", type: .message), withPresence: false, version: v(79))
         #expect(r.channels.isEmpty)
+    }
+
+    /// A SetStatus's first attempt, sent over a link then cut, is retransmitted once the link heals
+    /// and reaches the home behind the SetStatus its client made next: the later choice stands.
+    /// Calls of two sessions still count in the order they arrive; a session's gateway numbers its
+    /// calls afresh in a new epoch.
+    @Test func aSetStatusThatArrivesLateDoesNotPutAnEarlierStatusBack() {
+        let v = { (n: UInt64) in SessionVersion.make(epoch: 1, counter: n) }
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw", version: v(0), initial: .online)
+        _ = r.sessionOpened(session: s2, sink: "gw", version: v(0), initial: .unknown)
+        #expect(r.setStatus(.away, by: s1, version: v(0), write: 3)?.status == .away)  // the retry of #3
+        #expect(r.setStatus(.busy, by: s1, version: v(0), write: 4)?.status == .busy)
+        #expect(r.setStatus(.away, by: s1, version: v(0), write: 3) == nil)  // the late first attempt of #3
+        #expect(r.setStatus(.away, by: s1, version: v(0), write: 4) == nil)  // a repeat
+        #expect(r.visibleStatus == .busy, "the late SetStatus put \(r.visibleStatus) back")
+        // another session's call, numbered lower by its own gateway counter, counts
+        #expect(r.setStatus(.offline, by: s2, version: v(0), write: 1)?.status == .offline)
+        // an unnumbered call (a peer that does not number them) counts as it arrives
+        #expect(r.setStatus(.online)?.status == .online)
+        // the numbers outlive an announce of the gateway's record and a merged copy
+        _ = r.announce(session: s1, record: .init(sink: "gw", version: v(5)))
+        #expect(r.setStatus(.away, by: s1, version: v(5), write: 4) == nil)
+        var newer = HomeRecord<String>(userID: "ann")
+        _ = newer.sessionOpened(session: s1, sink: "gw", version: v(9), initial: .unknown)
+        _ = r.merge(newer, isLive: { _ in true })
+        #expect(r.sessions[s1]?.version == v(9))
+        #expect(r.setStatus(.away, by: s1, version: v(9), write: 4) == nil)
+        #expect(r.visibleStatus == .online)
+        // a new epoch starts the numbers afresh
+        _ = r.claim(session: s1, sink: "gw2")
+        #expect(r.setStatus(.away, by: s1, version: SessionVersion.make(epoch: 2, counter: 0), write: 1)?.status == .away)
+        // a session its gateway ended: its late SetStatus changes nothing
+        _ = r.sessionEnded(session: s2, version: v(2))
+        #expect(r.setStatus(.busy, by: s2, version: v(0), write: 2) == nil)
+        #expect(r.visibleStatus == .away)
+    }
+
+    /// The same for the list of users a session watches (a resume elsewhere starts from it).
+    @Test func aListOfWatchedUsersThatArrivesLateDoesNotReplaceALaterOne() {
+        let v = SessionVersion.make(epoch: 1, counter: 0)
+        var r = HomeRecord<String>(userID: "ann")
+        _ = r.sessionOpened(session: s1, sink: "gw", version: v, initial: .online)
+        #expect(r.sessionWatching(session: s1, watching: ["bob"], version: v, write: 2) == nil)
+        #expect(r.sessionWatching(session: s1, watching: ["bob", "cy"], version: v, write: 3) == nil)
+        #expect(r.sessionWatching(session: s1, watching: ["bob"], version: v, write: 2) == nil)
+        #expect(r.sessions[s1]?.watching == ["bob", "cy"])
+        // numbers wrap past UInt32.max (0 is never a number)
+        for (n, who) in [(UInt32(0x8000_0001), "dee"), (.max, "eve"), (WriteNumber.next(.max), "fay")] {
+            #expect(r.sessionWatching(session: s1, watching: [who], version: v, write: n) == nil)
+            #expect(r.sessions[s1]?.watching == [who], "#\(n)")
+        }
+        #expect(r.sessionWatching(session: s1, watching: ["eve"], version: v, write: .max) == nil)
+        #expect(r.sessions[s1]?.watching == ["fay"])
     }
 
     @Test func visibleStatusFollowsTheRules() {

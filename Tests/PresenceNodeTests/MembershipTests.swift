@@ -3,6 +3,7 @@ import EventLoop
 import Foundation
 import GRPCTransport
 @testable import PresenceNode
+import PresenceCore
 import PresenceWire
 import Synchronization
 import TestSupport
@@ -116,6 +117,45 @@ import Testing
         stream.cancel()
         raw.close()
         await n.stop()
+    }
+
+    /// A gateway numbers each SetStatus and Watch it sends the user's home, and the home drops
+    /// one numbered at or below the last it took: a first attempt that arrives late (TCP
+    /// retransmitting it once a cut link heals), behind the call its client made next, does not put
+    /// an earlier status or list back.
+    @Test func aLateSetStatusOrWatchAtTheHomeChangesNothing() async throws {
+        let a = try TestNode(nodeID: "a")
+        let tony = a.client("tony")
+        try await tony.connect()
+        try await tony.setStatus(.away)
+        try await tony.watch(["ann"])
+        try await tony.setStatus(.busy)
+        try await tony.watch(["bob"], unwatch: ["ann"])
+        let id = try #require(tony.sessionID.flatMap { SessionID(text: $0) })
+        let held = try #require(a.node.engine.core.gatewayShard(id).held(id))
+        let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)
+        let fingerprint = a.node.engine.topology.routingRing.fingerprint
+        // the late first attempts: numbers 1 (the first SetStatus) and 2 (the first Watch)
+        let ref = { (write: UInt32) in
+            ClusterSessionRef(sessionID: id.description, userID: "tony", gateway: "a", gatewayBoot: a.node.engine.core.me.boot,
+                              version: held.version, write: write)
+        }
+        let late = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["tony"], op: .setStatus, session: ref(1),
+                                                                                 status: .away, ringFingerprint: fingerprint))
+        #expect(late.error == nil)
+        let lateWatch = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["tony"], op: .sessionWatching, session: ref(2),
+                                                                                      watching: ["ann"], ringFingerprint: fingerprint))
+        #expect(lateWatch.error == nil)
+        #expect(try await tony.statuses(["tony"]).first?.status == .busy)
+        let lookup = try await peer.unary(PeerPresenceMethods.home, ClusterHomeCall(userIDs: ["tony"], op: .lookupSession, session: ref(0),
+                                                                                   ringFingerprint: fingerprint))
+        #expect(lookup.session?.watching == ["bob"])
+        // the next real call still counts
+        try await tony.setStatus(.online)
+        #expect(try await tony.statuses(["tony"]).first?.status == .online)
+        peer.close()
+        await tony.close()
+        await a.stop()
     }
 
     @Test func badPeerInputGetsAClearErrorAndChangesNothing() async throws {

@@ -238,6 +238,17 @@ final class GatewayShard: Sendable {
         }
     }
 
+    /// The session and the number of a call its home orders by it (`SessionTable.numberedCall`).
+    func numberedCall(_ id: SessionID) throws(PresenceError) -> (session: SessionTable.Session, write: UInt32) {
+        let now = clock.monotonicNanoseconds()
+        return try state.withLock { (st: inout State) throws(PresenceError) in
+            _ = try Self.lookup(&st, id, now: now)
+            let write = try st.table.numberedCall(id)
+            guard let s = st.table[id] else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+            return (s, write)
+        }
+    }
+
     func setPendingState(_ id: SessionID, channel: ChannelKey, items: [StateItem]) throws(PresenceError) {
         try state.withLock { (st: inout State) throws(PresenceError) in try st.table.setPendingState(id, channel: channel, items: items) }
     }

@@ -72,9 +72,10 @@ final class EngineCore: Sendable {
     func homeShardIndex(_ user: String) -> Int { Int(StableHash.of(user) % UInt64(userHomes.count)) }
 
     /// A session as calls carry it: its user, this gateway's process, the session's version.
-    func ref(_ s: SessionTable.Session, withPresence: Bool = false, version: UInt64? = nil) -> ClusterSessionRef {
+    /// `write`: the call's number, for a call its home orders by it (`GatewayShard.numberedCall`).
+    func ref(_ s: SessionTable.Session, withPresence: Bool = false, version: UInt64? = nil, write: UInt32 = 0) -> ClusterSessionRef {
         ClusterSessionRef(sessionID: s.id.description, userID: s.userID, gateway: me.id, withPresence: withPresence,
-                          gatewayBoot: me.boot, version: version ?? s.version)
+                          gatewayBoot: me.boot, version: version ?? s.version, write: write)
     }
 
     /// The session's ref for a state write on a channel it is in (stamped with its join's version
@@ -424,11 +425,12 @@ public final class PresenceEngine: Sendable {
         case .unknown, .unrecognized:
             throw PresenceError(.invalidArgument, "INVALID_STATUS", "status must be ONLINE, AWAY, BUSY or OFFLINE")
         }
-        let (s, _) = try core.gatewayShard(id).session(id)
+        // (numbered: a first attempt that arrives late, behind the next SetStatus, changes nothing)
+        let (s, write) = try core.gatewayShard(id).numberedCall(id)
         _ = try await sessionCall(id) { () async throws(PresenceError) in
             try await router.homeCall(s.userID, .setStatus) { c in
                 c.status = status
-                c.session = core.ref(s)
+                c.session = core.ref(s, write: write)
             }
         }
     }
@@ -448,12 +450,13 @@ public final class PresenceEngine: Sendable {
         let remove = try Validate.userList(remove, field: "unwatch_user_ids")
         let g = core.gatewayShard(id)
         let (_, _, added) = try g.watch(id, add: add, remove: remove)
-        guard let s = g.held(id) else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
+        // (the list and its number together: a later number always goes with a later list)
+        let (s, write) = try g.numberedCall(id)
         await sessions.unwatch(remove.filter { !added.contains($0) }, by: s)
         // (events the stream is sent while this call is in flight are newer than the homes' answers)
         g.openWatchWindow(id)
         let homes: [String: UserStatus]
-        do { homes = try await watchAtHomes(added, by: s) } catch {
+        do { homes = try await watchAtHomes(added, by: s, write: write) } catch {
             _ = g.closeWatchWindow(id)
             throw error
         }
@@ -462,7 +465,7 @@ public final class PresenceEngine: Sendable {
 
     /// Registers the session as a watcher of `added` at their homes (their current statuses are
     /// the answer), then records its new list at its own home (a resume elsewhere starts from it).
-    private func watchAtHomes(_ added: [String], by s: SessionTable.Session) async throws(PresenceError) -> [String: UserStatus] {
+    private func watchAtHomes(_ added: [String], by s: SessionTable.Session, write: UInt32) async throws(PresenceError) -> [String: UserStatus] {
         var statuses: [String: UserStatus] = [:]
         for us in router.byHome(added) {
             let r = try await router.homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: core.ref(s)))
@@ -470,7 +473,7 @@ public final class PresenceEngine: Sendable {
         }
         _ = try await sessionCall(s.id) { () async throws(PresenceError) in
             try await router.homeCall(s.userID, .sessionWatching) { c in
-                c.session = core.ref(s)
+                c.session = core.ref(s, write: write)
                 c.watching = s.watching.sorted()
             }
         }

@@ -74,13 +74,13 @@ struct SessionLifecycle: Sendable {
         }
         guard found.found, let (_, record) = found.session?.record else { return nil }
         guard let o = core.gatewayShard(id).adopt(id, user: user, version: record.version, channels: record.channels, watching: Set(record.watching)),
-              let s = core.gatewayShard(id).held(id) else {
+              let (s, write) = try? core.gatewayShard(id).numberedCall(id) else {
             throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(id) belongs to another user")
         }
         if initialStatus != .unknown {
             _ = try await router.homeCall(user, .setStatus) { c in
                 c.status = initialStatus
-                c.session = core.ref(s)
+                c.session = core.ref(s, write: write)
             }
         }
         await announce(s)

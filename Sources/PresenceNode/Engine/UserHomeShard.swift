@@ -185,10 +185,11 @@ actor UserHomeShard {
                 return (r.sessionEnded(session: id, version: version, now: wall), ())
             }
         case .setStatus:
-            if let (id, _, version) = try? caller(call), let newer = readOwned(user, { $0.supersedingVersion(of: id, version) }) ?? nil {
+            let by = try? caller(call)
+            if let (id, _, version) = by, let newer = readOwned(user, { $0.supersedingVersion(of: id, version) }) ?? nil {
                 throw PresenceError.sessionMoved(id, supersededBy: newer)
             }
-            try update(user, create: true) { r in (r.setStatus(call.status), ()) }
+            try update(user, create: true) { r in (r.setStatus(call.status, by: by?.0, version: by?.2 ?? 0, write: call.session?.write ?? 0), ()) }
         case .sessionJoined, .sessionLeft:
             let (id, _, version) = try caller(call)
             guard let c = call.channel, let key = c.key else {
@@ -206,7 +207,7 @@ actor UserHomeShard {
             let (id, _, version) = try caller(call)
             let list = try watching(call)
             try update(user, create: false) { r throws(PresenceError) in
-                if let newer = r.sessionWatching(session: id, watching: list, version: version) {
+                if let newer = r.sessionWatching(session: id, watching: list, version: version, write: call.session?.write ?? 0) {
                     throw PresenceError.sessionMoved(id, supersededBy: newer)
                 }
                 return (nil, ())
