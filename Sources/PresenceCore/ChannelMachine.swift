@@ -182,6 +182,12 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     public func state(of user: String) -> [StateItem]? { members[user]?.state.items }
     @_specialize(exported: true, where Sink == NodeInstance)
     public func stateVersion(of user: String) -> UInt64 { members[user]?.stateVersion ?? 0 }
+    /// `state(of:)` and `stateVersion(of:)` in one lookup (what an owner answers every write with).
+    @_specialize(exported: true, where Sink == NodeInstance)
+    public func stateAndVersion(of user: String) -> (items: [StateItem], version: UInt64) {
+        guard let i = members.index(forKey: user) else { return ([], 0) }
+        return (members[valueAt: i].state.items, members[valueAt: i].stateVersion)
+    }
     /// The user a session of this channel belongs to.
     @_specialize(exported: true, where Sink == NodeInstance)
     public func user(of session: SessionID) -> String? { placements[session].map { userID(atEntry: $0.member) } }

@@ -22,6 +22,9 @@ let sec: UInt64 = 1_000_000_000
         _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
         _ = t.disconnect(s1, generation: 1, now: 1 * sec)
         #expect(throws: PresenceError.self) { _ = try t.session(s1, now: 11 * sec) }
+        // nor is a state write of it numbered (within the window it is)
+        #expect(try t.numberedWrite(s1, channel: lobby, now: 10 * sec) == nil)
+        #expect(throws: PresenceError.self) { _ = try t.numberedWrite(s1, channel: lobby, now: 11 * sec) }
         #expect(t.open(user: "ann", resume: s1, newID: s2, now: 11 * sec) == .notFound)
         #expect(t[s2] == nil)   // (refused: no new session in its place)
         #expect(t.expireIfDue(s1, now: 11 * sec)?.userID == "ann")

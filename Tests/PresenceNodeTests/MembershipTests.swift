@@ -158,6 +158,48 @@ import Testing
         await a.stop()
     }
 
+    /// A channel's owner refuses a state write from a gateway that was superseded for the session
+    /// (SESSION_MOVED: it drops the session) before it looks at the items, and one from a session
+    /// that is not in the channel (NOT_A_MEMBER: its gateway announces it and retries); a write it
+    /// takes is answered with the user's whole state in the channel and its version.
+    @Test func anOwnerRefusesStateWritesFromSupersededGatewaysAndNonMembers() async throws {
+        let a = try TestNode(nodeID: "a")
+        let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)
+        let fingerprint = a.node.engine.topology.routingRing.fingerprint
+        let boot = a.node.engine.core.me.boot
+        let ref = { (session: String, epoch: UInt64, write: UInt32) in
+            ClusterSessionRef(sessionID: session, userID: "ann", gateway: "a", gatewayBoot: boot,
+                              version: SessionVersion.make(epoch: epoch, counter: 1), write: write)
+        }
+        let call = { (op: ClusterChannelOp, session: ClusterSessionRef, items: [StateItem]) in
+            ClusterChannelCall(channelName: "room", channelType: .message, op: op, session: session, items: items, ringFingerprint: fingerprint)
+        }
+        let mic = [StateItem(key: "mic", value: "on")]
+        let join = try await peer.unary(PeerPresenceMethods.channel, call(.join, ref("00000000000000a1", 2, 0), []))
+        #expect(join.error == nil)
+        // a member's write
+        let first = try await peer.unary(PeerPresenceMethods.channel, call(.setState, ref("00000000000000a1", 2, 1), mic))
+        #expect(first.error == nil && first.state == mic && first.stateVersion > 0)
+        let second = try await peer.unary(PeerPresenceMethods.channel, call(.setState, ref("00000000000000a1", 2, 2), [StateItem(key: "cam", value: "off")]))
+        #expect(second.error == nil && Set(second.state.map(\.key)) == ["mic", "cam"] && second.stateVersion > first.stateVersion)
+        // the same session from an older epoch: its gateway was superseded (before the items are looked at)
+        let moved = try await peer.unary(PeerPresenceMethods.channel, call(.setState, ref("00000000000000a1", 1, 3), [StateItem(key: "", value: "x")]))
+        #expect(moved.error?.code == "SESSION_MOVED" && moved.error?.kind == 7, "\(String(describing: moved.error))")
+        // a session not in the channel; its bad items are refused first
+        let bad = try await peer.unary(PeerPresenceMethods.channel, call(.setState, ref("00000000000000b2", 2, 1), [StateItem(key: "", value: "x")]))
+        #expect(bad.error?.code == "INVALID_STATE_KEY", "\(String(describing: bad.error))")
+        let stranger = try await peer.unary(PeerPresenceMethods.channel, call(.setState, ref("00000000000000b2", 2, 1), mic))
+        #expect(stranger.error?.code == "NOT_A_MEMBER", "\(String(describing: stranger.error))")
+        let strangerRemoves = try await peer.unary(PeerPresenceMethods.channel,
+            ClusterChannelCall(channelName: "room", channelType: .message, op: .removeState, session: ref("00000000000000b2", 2, 2), keys: ["mic"], ringFingerprint: fingerprint))
+        #expect(strangerRemoves.error?.code == "NOT_A_MEMBER")
+        let removed = try await peer.unary(PeerPresenceMethods.channel,
+            ClusterChannelCall(channelName: "room", channelType: .message, op: .removeState, session: ref("00000000000000a1", 2, 4), keys: ["mic"], ringFingerprint: fingerprint))
+        #expect(removed.error == nil && removed.state.map(\.key) == ["cam"] && removed.stateVersion > second.stateVersion)
+        peer.close()
+        await a.stop()
+    }
+
     @Test func badPeerInputGetsAClearErrorAndChangesNothing() async throws {
         let a = try TestNode(nodeID: "a")
         let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)

@@ -212,11 +212,24 @@ actor ChannelShard {
 
     private func stateResult(_ key: ChannelKey, _ user: String) -> ClusterChannelResult {
         var r = ClusterChannelResult()
-        _ = readOwned(key) { m in
-            r.state = m.state(of: user) ?? []
-            r.stateVersion = m.stateVersion(of: user)
-        }
+        _ = readOwned(key) { m in Self.noteState(of: user, in: m, to: &r) }
         return r
+    }
+
+    /// The user's state in the channel and its version, as a write's answer carries them.
+    private static func noteState(of user: String, in m: borrowing Machine, to r: inout ClusterChannelResult) {
+        (r.state, r.stateVersion) = m.stateAndVersion(of: user)
+    }
+
+    /// Why a state write of the caller's is refused (its gateway was superseded, or it is not a
+    /// member here), found in one look at the channel.
+    private enum WriteRefusal { case moved(UInt64), notMember }
+
+    private func writeRefusal(_ c: Caller, _ key: ChannelKey) -> WriteRefusal? {
+        readOwned(key) { (m: inout Machine) -> WriteRefusal? in
+            if let newer = m.supersedingVersion(of: c.id, c.version) { return .moved(newer) }
+            return m.contains(user: c.user, session: c.id) ? nil : .notMember
+        } ?? .notMember
     }
 
     /// The session is not in the channel here: its gateway (which holds it there) says so again
@@ -280,22 +293,31 @@ actor ChannelShard {
             return result
         case .setState:
             let c = try caller(call)
-            try refuseIfMoved(c, key)
+            // (as `refuseIfMoved`, then the items, then `requireMember`, with one look at the channel)
+            let refusal = writeRefusal(c, key)
+            if case .moved(let newer) = refusal { throw PresenceError.sessionMoved(c.id, supersededBy: newer) }
             let items = try Validate.stateItems(call.items)
-            try requireMember(c, key)
+            if refusal != nil { try requireMember(c, key) }
+            var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: false) { m throws(PresenceError) in
-                (try m.setState(user: c.user, session: c.id, items: items, write: call.session?.write ?? 0, version: c.version, now: now), ())
+                let d = try m.setState(user: c.user, session: c.id, items: items, write: call.session?.write ?? 0, version: c.version, now: now)
+                Self.noteState(of: c.user, in: m, to: &result)
+                return (d, ())
             }
-            return stateResult(key, c.user)
+            return result
         case .removeState:
             let c = try caller(call)
-            try refuseIfMoved(c, key)
+            let refusal = writeRefusal(c, key)
+            if case .moved(let newer) = refusal { throw PresenceError.sessionMoved(c.id, supersededBy: newer) }
             for k in call.keys { try Validate.stateKey(k) }
-            try requireMember(c, key)
+            if refusal != nil { try requireMember(c, key) }
+            var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: false) { m in
-                (m.removeState(user: c.user, session: c.id, keys: call.keys, write: call.session?.write ?? 0, version: c.version, now: now), ())
+                let d = m.removeState(user: c.user, session: c.id, keys: call.keys, write: call.session?.write ?? 0, version: c.version, now: now)
+                Self.noteState(of: c.user, in: m, to: &result)
+                return (d, ())
             }
-            return stateResult(key, c.user)
+            return result
         case .getState:
             let user = try Validate.userID(call.userID)
             var result = ClusterChannelResult()
