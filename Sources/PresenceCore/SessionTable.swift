@@ -174,6 +174,16 @@ public struct SessionTable {
         return s
     }
 
+    /// The user of a live session (known, and not past its resume window at `now`), read where
+    /// the session lies (`session(_:now:)` returns a copy: every field retained and released).
+    public mutating func liveUser(_ id: SessionID, now: UInt64) throws(PresenceError) -> String {
+        let window = resumeWindow
+        return try withSession(id) { (s: inout Session) throws(PresenceError) -> String in
+            if Self.isExpired(s.liveness, now: now, window: window) { throw Self.noSession(id) }
+            return s.userID
+        }
+    }
+
     private static func noSession(_ id: SessionID) -> PresenceError {
         PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id) (it was closed, timed out, or never opened)")
     }

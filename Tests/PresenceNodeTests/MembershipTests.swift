@@ -158,10 +158,11 @@ import Testing
         await a.stop()
     }
 
-    /// A channel's owner refuses a state write from a gateway that was superseded for the session
-    /// (SESSION_MOVED: it drops the session) before it looks at the items, and one from a session
-    /// that is not in the channel (NOT_A_MEMBER: its gateway announces it and retries); a write it
-    /// takes is answered with the user's whole state in the channel and its version.
+    /// A channel's owner refuses a state write or a join from a gateway that was superseded for the
+    /// session (SESSION_MOVED: it drops the session) before it looks at the items, a state write
+    /// from a session that is not in the channel (NOT_A_MEMBER: its gateway announces it and
+    /// retries), and takes nothing from a join stamped before the session's leave; a write or join
+    /// it takes is answered with the user's whole state in the channel and its version.
     @Test func anOwnerRefusesStateWritesFromSupersededGatewaysAndNonMembers() async throws {
         let a = try TestNode(nodeID: "a")
         let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)
@@ -196,6 +197,22 @@ import Testing
         let removed = try await peer.unary(PeerPresenceMethods.channel,
             ClusterChannelCall(channelName: "room", channelType: .message, op: .removeState, session: ref("00000000000000a1", 2, 4), keys: ["mic"], ringFingerprint: fingerprint))
         #expect(removed.error == nil && removed.state.map(\.key) == ["cam"] && removed.stateVersion > second.stateVersion)
+        // joins: with state set before (answered with it), from before the session's leave
+        // (changes nothing), from a superseded gateway (refused)
+        let bob = ClusterSessionRef(sessionID: "00000000000000c3", userID: "bob", gateway: "a", gatewayBoot: boot, version: SessionVersion.make(epoch: 1, counter: 1))
+        let joinWithState = try await peer.unary(PeerPresenceMethods.channel, call(.join, bob, mic))
+        #expect(joinWithState.error == nil && joinWithState.state == mic && joinWithState.stateVersion > 0, "\(joinWithState)")
+        let versioned = { (epoch: UInt64, counter: UInt64) in
+            ClusterSessionRef(sessionID: "00000000000000a1", userID: "ann", gateway: "a", gatewayBoot: boot, version: SessionVersion.make(epoch: epoch, counter: counter))
+        }
+        let leave = try await peer.unary(PeerPresenceMethods.channel, call(.leave, versioned(2, 6), []))
+        #expect(leave.error == nil)
+        let lateJoin = try await peer.unary(PeerPresenceMethods.channel, call(.join, versioned(2, 3), []))
+        #expect(lateJoin.error == nil)
+        let staleJoin = try await peer.unary(PeerPresenceMethods.channel, call(.join, versioned(1, 9), []))
+        #expect(staleJoin.error?.code == "SESSION_MOVED")
+        let list = try await peer.unary(PeerPresenceMethods.channel, ClusterChannelCall(channelName: "room", channelType: .message, op: .list, ringFingerprint: fingerprint))
+        #expect(list.total == 1, "only bob is in the channel: \(list.users.map(\.userID))")
         peer.close()
         await a.stop()
     }

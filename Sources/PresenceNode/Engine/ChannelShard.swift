@@ -253,16 +253,22 @@ actor ChannelShard {
         switch call.op {
         case .join:
             let c = try caller(call)
-            try refuseIfMoved(c, key)
+            // (as `refuseIfMoved`, then the items, then whether it is a join from before its leave:
+            // one look at the channel)
+            let (newer, late) = readOwned(key) { m in (m.supersedingVersion(of: c.id, c.version), m.leftAfter(c.id, c.version)) } ?? (nil, false)
+            if let newer { throw PresenceError.sessionMoved(c.id, supersededBy: newer) }
             let pending = try Validate.stateItems(call.items)
-            if readOwned(key, { $0.leftAfter(c.id, c.version) }) == true { return stateResult(key, c.user) }  // a join from before its leave
+            if late { return stateResult(key, c.user) }
+            var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: true) { m in
-                (m.join(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
-                        version: c.version, pendingState: pending, now: now), ())
+                let d = m.join(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
+                               version: c.version, pendingState: pending, now: now)
+                Self.noteState(of: c.user, in: m, to: &result)
+                return (d, ())
             }
             space.placed(key, at: c.sink, now: self.now)
             scheduleSweep()
-            return stateResult(key, c.user)
+            return result
         case .announce:
             let c = try caller(call)
             let state = try Validate.stateItems(call.items)

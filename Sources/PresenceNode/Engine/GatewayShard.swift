@@ -192,6 +192,14 @@ final class GatewayShard: Sendable {
         PresenceError(.unavailable, "SESSION_MOVED", "session \(id) was resumed on \(to.map { "node \($0.id)" } ?? "another node"); retry on the node its stream is on")
     }
 
+    /// `lookup` without its copy of the session, for calls that change it next: the user and
+    /// outbox of a live session, or the error `lookup` answers.
+    private static func live(_ st: inout State, _ id: SessionID, now: UInt64) throws(PresenceError) -> (user: String, outbox: SessionOutbox) {
+        if let o = st.outboxes[id], let user = try? st.table.liveUser(id, now: now) { return (user, o) }
+        let (s, o) = try lookup(&st, id, now: now)
+        return (s.userID, o)
+    }
+
     func session(_ id: SessionID) throws(PresenceError) -> (SessionTable.Session, SessionOutbox) {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in try Self.lookup(&st, id, now: now) }
@@ -200,12 +208,7 @@ final class GatewayShard: Sendable {
     func joined(_ id: SessionID, channel: ChannelKey, withPresence: Bool) throws(PresenceError) -> (user: String, outbox: SessionOutbox, pending: [StateItem], already: Bool, version: UInt64) {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in
-            // (the copy `lookup` returns ends before the table changes the session in place)
-            let (user, o): (String, SessionOutbox)
-            do {
-                let (s, outbox) = try Self.lookup(&st, id, now: now)
-                (user, o) = (s.userID, outbox)
-            }
+            let (user, o) = try Self.live(&st, id, now: now)
             let (pending, already, version) = try st.table.joined(id, channel: channel, withPresence: withPresence)
             return (user, o, pending, already, version)
         }
@@ -215,8 +218,7 @@ final class GatewayShard: Sendable {
     func left(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (user: String, version: UInt64?) {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in
-            let user: String
-            do { user = try Self.lookup(&st, id, now: now).0.userID }
+            let (user, _) = try Self.live(&st, id, now: now)
             return (user, st.table.left(id, channel: channel))
         }
     }
