@@ -82,9 +82,11 @@ final class EngineCore: Sendable {
     /// and numbered), or nil when it is not in the channel. Throws for an unknown or moved session.
     /// (No copy of the session is made: one kept across a call would make the next change to the
     /// session's channels copy them whole.)
-    func writeRef(_ g: GatewayShard, _ id: SessionID, _ key: ChannelKey) throws(PresenceError) -> ClusterSessionRef? {
+    /// `text`: the id as the client sent it, when it parsed to `id` (any text form that does names
+    /// the same session: not made again, 16 or 32 digits of text allocated per write).
+    func writeRef(_ g: GatewayShard, _ id: SessionID, text: String? = nil, _ key: ChannelKey) throws(PresenceError) -> ClusterSessionRef? {
         guard let w = try g.numberedWrite(id, channel: key) else { return nil }
-        return ClusterSessionRef(sessionID: id.description, userID: w.user, gateway: me.id, withPresence: false,
+        return ClusterSessionRef(sessionID: text ?? id.description, userID: w.user, gateway: me.id, withPresence: false,
                                  gatewayBoot: me.boot, version: w.joinVersion, write: w.write)
     }
 }
@@ -283,7 +285,7 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         let items = try Validate.stateItems(items)
         let g = core.gatewayShard(id)
-        guard let ref = try core.writeRef(g, id, key) else {
+        guard let ref = try core.writeRef(g, id, text: sessionID, key) else {
             try g.setPendingState(id, channel: key, items: items)
             return .now(())
         }
@@ -301,7 +303,7 @@ public final class PresenceEngine: Sendable {
         let id = try Validate.sessionID(sessionID)
         for k in keys { try Validate.stateKey(k) }
         let g = core.gatewayShard(id)
-        guard let ref = try core.writeRef(g, id, key) else {
+        guard let ref = try core.writeRef(g, id, text: sessionID, key) else {
             g.removePendingState(id, channel: key, keys: keys)
             return .now(())
         }
