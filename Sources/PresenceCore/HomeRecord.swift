@@ -23,13 +23,13 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         /// heals) and changes nothing. Kept by this home only: copies do not carry it, and it takes
         /// no part in `==`.
         public var lastChange: [ChannelKey: UInt64] = [:]
-        /// The gateway's numbers (`WriteNumber`, counted per session and epoch) of the last SetStatus
-        /// and the last list of watched users this home took from the session: a call numbered at
-        /// or below one arrives late (a first attempt retransmitted once a cut link heals, behind
-        /// the call its client made next) and changes nothing. 0: none yet. Kept by this home only,
-        /// as `lastChange`.
-        public var statusWrite: UInt32 = 0
-        public var watchingWrite: UInt32 = 0
+        /// The last SetStatus and the last list of watched users this home took from the session,
+        /// as `CallStamp`s (its epoch and its gateway's number): a call stamped at or below one
+        /// arrives late (a first attempt retransmitted once a cut link heals, behind the call its
+        /// client made next) and changes nothing. 0: none yet. Kept by this home only, as
+        /// `lastChange`.
+        public var statusStamp: UInt64 = 0
+        public var watchingStamp: UInt64 = 0
 
         public init(sink: Sink, version: UInt64 = 0, channels: [ChannelKey: Bool] = [:], watching: [String] = []) {
             self.sink = sink
@@ -47,15 +47,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         func keepingWhatIsRemembered(of known: Session) -> Session {
             var s = self
             s.lastChange = known.lastChange
-            s.statusWrite = known.statusWrite
-            s.watchingWrite = known.watchingWrite
+            s.statusStamp = known.statusStamp
+            s.watchingStamp = known.watchingStamp
             return s
-        }
-
-        /// Whether a call numbered `write` comes after the last one numbered `last` (unnumbered
-        /// calls, from a peer that does not number them, count in the order they arrive).
-        static func isLater(_ write: UInt32, than last: UInt32) -> Bool {
-            write == 0 || last == 0 || WriteNumber.isAfter(write, last)
         }
 
         /// How many channels' last changes a session remembers (the oldest is forgotten first).
@@ -98,6 +92,23 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             self.version = version
             self.byGateway = byGateway
             self.at = at
+        }
+    }
+
+    /// A call of a session its home orders (SetStatus, Watch): the session's epoch in the high 32
+    /// bits, the gateway's number for the call (`WriteNumber`, counted per session) in the low 32.
+    /// A later epoch's call always comes later (its gateway numbers afresh: a merge or announce
+    /// that brings a claim this home missed must not hold the new gateway to the old one's
+    /// numbers; found in review); within an epoch, the numbers decide.
+    public enum CallStamp {
+        public static func make(version: UInt64, write: UInt32) -> UInt64 { SessionVersion.epoch(version) << 32 | UInt64(write) }
+
+        /// Whether a call stamped `version` and numbered `write` comes after the one `last` stamps
+        /// (unnumbered calls, from a peer that does not number them, count as they arrive).
+        public static func isLater(version: UInt64, write: UInt32, than last: UInt64) -> Bool {
+            guard write != 0, last != 0 else { return true }
+            let epoch = SessionVersion.epoch(version), lastEpoch = last >> 32
+            return epoch != lastEpoch ? epoch > lastEpoch : WriteNumber.isAfter(write, UInt32(truncatingIfNeeded: last))
         }
     }
 
@@ -234,11 +245,8 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         let previous = s.sink
         s.version = SessionVersion.nextEpoch(s.version)
         s.sink = sink
-        // (every message of the old epoch is refused by its epoch from now on, and the new gateway
-        // numbers its calls afresh)
+        // (every message of the old epoch is refused by its epoch from now on)
         s.lastChange = [:]
-        s.statusWrite = 0
-        s.watchingWrite = 0
         sessions[session] = s
         revised()
         return (s, previous)
@@ -299,8 +307,8 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             // retransmitted once a cut link healed, arrived behind the SetStatus its client made
             // next and put the earlier status back)
             if let i = sessions.index(forKey: session) {
-                guard Session.isLater(write, than: sessions[valueAt: i].statusWrite) else { return nil }
-                sessions[valueAt: i].statusWrite = write
+                guard CallStamp.isLater(version: version, write: write, than: sessions[valueAt: i].statusStamp) else { return nil }
+                sessions[valueAt: i].statusStamp = CallStamp.make(version: version, write: write)
             } else if endedAfter(session, version) {
                 return nil
             }
@@ -361,9 +369,10 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionWatching(session: SessionID, watching: [String], version: UInt64 = 0, write: UInt32 = 0) -> UInt64? {
         if let newer = supersedingVersion(of: session, version) { return newer }
-        guard let i = sessions.index(forKey: session), Session.isLater(write, than: sessions[valueAt: i].watchingWrite) else { return nil }
+        guard let i = sessions.index(forKey: session),
+              CallStamp.isLater(version: version, write: write, than: sessions[valueAt: i].watchingStamp) else { return nil }
         sessions[valueAt: i].watching = watching
-        if write != 0 { sessions[valueAt: i].watchingWrite = write }
+        if write != 0 { sessions[valueAt: i].watchingStamp = CallStamp.make(version: version, write: write) }
         revised()
         return nil
     }

@@ -65,6 +65,11 @@ public struct SessionTable {
         public fileprivate(set) var watching: Set<String> = []
         /// The number of the session's last state write (`WriteNumber`).
         public fileprivate(set) var writes: UInt32 = 0
+        /// The number of the session's last call its home orders by number (SetStatus, Watch):
+        /// counted apart from state writes, so the home's last number stays within reach of the next
+        /// (`WriteNumber` compares numbers within 2^31 of each other) however many writes a
+        /// long-lived session makes in between. (Four bytes in what was padding.)
+        public fileprivate(set) var homeCalls: UInt32 = 0
     }
 
     public let resumeWindow: UInt64
@@ -255,11 +260,11 @@ public struct SessionTable {
     }
 
     /// Numbers a call of the session its user's home orders by that number (SetStatus, the list
-    /// of watched users), from the counter state writes are numbered with.
+    /// of watched users), from a count of its own (`homeCalls`).
     public mutating func numberedCall(_ id: SessionID) throws(PresenceError) -> UInt32 {
         try withSession(id) { (s: inout Session) -> UInt32 in
-            s.writes = WriteNumber.next(s.writes)
-            return s.writes
+            s.homeCalls = WriteNumber.next(s.homeCalls)
+            return s.homeCalls
         }
     }
 

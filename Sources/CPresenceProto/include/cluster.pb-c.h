@@ -230,8 +230,9 @@ struct  Presence__Cluster__V1__SessionRef
    * per session, wrapping, never 0; 0: unnumbered). In a channel record: the last write of the
    * session the sender applied or learnt. An owner drops a write numbered at or below one it learnt
    * from another owner's copy: a delayed attempt the gateway gave up on and retried elsewhere.
-   * HOME_OP_SET_STATUS and HOME_OP_SESSION_WATCHING, numbered from the same counter: the user's
-   * home drops a call numbered at or below the session's last one of its kind (a late attempt).
+   * HOME_OP_SET_STATUS and HOME_OP_SESSION_WATCHING: numbered the same way, from a count of their
+   * own; the user's home drops a call numbered at or below the session's last one of its kind in
+   * the same epoch (a late attempt).
    */
   uint32_t write;
 };
