@@ -136,14 +136,6 @@ actor ChannelShard {
         return Caller(id: id, user: try Validate.userID(ref.userID), sink: sink, version: ref.version)
     }
 
-    /// A call from a gateway this owner knows to be superseded for the session (its client resumed
-    /// it elsewhere): refused, and the gateway drops the session.
-    private func refuseIfMoved(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
-        if let newer = readOwned(key, { $0.supersedingVersion(of: c.id, c.version) }) ?? nil {
-            throw PresenceError.sessionMoved(c.id, supersededBy: newer)
-        }
-    }
-
     /// Runs `body` on the channel's machine, delivers the events it computed, and copies `user`'s
     /// record to the replicas.
     private func update<R>(_ key: ChannelKey, user: String?, left: SessionID? = nil, create: Bool,
@@ -232,6 +224,17 @@ actor ChannelShard {
         } ?? .notMember
     }
 
+    /// Checks a state write of the caller's in the order its refusals are answered: from a gateway
+    /// superseded for the session (SESSION_MOVED: it drops the session), then the call's own
+    /// input (`validate`, whose result is returned), then from a session that is not a member here.
+    private func checkedWrite<T>(_ c: Caller, _ key: ChannelKey, _ validate: () throws(PresenceError) -> T) throws(PresenceError) -> T {
+        let refusal = writeRefusal(c, key)
+        if case .moved(let newer) = refusal { throw PresenceError.sessionMoved(c.id, supersededBy: newer) }
+        let input = try validate()
+        if refusal != nil { try requireMember(c, key) }
+        return input
+    }
+
     /// The session is not in the channel here: its gateway (which holds it there) says so again
     /// with an announce, then retries.
     private func requireMember(_ c: Caller, _ key: ChannelKey) throws(PresenceError) {
@@ -253,8 +256,8 @@ actor ChannelShard {
         switch call.op {
         case .join:
             let c = try caller(call)
-            // (as `refuseIfMoved`, then the items, then whether it is a join from before its leave:
-            // one look at the channel)
+            // (a superseded gateway, then the items, then a join from before the session's leave:
+            // one look at the channel for both)
             let (newer, late) = readOwned(key) { m in (m.supersedingVersion(of: c.id, c.version), m.leftAfter(c.id, c.version)) } ?? (nil, false)
             if let newer { throw PresenceError.sessionMoved(c.id, supersededBy: newer) }
             let pending = try Validate.stateItems(call.items)
@@ -299,11 +302,7 @@ actor ChannelShard {
             return result
         case .setState:
             let c = try caller(call)
-            // (as `refuseIfMoved`, then the items, then `requireMember`, with one look at the channel)
-            let refusal = writeRefusal(c, key)
-            if case .moved(let newer) = refusal { throw PresenceError.sessionMoved(c.id, supersededBy: newer) }
-            let items = try Validate.stateItems(call.items)
-            if refusal != nil { try requireMember(c, key) }
+            let items = try checkedWrite(c, key) { () throws(PresenceError) in try Validate.stateItems(call.items) }
             var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: false) { m throws(PresenceError) in
                 let d = try m.setState(user: c.user, session: c.id, items: items, write: call.session?.write ?? 0, version: c.version, now: now)
@@ -313,10 +312,7 @@ actor ChannelShard {
             return result
         case .removeState:
             let c = try caller(call)
-            let refusal = writeRefusal(c, key)
-            if case .moved(let newer) = refusal { throw PresenceError.sessionMoved(c.id, supersededBy: newer) }
-            for k in call.keys { try Validate.stateKey(k) }
-            if refusal != nil { try requireMember(c, key) }
+            try checkedWrite(c, key) { () throws(PresenceError) in for k in call.keys { try Validate.stateKey(k) } }
             var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: false) { m in
                 let d = m.removeState(user: c.user, session: c.id, keys: call.keys, write: call.session?.write ?? 0, version: c.version, now: now)
