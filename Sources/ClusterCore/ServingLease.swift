@@ -20,6 +20,15 @@ public struct ServingLease: Sendable, Equatable {
         lastHeard = now
     }
 
+    /// The node serves with other members from `now` on (it became ready with them, or they
+    /// joined it): the lease counts from here if no probe was answered yet, so a node cut off
+    /// before its first answer is not taken for one still joining for ever (found in CI: a node
+    /// partitioned just after its join answer served its stale view, and retried every call for
+    /// the whole routing window).
+    public mutating func began(at now: UInt64) {
+        if lastHeard == nil { lastHeard = now }
+    }
+
     /// Whether the node may serve at `now`. Before the first answer the node has nothing to lose
     /// (it is joining, and the handoff gate and readiness decide); a clock reading earlier than the
     /// last answer (readings from different threads) counts as within the lease.

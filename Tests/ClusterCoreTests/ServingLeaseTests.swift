@@ -41,4 +41,15 @@ import Testing
         lease.heard(at: 3_500)
         #expect(!lease.silent(for: 1_000, now: 4_000))
     }
+
+    @Test func aNodeServingWithOthersCountsItsLeaseFromThenUntilItsFirstAnswer() {
+        var lease = ServingLease(duration: 600)
+        lease.began(at: 1_000)
+        #expect(lease.holds(now: 1_600))
+        #expect(!lease.holds(now: 1_601), "never answered since it began serving with others")
+        #expect(lease.silent(for: 1_000, now: 2_001))
+        lease.heard(at: 3_000)
+        lease.began(at: 9_000)
+        #expect(!lease.holds(now: 3_601), "a later start does not stand for an answer")
+    }
 }

@@ -240,6 +240,7 @@ public final class Membership: Sendable {
                 continue
             }
             let now = MonotonicClock.now()
+            topology.heardFromCluster(at: now)  // (an answer from a member, as a probe's is)
             let ds = swim.withLock { s -> [SWIM.Directive] in
                 var out: [SWIM.Directive] = []
                 for m in resp.members { if let u = self.update(m) { out += s.receivedJoin(u, now: now) } }

@@ -121,11 +121,12 @@ public final class Topology: Sendable {
     }
 
     /// Installs a new ring; returns the one it replaces (nil when nothing changed).
-    public func update(ring new: HashRing) -> HashRing? {
+    public func update(ring new: HashRing, now: UInt64 = MonotonicClock.now()) -> HashRing? {
         state.withLock { s in
             guard new != s.ring else { return nil }
             let old = s.ring
             s.ring = new
+            if s.ready && new.members.count > 1 { s.lease.began(at: now) }
             s.routing = s.leaving ? new.removing(me) : new
             s.settled = false
             s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: Set(new.members), now: MonotonicClock.now())
@@ -157,10 +158,11 @@ public final class Topology: Sendable {
         }
     }
 
-    public func markReady() {
+    public func markReady(now: UInt64 = MonotonicClock.now()) {
         let observers = state.withLock { s -> [@Sendable () -> Void] in
             guard !s.ready else { return [] }
             s.ready = true
+            if s.ring.members.count > 1 { s.lease.began(at: now) }
             return readyObservers.withLock { $0 }
         }
         for o in observers { o() }
