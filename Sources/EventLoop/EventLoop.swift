@@ -55,6 +55,13 @@ public final class EventLoop: @unchecked Sendable {
     private var flushQueue: [FlushHandler] = []
     /// Tasks the loop gave itself (no lock, no wake-up needed): run after the current batch.
     private var localTasks: [@Sendable () -> Void] = []
+    /// The batch being run, swapped with the queue it came from: each queue and its batch keep
+    /// their storage from batch to batch. (Copying the queue and emptying it with
+    /// `removeAll(keepingCapacity:)` allocated a new buffer for every batch, since the copy still
+    /// shared the old one.)
+    private var inboxBatch: [@Sendable () -> Void] = []
+    private var localBatch: [@Sendable () -> Void] = []
+    private var flushBatch: [FlushHandler] = []
     private var thread: pthread_t? = nil
     private let finished = Mutex<Bool>(false)
 
@@ -271,13 +278,16 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func runInbox() -> Bool {
-        let (tasks, stopping) = inbox.withLock { inbox -> ([@Sendable () -> Void], Bool) in
-            let t = inbox.tasks
-            inbox.tasks.removeAll(keepingCapacity: true)
+        var batch = inboxBatch
+        inboxBatch = []
+        let stopping = inbox.withLock { inbox -> Bool in
+            swap(&inbox.tasks, &batch)
             inbox.wakePending = false
-            return (t, inbox.stopping)
+            return inbox.stopping
         }
-        for t in tasks { t() }
+        for t in batch { t() }
+        batch.removeAll(keepingCapacity: true)
+        inboxBatch = batch
         return stopping
     }
 
@@ -291,18 +301,24 @@ public final class EventLoop: @unchecked Sendable {
 
     private func runLocalTasks() {
         while !localTasks.isEmpty {
-            let batch = localTasks
-            localTasks.removeAll(keepingCapacity: true)
+            var batch = localBatch
+            localBatch = []
+            swap(&localTasks, &batch)
             for t in batch { t() }
+            batch.removeAll(keepingCapacity: true)
+            localBatch = batch
         }
     }
 
     private func runFlushes() {
         // A flush may schedule more work (rarely): run until quiet.
         while !flushQueue.isEmpty || !localTasks.isEmpty {
-            let batch = flushQueue
-            flushQueue.removeAll(keepingCapacity: true)
+            var batch = flushBatch
+            flushBatch = []
+            swap(&flushQueue, &batch)
             for h in batch { h.flush() }
+            batch.removeAll(keepingCapacity: true)
+            flushBatch = batch
             runLocalTasks()
         }
     }
