@@ -270,8 +270,7 @@ class Gen:
         # bridge
         w("extension %s: CMessageBridge {" % swift)
         w("    typealias CStruct = %s" % ctype)
-        w("    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { %s__unpack(nil, count, data) }" % fn)
-        w("    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { %s__free_unpacked(message, nil) }" % fn)
+        w("    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { %s__unpack(allocator, count, data) }" % fn)
         w("    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { %s__get_packed_size(message) }" % fn)
         w("    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { %s__pack(message, out) }" % fn)
         w()

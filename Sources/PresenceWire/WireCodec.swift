@@ -61,8 +61,8 @@ public struct MethodDescriptor<Request: ProtoMessage, Response: ProtoMessage>: S
 /// The generated half of a message's bridge to its protoc-c struct.
 protocol CMessageBridge: ProtoMessage {
     associatedtype CStruct
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>?
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>)
+    /// Unpacks into memory taken from `allocator` (a `CArena`: freed at once, never piece by piece).
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>?
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int
     init(cStruct: UnsafePointer<CStruct>) throws
@@ -81,10 +81,27 @@ enum WireCodec {
     }
 
     private static func decode<M: CMessageBridge>(_ type: M.Type, base: UnsafePointer<UInt8>, count: Int) throws -> M {
-        guard let c = M.cUnpack(count, base) else {
+        // protobuf-c's structs for one decode come from an arena whose first 2 KiB are on the
+        // stack and are dropped together once read into Swift values: a SetState's request took
+        // five mallocs and as many frees from the default allocator.
+        try withUnsafeTemporaryAllocation(byteCount: 2048, alignment: 16) { first in
+            var arena = CArena(first: first)
+            defer { arena.release() }
+            return try withUnsafeMutablePointer(to: &arena) { arenaPointer in
+                var allocator = ProtobufCAllocator(
+                    alloc: { data, size in data!.assumingMemoryBound(to: CArena.self).pointee.raw(size, alignment: 16) },
+                    free: { _, _ in },
+                    allocator_data: UnsafeMutableRawPointer(arenaPointer))
+                return try decode(M.self, base: base, count: count, allocator: &allocator)
+            }
+        }
+    }
+
+    private static func decode<M: CMessageBridge>(_ type: M.Type, base: UnsafePointer<UInt8>, count: Int,
+                                                  allocator: UnsafeMutablePointer<ProtobufCAllocator>) throws -> M {
+        guard let c = M.cUnpack(allocator, count, base) else {
             throw WireError.malformed(type: String(describing: M.self))
         }
-        defer { M.cFree(c) }
         // protobuf-c cuts strings at a NUL byte without saying so; a length check catches it.
         guard M.cPackedSize(c) == count else {
             throw WireError.nonCanonical(type: String(describing: M.self))
@@ -139,7 +156,8 @@ enum WireCodec {
     }
 }
 
-/// A bump allocator for the C structs of one encode: everything is freed at once by `release()`.
+/// A bump allocator for the C structs of one encode or decode: everything is freed at once by
+/// `release()`.
 struct CArena {
     private var chunks: [UnsafeMutableRawPointer] = []
     private var cursor: UnsafeMutableRawPointer? = nil

@@ -14,6 +14,24 @@ import Testing
         #expect(try SessionEvent(serializedBytes: bytes) == event)
     }
 
+    /// A decode's C structs come from an arena that starts with 2 KiB on the stack: a message
+    /// whose structs need many times that spills to heap chunks, and still decodes whole (and a
+    /// malformed one, abandoned half-built, leaks nothing: the arena frees it all at once).
+    @Test func aMessageLargerThanTheDecodeArenasFirstBlockRoundTrips() throws {
+        let users = (0..<2_000).map { i in
+            UserState(userID: "user-\(i)", states: (0..<3).map { StateItem(key: "k\($0)", value: String(repeating: "v", count: i % 40)) })
+        }
+        let event = SessionEvent(event: .presence(PresenceEvent(
+            type: .snapshot, channelType: .message, channelName: "big", publisher: "",
+            states: [], interval: nil, snapshot: users, timestampMs: 1, sequence: 2)))
+        let bytes = event.serializedBytes()
+        #expect(bytes.count > 64 * 1024)
+        #expect(try SessionEvent(serializedBytes: bytes) == event)
+        #expect(throws: WireError.malformed(type: "SessionEvent")) {
+            try SessionEvent(serializedBytes: Array(bytes.dropLast(3)))
+        }
+    }
+
     @Test func emptyMessagesRoundTrip() throws {
         #expect(JoinResponse().serializedBytes().isEmpty)
         #expect(try JoinResponse(serializedBytes: []) == JoinResponse())

@@ -21,8 +21,7 @@ public struct AdminMembersRequest: ProtoMessage, Sendable, Hashable {
 
 extension AdminMembersRequest: CMessageBridge {
     typealias CStruct = Presence__Admin__V1__MembersRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__members_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__admin__v1__members_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__members_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__admin__v1__members_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__admin__v1__members_request__pack(message, out) }
 
@@ -70,8 +69,7 @@ public struct AdminMember: ProtoMessage, Sendable, Hashable {
 
 extension AdminMember: CMessageBridge {
     typealias CStruct = Presence__Admin__V1__Member
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__member__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__admin__v1__member__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__member__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__admin__v1__member__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__admin__v1__member__pack(message, out) }
 
@@ -129,8 +127,7 @@ public struct AdminMembersResponse: ProtoMessage, Sendable, Hashable {
 
 extension AdminMembersResponse: CMessageBridge {
     typealias CStruct = Presence__Admin__V1__MembersResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__members_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__admin__v1__members_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__members_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__admin__v1__members_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__admin__v1__members_response__pack(message, out) }
 
@@ -180,8 +177,7 @@ public struct AdminRingRequest: ProtoMessage, Sendable, Hashable {
 
 extension AdminRingRequest: CMessageBridge {
     typealias CStruct = Presence__Admin__V1__RingRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__ring_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__admin__v1__ring_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__ring_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__admin__v1__ring_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__admin__v1__ring_request__pack(message, out) }
 
@@ -227,8 +223,7 @@ public struct AdminRingResponse: ProtoMessage, Sendable, Hashable {
 
 extension AdminRingResponse: CMessageBridge {
     typealias CStruct = Presence__Admin__V1__RingResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__ring_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__admin__v1__ring_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__admin__v1__ring_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__admin__v1__ring_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__admin__v1__ring_response__pack(message, out) }
 

@@ -173,8 +173,7 @@ public struct ClusterMemberUpdate: ProtoMessage, Sendable, Hashable {
 
 extension ClusterMemberUpdate: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__MemberUpdate
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__member_update__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__member_update__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__member_update__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__member_update__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__member_update__pack(message, out) }
 
@@ -230,8 +229,7 @@ public struct ClusterPingRequest: ProtoMessage, Sendable, Hashable {
 
 extension ClusterPingRequest: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__PingRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__ping_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__ping_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__ping_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__ping_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__ping_request__pack(message, out) }
 
@@ -281,8 +279,7 @@ public struct ClusterPingResponse: ProtoMessage, Sendable, Hashable {
 
 extension ClusterPingResponse: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__PingResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__ping_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__ping_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__ping_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__ping_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__ping_response__pack(message, out) }
 
@@ -336,8 +333,7 @@ public struct ClusterIndirectPingRequest: ProtoMessage, Sendable, Hashable {
 
 extension ClusterIndirectPingRequest: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__IndirectPingRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__indirect_ping_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__indirect_ping_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__indirect_ping_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__indirect_ping_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__indirect_ping_request__pack(message, out) }
 
@@ -387,8 +383,7 @@ public struct ClusterJoinRequest: ProtoMessage, Sendable, Hashable {
 
 extension ClusterJoinRequest: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__JoinRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__join_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__join_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__join_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__join_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__join_request__pack(message, out) }
 
@@ -426,8 +421,7 @@ public struct ClusterJoinResponse: ProtoMessage, Sendable, Hashable {
 
 extension ClusterJoinResponse: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__JoinResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__join_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__join_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__join_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__join_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__join_response__pack(message, out) }
 
@@ -477,8 +471,7 @@ public struct ClusterSessionRef: ProtoMessage, Sendable, Hashable {
 
 extension ClusterSessionRef: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__SessionRef
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_ref__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_ref__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_ref__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_ref__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_ref__pack(message, out) }
 
@@ -534,8 +527,7 @@ public struct ClusterCallError: ProtoMessage, Sendable, Hashable {
 
 extension ClusterCallError: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__CallError
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__call_error__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__call_error__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__call_error__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__call_error__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__call_error__pack(message, out) }
 
@@ -609,8 +601,7 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
 
 extension ClusterChannelCall: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ChannelCall
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_call__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_call__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_call__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_call__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_call__pack(message, out) }
 
@@ -694,8 +685,7 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
 
 extension ClusterChannelResult: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ChannelResult
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_result__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_result__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_result__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_result__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_result__pack(message, out) }
 
@@ -753,8 +743,7 @@ public struct ClusterSessionChannel: ProtoMessage, Sendable, Hashable {
 
 extension ClusterSessionChannel: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__SessionChannel
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_channel__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_channel__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_channel__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_channel__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_channel__pack(message, out) }
 
@@ -806,8 +795,7 @@ public struct ClusterHomeSession: ProtoMessage, Sendable, Hashable {
 
 extension ClusterHomeSession: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__HomeSession
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_session__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_session__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_session__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_session__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_session__pack(message, out) }
 
@@ -873,8 +861,7 @@ public struct ClusterHomeCall: ProtoMessage, Sendable, Hashable {
 
 extension ClusterHomeCall: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__HomeCall
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_call__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_call__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_call__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_call__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_call__pack(message, out) }
 
@@ -938,8 +925,7 @@ public struct ClusterHomeResult: ProtoMessage, Sendable, Hashable {
 
 extension ClusterHomeResult: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__HomeResult
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_result__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_result__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_result__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_result__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_result__pack(message, out) }
 
@@ -991,8 +977,7 @@ public struct ClusterMemberRecord: ProtoMessage, Sendable, Hashable {
 
 extension ClusterMemberRecord: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__MemberRecord
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__member_record__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__member_record__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__member_record__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__member_record__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__member_record__pack(message, out) }
 
@@ -1044,8 +1029,7 @@ public struct ClusterDeparture: ProtoMessage, Sendable, Hashable {
 
 extension ClusterDeparture: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__Departure
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__departure__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__departure__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__departure__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__departure__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__departure__pack(message, out) }
 
@@ -1107,8 +1091,7 @@ public struct ClusterChannelRecord: ProtoMessage, Sendable, Hashable {
 
 extension ClusterChannelRecord: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ChannelRecord
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_record__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_record__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_record__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_record__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_record__pack(message, out) }
 
@@ -1166,8 +1149,7 @@ public struct ClusterGoneGateway: ProtoMessage, Sendable, Hashable {
 
 extension ClusterGoneGateway: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__GoneGateway
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__gone_gateway__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__gone_gateway__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__gone_gateway__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__gone_gateway__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__gone_gateway__pack(message, out) }
 
@@ -1229,8 +1211,7 @@ public struct ClusterUserRecord: ProtoMessage, Sendable, Hashable {
 
 extension ClusterUserRecord: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__UserRecord
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__user_record__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__user_record__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__user_record__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__user_record__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__user_record__pack(message, out) }
 
@@ -1300,8 +1281,7 @@ public struct ClusterDelivery: ProtoMessage, Sendable, Hashable {
 
 extension ClusterDelivery: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__Delivery
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__delivery__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__delivery__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__delivery__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__delivery__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__delivery__pack(message, out) }
 
@@ -1357,8 +1337,7 @@ public struct ClusterSessionMoved: ProtoMessage, Sendable, Hashable {
 
 extension ClusterSessionMoved: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__SessionMoved
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_moved__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__session_moved__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__session_moved__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__session_moved__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__session_moved__pack(message, out) }
 
@@ -1426,8 +1405,7 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
 
 extension ClusterPushBatch: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__PushBatch
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__push_batch__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__push_batch__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__push_batch__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__push_batch__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__push_batch__pack(message, out) }
 
@@ -1485,8 +1463,7 @@ public struct ClusterPushAck: ProtoMessage, Sendable, Hashable {
 
 extension ClusterPushAck: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__PushAck
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__push_ack__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__push_ack__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__push_ack__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__push_ack__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__push_ack__pack(message, out) }
 
@@ -1534,8 +1511,7 @@ public struct ClusterDigestRequest: ProtoMessage, Sendable, Hashable {
 
 extension ClusterDigestRequest: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__DigestRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__digest_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__digest_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__digest_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__digest_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__digest_request__pack(message, out) }
 
@@ -1589,8 +1565,7 @@ public struct ClusterDigestResponse: ProtoMessage, Sendable, Hashable {
 
 extension ClusterDigestResponse: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__DigestResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__digest_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__digest_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__digest_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__digest_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__digest_response__pack(message, out) }
 
@@ -1640,8 +1615,7 @@ public struct ClusterChannelFact: ProtoMessage, Sendable, Hashable {
 
 extension ClusterChannelFact: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ChannelFact
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_fact__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__channel_fact__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__channel_fact__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__channel_fact__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__channel_fact__pack(message, out) }
 
@@ -1691,8 +1665,7 @@ public struct ClusterHomeFact: ProtoMessage, Sendable, Hashable {
 
 extension ClusterHomeFact: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__HomeFact
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_fact__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__home_fact__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__home_fact__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__home_fact__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__home_fact__pack(message, out) }
 
@@ -1746,8 +1719,7 @@ public struct ClusterExchangeRequest: ProtoMessage, Sendable, Hashable {
 
 extension ClusterExchangeRequest: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ExchangeRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__exchange_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__exchange_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__exchange_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__exchange_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__exchange_request__pack(message, out) }
 
@@ -1809,8 +1781,7 @@ public struct ClusterKeySession: ProtoMessage, Sendable, Hashable {
 
 extension ClusterKeySession: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__KeySession
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__key_session__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__key_session__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__key_session__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__key_session__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__key_session__pack(message, out) }
 
@@ -1868,8 +1839,7 @@ public struct ClusterStateCorrection: ProtoMessage, Sendable, Hashable {
 
 extension ClusterStateCorrection: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__StateCorrection
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__state_correction__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__state_correction__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__state_correction__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__state_correction__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__state_correction__pack(message, out) }
 
@@ -1921,8 +1891,7 @@ public struct ClusterExchangeResponse: ProtoMessage, Sendable, Hashable {
 
 extension ClusterExchangeResponse: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ExchangeResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__exchange_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__exchange_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__exchange_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__exchange_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__exchange_response__pack(message, out) }
 
@@ -1972,8 +1941,7 @@ public struct ClusterConfirmRequest: ProtoMessage, Sendable, Hashable {
 
 extension ClusterConfirmRequest: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ConfirmRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__confirm_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__confirm_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__confirm_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__confirm_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__confirm_request__pack(message, out) }
 
@@ -2013,8 +1981,7 @@ public struct ClusterConfirmResponse: ProtoMessage, Sendable, Hashable {
 
 extension ClusterConfirmResponse: CMessageBridge {
     typealias CStruct = Presence__Cluster__V1__ConfirmResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__confirm_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__cluster__v1__confirm_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__confirm_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__confirm_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__confirm_response__pack(message, out) }
 

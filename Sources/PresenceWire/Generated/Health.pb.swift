@@ -25,8 +25,7 @@ public struct HealthCheckRequest: ProtoMessage, Sendable, Hashable {
 
 extension HealthCheckRequest: CMessageBridge {
     typealias CStruct = Grpc__Health__V1__HealthCheckRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__health__v1__health_check_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__health__v1__health_check_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__health__v1__health_check_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__health__v1__health_check_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__health__v1__health_check_request__pack(message, out) }
 
@@ -96,8 +95,7 @@ public struct HealthCheckResponse: ProtoMessage, Sendable, Hashable {
 
 extension HealthCheckResponse: CMessageBridge {
     typealias CStruct = Grpc__Health__V1__HealthCheckResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__health__v1__health_check_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__health__v1__health_check_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__health__v1__health_check_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__health__v1__health_check_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__health__v1__health_check_response__pack(message, out) }
 

@@ -129,8 +129,7 @@ public struct StateItem: ProtoMessage, Sendable, Hashable {
 
 extension StateItem: CMessageBridge {
     typealias CStruct = Presence__V1__StateItem
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__state_item__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__state_item__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__state_item__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__state_item__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__state_item__pack(message, out) }
 
@@ -172,8 +171,7 @@ public struct UserState: ProtoMessage, Sendable, Hashable {
 
 extension UserState: CMessageBridge {
     typealias CStruct = Presence__V1__UserState
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__user_state__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__user_state__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__user_state__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__user_state__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__user_state__pack(message, out) }
 
@@ -215,8 +213,7 @@ public struct ChannelInfo: ProtoMessage, Sendable, Hashable {
 
 extension ChannelInfo: CMessageBridge {
     typealias CStruct = Presence__V1__ChannelInfo
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__channel_info__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__channel_info__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__channel_info__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__channel_info__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__channel_info__pack(message, out) }
 
@@ -262,8 +259,7 @@ public struct OpenSessionRequest: ProtoMessage, Sendable, Hashable {
 
 extension OpenSessionRequest: CMessageBridge {
     typealias CStruct = Presence__V1__OpenSessionRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__open_session_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__open_session_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__open_session_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__open_session_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__open_session_request__pack(message, out) }
 
@@ -311,8 +307,7 @@ public struct SessionOpened: ProtoMessage, Sendable, Hashable {
 
 extension SessionOpened: CMessageBridge {
     typealias CStruct = Presence__V1__SessionOpened
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__session_opened__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__session_opened__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__session_opened__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__session_opened__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__session_opened__pack(message, out) }
 
@@ -360,8 +355,7 @@ public struct IntervalInfo: ProtoMessage, Sendable, Hashable {
 
 extension IntervalInfo: CMessageBridge {
     typealias CStruct = Presence__V1__IntervalInfo
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__interval_info__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__interval_info__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__interval_info__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__interval_info__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__interval_info__pack(message, out) }
 
@@ -423,8 +417,7 @@ public struct PresenceEvent: ProtoMessage, Sendable, Hashable {
 
 extension PresenceEvent: CMessageBridge {
     typealias CStruct = Presence__V1__PresenceEvent
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__presence_event__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__presence_event__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__presence_event__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__presence_event__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__presence_event__pack(message, out) }
 
@@ -484,8 +477,7 @@ public struct UserStatusEvent: ProtoMessage, Sendable, Hashable {
 
 extension UserStatusEvent: CMessageBridge {
     typealias CStruct = Presence__V1__UserStatusEvent
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__user_status_event__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__user_status_event__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__user_status_event__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__user_status_event__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__user_status_event__pack(message, out) }
 
@@ -533,8 +525,7 @@ public struct SessionEvent: ProtoMessage, Sendable, Hashable {
 
 extension SessionEvent: CMessageBridge {
     typealias CStruct = Presence__V1__SessionEvent
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__session_event__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__session_event__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__session_event__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__session_event__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__session_event__pack(message, out) }
 
@@ -594,8 +585,7 @@ public struct CloseSessionRequest: ProtoMessage, Sendable, Hashable {
 
 extension CloseSessionRequest: CMessageBridge {
     typealias CStruct = Presence__V1__CloseSessionRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__close_session_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__close_session_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__close_session_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__close_session_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__close_session_request__pack(message, out) }
 
@@ -629,8 +619,7 @@ public struct CloseSessionResponse: ProtoMessage, Sendable, Hashable {
 
 extension CloseSessionResponse: CMessageBridge {
     typealias CStruct = Presence__V1__CloseSessionResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__close_session_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__close_session_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__close_session_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__close_session_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__close_session_response__pack(message, out) }
 
@@ -672,8 +661,7 @@ public struct JoinRequest: ProtoMessage, Sendable, Hashable {
 
 extension JoinRequest: CMessageBridge {
     typealias CStruct = Presence__V1__JoinRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__join_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__join_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__join_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__join_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__join_request__pack(message, out) }
 
@@ -713,8 +701,7 @@ public struct JoinResponse: ProtoMessage, Sendable, Hashable {
 
 extension JoinResponse: CMessageBridge {
     typealias CStruct = Presence__V1__JoinResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__join_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__join_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__join_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__join_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__join_response__pack(message, out) }
 
@@ -754,8 +741,7 @@ public struct LeaveRequest: ProtoMessage, Sendable, Hashable {
 
 extension LeaveRequest: CMessageBridge {
     typealias CStruct = Presence__V1__LeaveRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__leave_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__leave_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__leave_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__leave_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__leave_request__pack(message, out) }
 
@@ -793,8 +779,7 @@ public struct LeaveResponse: ProtoMessage, Sendable, Hashable {
 
 extension LeaveResponse: CMessageBridge {
     typealias CStruct = Presence__V1__LeaveResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__leave_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__leave_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__leave_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__leave_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__leave_response__pack(message, out) }
 
@@ -838,8 +823,7 @@ public struct GetOnlineUsersRequest: ProtoMessage, Sendable, Hashable {
 
 extension GetOnlineUsersRequest: CMessageBridge {
     typealias CStruct = Presence__V1__GetOnlineUsersRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_online_users_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_online_users_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_online_users_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_online_users_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_online_users_request__pack(message, out) }
 
@@ -894,8 +878,7 @@ public struct GetOnlineUsersResponse: ProtoMessage, Sendable, Hashable {
 
 extension GetOnlineUsersResponse: CMessageBridge {
     typealias CStruct = Presence__V1__GetOnlineUsersResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_online_users_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_online_users_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_online_users_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_online_users_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_online_users_response__pack(message, out) }
 
@@ -937,8 +920,7 @@ public struct GetUserChannelsRequest: ProtoMessage, Sendable, Hashable {
 
 extension GetUserChannelsRequest: CMessageBridge {
     typealias CStruct = Presence__V1__GetUserChannelsRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_channels_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_user_channels_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_channels_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_user_channels_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_user_channels_request__pack(message, out) }
 
@@ -978,8 +960,7 @@ public struct GetUserChannelsResponse: ProtoMessage, Sendable, Hashable {
 
 extension GetUserChannelsResponse: CMessageBridge {
     typealias CStruct = Presence__V1__GetUserChannelsResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_channels_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_user_channels_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_channels_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_user_channels_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_user_channels_response__pack(message, out) }
 
@@ -1025,8 +1006,7 @@ public struct SetStateRequest: ProtoMessage, Sendable, Hashable {
 
 extension SetStateRequest: CMessageBridge {
     typealias CStruct = Presence__V1__SetStateRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_state_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__set_state_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_state_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__set_state_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__set_state_request__pack(message, out) }
 
@@ -1066,8 +1046,7 @@ public struct SetStateResponse: ProtoMessage, Sendable, Hashable {
 
 extension SetStateResponse: CMessageBridge {
     typealias CStruct = Presence__V1__SetStateResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_state_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__set_state_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_state_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__set_state_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__set_state_response__pack(message, out) }
 
@@ -1107,8 +1086,7 @@ public struct GetStateRequest: ProtoMessage, Sendable, Hashable {
 
 extension GetStateRequest: CMessageBridge {
     typealias CStruct = Presence__V1__GetStateRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_state_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_state_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_state_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_state_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_state_request__pack(message, out) }
 
@@ -1150,8 +1128,7 @@ public struct GetStateResponse: ProtoMessage, Sendable, Hashable {
 
 extension GetStateResponse: CMessageBridge {
     typealias CStruct = Presence__V1__GetStateResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_state_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_state_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_state_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_state_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_state_response__pack(message, out) }
 
@@ -1195,8 +1172,7 @@ public struct RemoveStateRequest: ProtoMessage, Sendable, Hashable {
 
 extension RemoveStateRequest: CMessageBridge {
     typealias CStruct = Presence__V1__RemoveStateRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__remove_state_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__remove_state_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__remove_state_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__remove_state_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__remove_state_request__pack(message, out) }
 
@@ -1236,8 +1212,7 @@ public struct RemoveStateResponse: ProtoMessage, Sendable, Hashable {
 
 extension RemoveStateResponse: CMessageBridge {
     typealias CStruct = Presence__V1__RemoveStateResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__remove_state_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__remove_state_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__remove_state_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__remove_state_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__remove_state_response__pack(message, out) }
 
@@ -1275,8 +1250,7 @@ public struct SetStatusRequest: ProtoMessage, Sendable, Hashable {
 
 extension SetStatusRequest: CMessageBridge {
     typealias CStruct = Presence__V1__SetStatusRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_status_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__set_status_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_status_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__set_status_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__set_status_request__pack(message, out) }
 
@@ -1312,8 +1286,7 @@ public struct SetStatusResponse: ProtoMessage, Sendable, Hashable {
 
 extension SetStatusResponse: CMessageBridge {
     typealias CStruct = Presence__V1__SetStatusResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_status_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__set_status_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__set_status_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__set_status_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__set_status_response__pack(message, out) }
 
@@ -1351,8 +1324,7 @@ public struct UserStatusEntry: ProtoMessage, Sendable, Hashable {
 
 extension UserStatusEntry: CMessageBridge {
     typealias CStruct = Presence__V1__UserStatusEntry
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__user_status_entry__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__user_status_entry__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__user_status_entry__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__user_status_entry__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__user_status_entry__pack(message, out) }
 
@@ -1392,8 +1364,7 @@ public struct GetUserStatusesRequest: ProtoMessage, Sendable, Hashable {
 
 extension GetUserStatusesRequest: CMessageBridge {
     typealias CStruct = Presence__V1__GetUserStatusesRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_statuses_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_user_statuses_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_statuses_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_user_statuses_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_user_statuses_request__pack(message, out) }
 
@@ -1431,8 +1402,7 @@ public struct GetUserStatusesResponse: ProtoMessage, Sendable, Hashable {
 
 extension GetUserStatusesResponse: CMessageBridge {
     typealias CStruct = Presence__V1__GetUserStatusesResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_statuses_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__get_user_statuses_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__get_user_statuses_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__get_user_statuses_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__get_user_statuses_response__pack(message, out) }
 
@@ -1474,8 +1444,7 @@ public struct WatchRequest: ProtoMessage, Sendable, Hashable {
 
 extension WatchRequest: CMessageBridge {
     typealias CStruct = Presence__V1__WatchRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__watch_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__watch_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__watch_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__watch_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__watch_request__pack(message, out) }
 
@@ -1517,8 +1486,7 @@ public struct WatchResponse: ProtoMessage, Sendable, Hashable {
 
 extension WatchResponse: CMessageBridge {
     typealias CStruct = Presence__V1__WatchResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__watch_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { presence__v1__watch_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__v1__watch_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__v1__watch_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__v1__watch_response__pack(message, out) }
 

@@ -35,8 +35,7 @@ public struct ReflectionServerReflectionRequest: ProtoMessage, Sendable, Hashabl
 
 extension ReflectionServerReflectionRequest: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__ServerReflectionRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__server_reflection_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__server_reflection_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__server_reflection_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__server_reflection_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__server_reflection_request__pack(message, out) }
 
@@ -116,8 +115,7 @@ public struct ReflectionExtensionRequest: ProtoMessage, Sendable, Hashable {
 
 extension ReflectionExtensionRequest: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__ExtensionRequest
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__extension_request__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__extension_request__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__extension_request__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__extension_request__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__extension_request__pack(message, out) }
 
@@ -168,8 +166,7 @@ public struct ReflectionServerReflectionResponse: ProtoMessage, Sendable, Hashab
 
 extension ReflectionServerReflectionResponse: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__ServerReflectionResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__server_reflection_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__server_reflection_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__server_reflection_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__server_reflection_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__server_reflection_response__pack(message, out) }
 
@@ -239,8 +236,7 @@ public struct ReflectionFileDescriptorResponse: ProtoMessage, Sendable, Hashable
 
 extension ReflectionFileDescriptorResponse: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__FileDescriptorResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__file_descriptor_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__file_descriptor_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__file_descriptor_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__file_descriptor_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__file_descriptor_response__pack(message, out) }
 
@@ -280,8 +276,7 @@ public struct ReflectionExtensionNumberResponse: ProtoMessage, Sendable, Hashabl
 
 extension ReflectionExtensionNumberResponse: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__ExtensionNumberResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__extension_number_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__extension_number_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__extension_number_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__extension_number_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__extension_number_response__pack(message, out) }
 
@@ -321,8 +316,7 @@ public struct ReflectionListServiceResponse: ProtoMessage, Sendable, Hashable {
 
 extension ReflectionListServiceResponse: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__ListServiceResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__list_service_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__list_service_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__list_service_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__list_service_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__list_service_response__pack(message, out) }
 
@@ -360,8 +354,7 @@ public struct ReflectionServiceResponse: ProtoMessage, Sendable, Hashable {
 
 extension ReflectionServiceResponse: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__ServiceResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__service_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__service_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__service_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__service_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__service_response__pack(message, out) }
 
@@ -401,8 +394,7 @@ public struct ReflectionErrorResponse: ProtoMessage, Sendable, Hashable {
 
 extension ReflectionErrorResponse: CMessageBridge {
     typealias CStruct = Grpc__Reflection__V1__ErrorResponse
-    static func cUnpack(_ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__error_response__unpack(nil, count, data) }
-    static func cFree(_ message: UnsafeMutablePointer<CStruct>) { grpc__reflection__v1__error_response__free_unpacked(message, nil) }
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { grpc__reflection__v1__error_response__unpack(allocator, count, data) }
     static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { grpc__reflection__v1__error_response__get_packed_size(message) }
     static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { grpc__reflection__v1__error_response__pack(message, out) }
 
