@@ -79,13 +79,13 @@ final class PendingDrains: Sendable {
         }
     }
 
-    /// Loop side: the streams to drain, in the order they asked; the next `add` schedules anew.
-    func take() -> [Int32] {
+    /// Loop side: swaps the streams to drain, in the order they asked, into `ids` (empty, its
+    /// storage kept from the last time: the two lists trade buffers instead of growing a new one
+    /// for every hand-over); the next `add` schedules anew.
+    func take(swappingWith ids: inout [Int32]) {
         state.withLock { s in
             s.scheduled = false
-            let ids = s.ids
-            s.ids = []
-            return ids
+            swap(&s.ids, &ids)
         }
     }
 }
@@ -106,6 +106,8 @@ final class ServerConnection: HTTP2Connection {
     @exclusivity(unchecked) private var waitingUnary: [Int32] = []
     /// Streams whose writers have messages waiting (they are filled from any thread).
     private let pendingDrains = PendingDrains()
+    /// The list `pendingDrains` hands over into (empty between drains; see `PendingDrains.take`).
+    @exclusivity(unchecked) private var drainingIDs: [Int32] = []
 
     /// Counts bytes queued for the client; closes the connection past the budget.
     private func queued(_ n: Int) {
@@ -553,10 +555,12 @@ final class ServerConnection: HTTP2Connection {
         let me = LoopBound(self, loop: loop)
         let id = s.id
         let drains = pendingDrains
+        // (made once per stream: a closure built at each hand-over cost two allocations a hop)
+        let drainOnLoop: @Sendable () -> Void = { me.value.drainPendingWriters() }
         let writer = ServerStreamWriter(highWaterMark: core.configuration.streamHighWaterMark,
                                         lowWaterMark: core.configuration.streamLowWaterMark,
                                         coalescing: true) {
-            if drains.add(id) { me.execute { $0.drainPendingWriters() } }
+            if drains.add(id) { me.loop.execute(drainOnLoop) }
         }
         s.writer = writer
         s.task = Task.immediate(executorPreference: loop) {
@@ -610,7 +614,12 @@ final class ServerConnection: HTTP2Connection {
 
     /// Drains every stream whose writer asked since the last time.
     private func drainPendingWriters() {
-        for id in pendingDrains.take() { drainWriter(streamID: id) }
+        var ids = drainingIDs
+        drainingIDs = []
+        pendingDrains.take(swappingWith: &ids)
+        for id in ids { drainWriter(streamID: id) }
+        ids.removeAll(keepingCapacity: true)
+        drainingIDs = ids
     }
 
     /// Moves what a stream's writer queued onto the stream, in one go.
