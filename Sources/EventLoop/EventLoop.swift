@@ -40,7 +40,7 @@ public final class EventLoop: @unchecked Sendable {
     private let timerFD: Int32
     private let inbox = Mutex<Inbox>(Inbox())
     private struct Inbox {
-        var tasks: [@Sendable () -> Void] = []
+        var tasks: [LoopTask] = []
         var wakePending = false
         var stopping = false
         /// Set when `run()` has returned: later tasks are dropped (nothing would ever run them,
@@ -54,13 +54,13 @@ public final class EventLoop: @unchecked Sendable {
     private var armedDeadline: UInt64 = .max
     private var flushQueue: [FlushHandler] = []
     /// Tasks the loop gave itself (no lock, no wake-up needed): run after the current batch.
-    private var localTasks: [@Sendable () -> Void] = []
+    private var localTasks: [LoopTask] = []
     /// The batch being run, swapped with the queue it came from: each queue and its batch keep
     /// their storage from batch to batch. (Copying the queue and emptying it with
     /// `removeAll(keepingCapacity:)` allocated a new buffer for every batch, since the copy still
     /// shared the old one.)
-    private var inboxBatch: [@Sendable () -> Void] = []
-    private var localBatch: [@Sendable () -> Void] = []
+    private var inboxBatch: [LoopTask] = []
+    private var localBatch: [LoopTask] = []
     private var flushBatch: [FlushHandler] = []
     private var thread: pthread_t? = nil
     private let finished = Mutex<Bool>(false)
@@ -102,12 +102,12 @@ public final class EventLoop: @unchecked Sendable {
     @discardableResult
     public func execute(_ task: @escaping @Sendable () -> Void) -> Bool {
         if inEventLoop {
-            localTasks.append(task)
+            localTasks.append(LoopTask(run: task))
             return true
         }
         let (accepted, wake) = inbox.withLock { inbox -> (Bool, Bool) in
             if inbox.closed { return (false, false) }
-            inbox.tasks.append(task)
+            inbox.tasks.append(LoopTask(run: task))
             if inbox.wakePending { return (true, false) }
             inbox.wakePending = true
             return (true, true)
@@ -269,12 +269,12 @@ public final class EventLoop: @unchecked Sendable {
         handlers.removeAll()
         timers = TimerHeap()
         flushQueue.removeAll()
-        let last = inbox.withLock { inbox -> [@Sendable () -> Void] in
+        let last = inbox.withLock { inbox -> [LoopTask] in
             inbox.closed = true
             defer { inbox.tasks = [] }
             return inbox.tasks
         }
-        for t in last { t() }
+        for t in last { t.run() }
     }
 
     private func runInbox() -> Bool {
@@ -285,7 +285,7 @@ public final class EventLoop: @unchecked Sendable {
             inbox.wakePending = false
             return inbox.stopping
         }
-        for t in batch { t() }
+        for t in batch { t.run() }
         batch.removeAll(keepingCapacity: true)
         inboxBatch = batch
         return stopping
@@ -304,7 +304,7 @@ public final class EventLoop: @unchecked Sendable {
             var batch = localBatch
             localBatch = []
             swap(&localTasks, &batch)
-            for t in batch { t() }
+            for t in batch { t.run() }
             batch.removeAll(keepingCapacity: true)
             localBatch = batch
         }
@@ -354,7 +354,10 @@ public enum WallClock {
 /// A min-heap of timers; cancelled entries are dropped lazily when they reach the top.
 struct TimerHeap {
     private var heap: [(deadline: UInt64, id: UInt64)] = []
-    private var callbacks: [UInt64: () -> Void] = [:]
+    /// (each closure in a struct, as `LoopTask`: stored bare in the dictionary it was re-wrapped
+    /// in a thunk allocated per timer)
+    private var callbacks: [UInt64: Callback] = [:]
+    private struct Callback { let run: () -> Void }
     private var nextID: UInt64 = 1
 
     var count: Int { callbacks.count }
@@ -362,7 +365,7 @@ struct TimerHeap {
     mutating func insert(deadline: UInt64, callback: @escaping () -> Void) -> UInt64 {
         let id = nextID
         nextID += 1
-        callbacks[id] = callback
+        callbacks[id] = Callback(run: callback)
         heap.append((deadline, id))
         siftUp(heap.count - 1)
         return id
@@ -386,7 +389,7 @@ struct TimerHeap {
         guard let top = heap.first, top.deadline <= now else { return nil }
         removeTop()
         let cb = callbacks.removeValue(forKey: top.id)!
-        return (top.id, cb)
+        return (top.id, cb.run)
     }
 
     private mutating func dropCancelledTop() {
@@ -457,4 +460,11 @@ public final class EventLoopGroup: Sendable {
         for l in loops { l.stop() }
         for l in loops { l.waitUntilStopped() }
     }
+}
+
+/// A task queued for a loop. The closure is kept in a struct of its own: stored straight in an
+/// array (a generic container) it was re-wrapped, at every append, in a thunk the runtime
+/// allocated (one malloc per hand-over between loops, found with `Scripts/count-allocs`).
+struct LoopTask {
+    let run: @Sendable () -> Void
 }

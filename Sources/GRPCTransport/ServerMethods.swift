@@ -298,12 +298,15 @@ public final class ServerStreamWriter: Sendable {
     }
 
     private func enqueue(_ bytes: [UInt8], refuseAbove limit: Int?) throws -> (accepted: Bool, mustWait: Bool) {
-        let (accepted, mustWait, drain) = try state.withLock { s -> (Bool, Bool, (@Sendable () -> Void)?) in
+        // (the drain closure leaves the lock through a captured variable: returned through
+        // `withLock`'s generic result, it was re-wrapped in a thunk allocated per delivery)
+        var drain: (@Sendable () -> Void)? = nil
+        let (accepted, mustWait) = try state.withLock { s -> (Bool, Bool) in
             if let closed = s.closed { throw closed }
             // (refused when the client already has more than the limit waiting, so one delivery
             // larger than the limit, a paged SNAPSHOT of a big channel, still reaches a client that
             // keeps up; the queue holds at most the limit plus one delivery)
-            if let limit, s.queuedBytes > limit { return (false, false, nil) }
+            if let limit, s.queuedBytes > limit { return (false, false) }
             if coalesces {
                 s.pendingBytes.append(contentsOf: bytes)
             } else {
@@ -311,12 +314,11 @@ public final class ServerStreamWriter: Sendable {
             }
             s.queuedBytes += bytes.count
             s.peakQueuedBytes = max(s.peakQueuedBytes, s.queuedBytes)
-            var drain: (@Sendable () -> Void)? = nil
             if !s.hopScheduled {
                 s.hopScheduled = true
                 drain = s.scheduleDrain
             }
-            return (true, s.queuedBytes > highWaterMark, drain)
+            return (true, s.queuedBytes > highWaterMark)
         }
         drain?()
         return (accepted, mustWait)
