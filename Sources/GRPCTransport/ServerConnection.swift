@@ -28,7 +28,11 @@ final class ServerStream {
     @exclusivity(unchecked) var headerBytes = 0
     @exclusivity(unchecked) var headersTooLarge = false
     @exclusivity(unchecked) var deframer: MessageDeframer
-    @exclusivity(unchecked) var messages: [[UInt8]] = []
+    /// A unary or server-streaming call's request message (the first one), and how many came:
+    /// more than one is refused, so only the first is kept (a list of them cost an allocation
+    /// per call).
+    @exclusivity(unchecked) var message: [UInt8]? = nil
+    @exclusivity(unchecked) var messageCount = 0
     @exclusivity(unchecked) var requestComplete = false
     @exclusivity(unchecked) var dispatched = false
     /// When its headers began (monotonic ns; only kept for a server with a call observer).
@@ -238,7 +242,10 @@ final class ServerConnection: HTTP2Connection {
                 return 0
             }
         } else {
-            failure = s.deframer.append(data) { s.messages.append($0) }
+            failure = s.deframer.append(data) { m in
+                if s.messageCount == 0 { s.message = m }
+                s.messageCount += 1
+            }
         }
         if let failure {
             switch failure {
@@ -427,13 +434,12 @@ final class ServerConnection: HTTP2Connection {
             startBidi(s, handler)
             return
         }
-        guard s.deframer.isIdle, s.messages.count == 1 else {
-            let what = s.messages.isEmpty ? "no request message" : "\(s.messages.count) request messages"
+        guard s.deframer.isIdle, s.messageCount == 1, let request = s.message else {
+            let what = s.messageCount == 0 ? "no request message" : "\(s.messageCount) request messages"
             finish(s, GRPCStatus(.internal, "BAD_REQUEST_STREAM: a unary or server-streaming call takes exactly one request message, got \(what)"))
             return
         }
-        let request = s.messages[0]
-        s.messages = []
+        s.message = nil
         if !s.checked, let refuse = core.configuration.refuse, let refusal = refuse(s.path, s.metadata, request) {
             finish(s, refusal)
             return
@@ -452,7 +458,7 @@ final class ServerConnection: HTTP2Connection {
         case .unary, .unaryStaged:
             if runningUnary >= core.configuration.maxConcurrentUnaryPerConnection {
                 // (its turn comes when a running one ends; the request is kept meanwhile)
-                s.messages = [request]
+                s.message = request
                 s.dispatched = false
                 s.waitingForTurn = true
                 waitingUnary.append(id)

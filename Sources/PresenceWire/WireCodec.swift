@@ -81,10 +81,11 @@ enum WireCodec {
     }
 
     private static func decode<M: CMessageBridge>(_ type: M.Type, base: UnsafePointer<UInt8>, count: Int) throws -> M {
-        // protobuf-c's structs for one decode come from an arena whose first 2 KiB are on the
-        // stack and are dropped together once read into Swift values: a SetState's request took
-        // five mallocs and as many frees from the default allocator.
-        try withUnsafeTemporaryAllocation(byteCount: 2048, alignment: 16) { first in
+        // protobuf-c's structs for one decode come from an arena whose first kilobyte is on the
+        // stack (the most the standard library puts there without asking) and are dropped
+        // together once read into Swift values: a SetState's request took five mallocs and as
+        // many frees from the default allocator.
+        try withUnsafeTemporaryAllocation(byteCount: 1024, alignment: 16) { first in
             var arena = CArena(first: first)
             defer { arena.release() }
             return try withUnsafeMutablePointer(to: &arena) { arenaPointer in

@@ -14,7 +14,7 @@ import Testing
         #expect(try SessionEvent(serializedBytes: bytes) == event)
     }
 
-    /// A decode's C structs come from an arena that starts with 2 KiB on the stack: a message
+    /// A decode's C structs come from an arena that starts with 1 KiB on the stack: a message
     /// whose structs need many times that spills to heap chunks, and still decodes whole (and a
     /// malformed one, abandoned half-built, leaks nothing: the arena frees it all at once).
     @Test func aMessageLargerThanTheDecodeArenasFirstBlockRoundTrips() throws {

@@ -72,6 +72,20 @@ def test_compressed_message_is_unimplemented(node):
     channel.close()
 
 
+def test_a_unary_call_takes_exactly_one_request_message(node):
+    """A unary method called with two request messages, or none, is refused (the node keeps only
+    the first message of a call and counts the rest); the connection serves on."""
+    rpc = node.channel.stream_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    for messages, what in (([b"", b""], "2 request messages"), ([b"", b"", b""], "3 request messages"), ([], "no request message")):
+        with pytest.raises(grpc.RpcError) as e:
+            rpc(iter(messages), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INTERNAL, what
+        assert e.value.details().startswith("BAD_REQUEST_STREAM") and what in e.value.details(), e.value.details()
+    stub = health_pb2_grpc.HealthStub(node.channel)
+    assert stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+
+
 def test_malformed_request_is_invalid_argument(node):
     rpc = node.channel.unary_unary("/grpc.health.v1.Health/Check",
                                    request_serializer=lambda b: b, response_deserializer=lambda b: b)
