@@ -117,6 +117,34 @@ import Testing
         #expect(big[0] == 9 && big[1] == 9 && q.isEmpty)
     }
 
+    /// A message appended to an empty queue waits in a slot of its own: what comes after it,
+    /// appended or drained from a writer while it is half taken, still follows it.
+    @Test func theFirstMessageKeptApartStillGoesFirst() {
+        let writer = ServerStreamWriter(scheduleDrain: {})
+        var q = OutboundMessages()
+        q.append([1, 2, 3, 4])
+        var frame = [UInt8](repeating: 0, count: 16)
+        #expect(frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 3) } == 3)
+        #expect(writer.trySend(framed: [5, 6]))
+        #expect(q.take(from: writer) == 2)
+        q.append([7])
+        #expect(q.remainingBytes == 4)
+        #expect(frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 16) } == 4)
+        #expect(Array(frame[0..<4]) == [4, 5, 6, 7])
+        #expect(q.isEmpty)
+        q.append([8])  // (emptied, the next one is kept apart again)
+        #expect(frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 16) } == 1)
+        #expect(frame[0] == 8 && q.isEmpty)
+        // the slot taken, messages after it still waiting: a new one goes behind them
+        q.append([1])
+        #expect(writer.trySend(framed: [2]))
+        #expect(q.take(from: writer) == 1)
+        #expect(frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 1) } == 1)
+        q.append([3])
+        #expect(frame.withUnsafeMutableBufferPointer { q.copy(into: $0.baseAddress!, length: 16) } == 2)
+        #expect(Array(frame[0..<2]) == [2, 3])
+    }
+
     @Test func aDrainTakesWhatTheWriterQueuedSinceTheLastOne() throws {
         let writer = ServerStreamWriter(scheduleDrain: {})
         var q = OutboundMessages()
