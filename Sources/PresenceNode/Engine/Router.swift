@@ -195,9 +195,18 @@ extension ChannelShard {
         return await handle(call, key: key)
     }
 
-    /// (synchronous: `assumeIsolated` checks, through the loop's `checkIsolated`, that this is the loop)
+    /// `handle`, run synchronously on this shard's loop (its executor): checked, then called as
+    /// `assumeIsolated` would call it. (The standard library's `assumeIsolated` is generic and
+    /// takes a closure it makes escaping: two allocations a call. Here the isolated function is a
+    /// closure that captures nothing, cast to the same function without `isolated`, which has the
+    /// same calling convention: the cast is what `assumeIsolated` does inside; the check before
+    /// it is what makes it sound.)
     nonisolated func handleOnLoop(_ call: ClusterChannelCall, key: ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket]) {
-        assumeIsolated { $0.handle(call, key: key) }
+        precondition(loop.inEventLoop, "a channel shard's call run off its loop")
+        typealias Isolated = (isolated ChannelShard, ClusterChannelCall, ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket])
+        typealias Plain = (ChannelShard, ClusterChannelCall, ChannelKey) -> (ClusterChannelResult, [PeerLink.Ticket])
+        let isolated: Isolated = { shard, call, key in shard.handle(call, key: key) }
+        return unsafeBitCast(isolated, to: Plain.self)(self, call, key)
     }
 }
 
@@ -208,7 +217,12 @@ extension UserHomeShard {
         return await handle(call, users: users)
     }
 
+    /// As `ChannelShard.handleOnLoop`.
     private nonisolated func handleOnLoop(_ call: ClusterHomeCall, users: [String]) -> (ClusterHomeResult, [PeerLink.Ticket]) {
-        assumeIsolated { $0.handle(call, users: users) }
+        precondition(loop.inEventLoop, "a home shard's call run off its loop")
+        typealias Isolated = (isolated UserHomeShard, ClusterHomeCall, [String]) -> (ClusterHomeResult, [PeerLink.Ticket])
+        typealias Plain = (UserHomeShard, ClusterHomeCall, [String]) -> (ClusterHomeResult, [PeerLink.Ticket])
+        let isolated: Isolated = { shard, call, users in shard.handle(call, users: users) }
+        return unsafeBitCast(isolated, to: Plain.self)(self, call, users)
     }
 }
