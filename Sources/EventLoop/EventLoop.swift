@@ -278,17 +278,29 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func runInbox() -> Bool {
-        var batch = inboxBatch
-        inboxBatch = []
-        let stopping = inbox.withLock { inbox -> Bool in
-            swap(&inbox.tasks, &batch)
-            inbox.wakePending = false
-            return inbox.stopping
-        }
-        for t in batch { t.run() }
-        batch.removeAll(keepingCapacity: true)
-        inboxBatch = batch
+        var stopping = false
+        Self.runBatch(reusing: &inboxBatch, take: { batch in
+            stopping = inbox.withLock { inbox -> Bool in
+                swap(&inbox.tasks, &batch)
+                inbox.wakePending = false
+                return inbox.stopping
+            }
+        }, each: { $0.run() })
         return stopping
+    }
+
+    /// Runs one batch of a queue: `take` swaps the queue's items into the empty batch it is given,
+    /// whose storage is `spare`'s; `each` runs them; the emptied storage goes back to `spare`.
+    /// The queue and its batch trade buffers, so neither is allocated anew per batch. (`spare` is
+    /// a queue's own batch, which the items run cannot reach: no batch of it runs within another.)
+    @inline(__always)
+    private static func runBatch<T>(reusing spare: inout [T], take: (inout [T]) -> Void, each: (T) -> Void) {
+        var batch: [T] = []
+        swap(&batch, &spare)
+        take(&batch)
+        for item in batch { each(item) }
+        batch.removeAll(keepingCapacity: true)
+        swap(&batch, &spare)
     }
 
     private func fireTimers() {
@@ -301,24 +313,14 @@ public final class EventLoop: @unchecked Sendable {
 
     private func runLocalTasks() {
         while !localTasks.isEmpty {
-            var batch = localBatch
-            localBatch = []
-            swap(&localTasks, &batch)
-            for t in batch { t.run() }
-            batch.removeAll(keepingCapacity: true)
-            localBatch = batch
+            Self.runBatch(reusing: &localBatch, take: { swap(&localTasks, &$0) }, each: { $0.run() })
         }
     }
 
     private func runFlushes() {
         // A flush may schedule more work (rarely): run until quiet.
         while !flushQueue.isEmpty || !localTasks.isEmpty {
-            var batch = flushBatch
-            flushBatch = []
-            swap(&flushQueue, &batch)
-            for h in batch { h.flush() }
-            batch.removeAll(keepingCapacity: true)
-            flushBatch = batch
+            Self.runBatch(reusing: &flushBatch, take: { swap(&flushQueue, &$0) }, each: { $0.flush() })
             runLocalTasks()
         }
     }
