@@ -51,6 +51,26 @@ import Testing
         await a.stop()
     }
 
+    /// The peer port answers from the moment it is bound, before the membership starts: a member
+    /// that joined through it then is still a member after the start, and pushes to it go out
+    /// (found by the netns test on CI: the start replaced what SWIM had learned, and a handoff's
+    /// "done" pushed meanwhile was dropped as for a dead member, so a fresh cluster held keys back).
+    @Test func aMemberThatJoinedBeforeTheStartIsKeptByIt() async throws {
+        let group = EventLoopGroup(count: 1, name: "membership-test")
+        defer { group.shutdown() }
+        let membership = Membership(nodeID: "a", peerAddress: "127.0.0.1:17401", clientAddress: "127.0.0.1:17400", seeds: [],
+                                    group: group, clusterSecret: nil, logger: Logger(level: .error, format: .text))
+        let b = ClusterMemberUpdate(nodeID: "b", address: "127.0.0.1:17411", status: .alive, incarnation: 0,
+                                    clientAddress: "127.0.0.1:17410", boot: 7)
+        _ = try membership.handleJoin(ClusterJoinRequest(member: b))
+        #expect(membership.peerClient(for: "b") != nil)
+        membership.start(peerAddress: "127.0.0.1:17401", clientAddress: "127.0.0.1:17400")
+        defer { membership.halt() }
+        #expect(membership.members.contains { $0.id == "b" && $0.status == .alive })
+        #expect(membership.peerClient(for: "b") != nil, "pushes to b would be dropped as for a dead member")
+        #expect(membership.ring.members == ["a", "b"])
+    }
+
     /// Nodes started at the same moment can form two clusters ({a, b} and {c, d} here, each joined
     /// through its own seed). A node whose seed list names both joins through the first that
     /// answers, then through the seeds it does not see as members: the two become one.

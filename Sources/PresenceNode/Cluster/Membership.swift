@@ -194,7 +194,16 @@ public final class Membership: Sendable {
         addresses.withLock { $0 = (peerAddress, clientAddress) }
         let settings = self.settings
         let boot = topology.boot
-        swim.withLock { $0 = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: boot) }
+        // The peer port answers from the moment it is bound, so members may have joined through
+        // it already: what they told is kept (replacing the instance forgot them, and until they
+        // were heard again every push to them, a handoff's "done" among them, was dropped as
+        // for a dead member — found by the netns test on CI's slower machine: a fresh cluster
+        // held keys back for the whole handoff limit). Only an address that changed on binding
+        // (port 0, which nobody could reach before) needs a new instance.
+        swim.withLock { s in
+            guard s.myself.address != peerAddress else { return }
+            s = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: boot)
+        }
         running.store(true, ordering: .relaxed)
         scheduleTick()
         guard seeds.contains(where: { $0.description != peerAddress }) else {

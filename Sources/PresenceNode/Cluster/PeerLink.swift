@@ -30,10 +30,15 @@ public final class PeerLink: Sendable {
     /// Live members other than this node and `node`, through which a push to `node` may be relayed.
     private let relays: @Sendable (String) -> [String]
 
+    /// Debug-level log lines: a push attempt that failed, a batch dropped (nil: none).
+    private let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
+
     public init(me: @escaping @Sendable () -> NodeInstance, timings: ClusterTimings = ClusterTimings(),
                 relays: @escaping @Sendable (String) -> [String] = { _ in [] },
+                trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil,
                 clientFor: @escaping @Sendable (String) -> GRPCClient?) {
         self.myself = me
+        self.trace = trace
         self.relays = relays
         self.timings = timings
         self.clientFor = clientFor
@@ -235,7 +240,10 @@ public final class PeerLink: Sendable {
             var attempt = 0
             var delivered = false
             while true {
-                guard clientFor(q.node.id) != nil else { break }  // not a live member: drop
+                guard clientFor(q.node.id) != nil else {  // not a live member: drop
+                    trace?("push dropped: not a live member", ["to": q.node.id, "done": batch.handoffDone ? "yes" : "no"])
+                    break
+                }
                 // every other attempt after the first goes through another member (the direct
                 // link may be cut while both ends are alive); the first one is given a short
                 // time, so a cut link costs less than the replication wait
@@ -252,6 +260,8 @@ public final class PeerLink: Sendable {
                     delivered = true
                     break
                 } catch {
+                    trace?("push attempt failed", ["to": q.node.id, "via": relay ?? "-", "attempt": String(attempt),
+                                                   "done": batch.handoffDone ? "yes" : "no", "error": "\(error)"])
                     attempt += 1
                     if attempt >= timings.pushAttempts || q.isCleared { break }
                     try? await Task.sleep(nanoseconds: timings.pushRetryPause)

@@ -187,6 +187,9 @@ public final class Topology: Sendable {
         state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: MonotonicClock.now()) }
     }
 
+    /// Previous owners this node still waits for (logs).
+    public var handoffPending: Set<String> { state.withLock { $0.gate.pending } }
+
     public func handoffDone(from node: String, fingerprint: UInt64) {
         state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint) }
     }

@@ -91,7 +91,11 @@ struct PeerInbound: Sendable {
             core.gateway.movedAway(id, to: NodeInstance(m.gateway, boot: m.gatewayBoot), version: m.version, why: "its home: claimed by \(m.gateway)")
         }
         for d in batch.deliveries { core.gateway.deliver(d, from: from) }
-        if batch.handoffDone { topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint) }
+        if batch.handoffDone {
+            topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint)
+            core.trace?("handoff done by", ["node": batch.fromNodeID, "ring": String(batch.ringFingerprint),
+                                            "pending": topology.handoffPending.sorted().joined(separator: ",")])
+        }
         if batch.handoffRequest != 0 { handoffRequested(from, batch.handoffRequest) }
     }
 

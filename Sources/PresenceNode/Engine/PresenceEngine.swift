@@ -39,6 +39,8 @@ final class EngineCore: Sendable {
     let channelShards: [ChannelShard]
     let userHomes: [UserHomeShard]
     let background = BackgroundTasks()
+    /// Debug-level log lines (nil unless the node logs at debug).
+    let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
     var timings: ClusterTimings { settings.timings }
     var me: NodeInstance { topology.instance }
 
@@ -48,6 +50,7 @@ final class EngineCore: Sendable {
         self.clock = clock
         self.topology = topology
         self.link = link
+        self.trace = trace
         let n = max(1, settings.shards)
         let gateway = LocalGateway(shards: n, resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock, movedMemory: settings.timings.movedMemory,
                                    trace: trace)
