@@ -317,8 +317,8 @@ public final class PresenceEngine: Sendable {
     /// A session's state write at its channel's owner (`channelStaged`), its answer noted at the
     /// gateway; its rest goes through `sessionCall`.
     private func stateWrite(_ id: SessionID, _ key: ChannelKey, _ g: GatewayShard, _ call: ClusterChannelCall) throws(PresenceError) -> Staged<Void, PresenceError> {
-        try channelStaged(key, call, session: id) { (r: ClusterChannelResult) in
-            g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
+        try channelStaged(key, call, session: id, context: (g, id, key)) { (c: (GatewayShard, SessionID, ChannelKey), r: ClusterChannelResult) in
+            c.0.stateAcknowledged(c.1, channel: c.2, state: r.state, version: r.stateVersion)
         }
     }
 
@@ -331,8 +331,9 @@ public final class PresenceEngine: Sendable {
     public func getStateStaged(channel: String, type: ChannelType, user: String) throws(PresenceError) -> Staged<UserState, PresenceError> {
         let key = try Validate.channel(channel, type)
         let user = try Validate.userID(user)
-        return try channelStaged(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user)) {
-            (r: ClusterChannelResult) throws(PresenceError) -> UserState in try Self.userState(r, user, key)
+        return try channelStaged(key, ClusterChannelCall(channelName: key.name, channelType: key.type, op: .getState, userID: user),
+                                 context: (user, key)) { (c: (String, ChannelKey), r: ClusterChannelResult) throws(PresenceError) -> UserState in
+            try Self.userState(r, c.0, c.1)
         }
     }
 
@@ -340,22 +341,30 @@ public final class PresenceEngine: Sendable {
     /// needs nothing more (no copy to wait for, no refusal to act on) it is done; else the rest of
     /// the call goes on from that answer (through `sessionCall` for a `session`'s call). Handed to
     /// the shard's loop when it runs on another of this node's (`handOff`: once).
-    private func channelStaged<T: Sendable>(_ key: ChannelKey, _ call: ClusterChannelCall, session: SessionID? = nil, handOff: Bool = true,
-                                            _ answer: @escaping @Sendable (ClusterChannelResult) throws(PresenceError) -> T) throws(PresenceError) -> Staged<T, PresenceError> {
+    ///
+    /// `answer` turns the owner's result into the call's value with what it needs from the caller
+    /// passed apart, as `context`, and callers give it as a closure that captures nothing: a call
+    /// answered at once then allocates no closure context (one per call, found by
+    /// `Scripts/count-allocs`); only a call that goes on later captures the two together.
+    private func channelStaged<C: Sendable, T: Sendable>(_ key: ChannelKey, _ call: ClusterChannelCall, session: SessionID? = nil, handOff: Bool = true,
+                                                         context: C,
+                                                         _ answer: @escaping @Sendable (C, ClusterChannelResult) throws(PresenceError) -> T) throws(PresenceError) -> Staged<T, PresenceError> {
         var first: Router.LocalAnswer? = nil
         switch router.channelCallAtOnce(key, call) {
         case .answered(let a):
-            if a.isFinal(core) { return .now(try answer(a.result)) }
+            if a.isFinal(core) { return .now(try answer(context, a.result)) }
             first = a
         case .onLoop(let loop) where handOff:
-            return .onLoop(loop) { [self] () throws(PresenceError) in try channelStaged(key, call, session: session, handOff: false, answer) }
+            return .onLoop(loop) { [self] () throws(PresenceError) in
+                try channelStaged(key, call, session: session, handOff: false, context: context, answer)
+            }
         case .onLoop, .elsewhere:
             break
         }
         return .later { [self, first] () async throws(PresenceError) in
-            guard let session else { return try answer(try await router.channelCall(key, call, first: first)) }
+            guard let session else { return try answer(context, try await router.channelCall(key, call, first: first)) }
             var first = first
-            return try answer(try await sessionCall(session, key) { () async throws(PresenceError) in
+            return try answer(context, try await sessionCall(session, key) { () async throws(PresenceError) in
                 try await router.channelCall(key, call, first: first.take())
             })
         }
@@ -386,7 +395,7 @@ public final class PresenceEngine: Sendable {
     public func getOnlineUsersEncodedStaged(_ r: GetOnlineUsersRequest) throws(PresenceError) -> Staged<[UInt8], PresenceError> {
         let (key, call) = try listCall(r, encoded: true)
         let countOnly = call.countOnly
-        return try channelStaged(key, call) { (r: ClusterChannelResult) throws(PresenceError) -> [UInt8] in
+        return try channelStaged(key, call, context: countOnly) { (countOnly: Bool, r: ClusterChannelResult) throws(PresenceError) -> [UInt8] in
             Self.encodedListing(r, countOnly: countOnly)
         }
     }
