@@ -65,6 +65,12 @@ public final class Logger: Sendable {
     }
 
     public func debug(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.debug, m, f) }
+    /// `debug` as a closure for the parts that trace, or nil when debug lines are not logged (they
+    /// then skip building them).
+    public var debugTrace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? {
+        guard level == .debug else { return nil }
+        return { [self] m, f in debug(m, f) }
+    }
     public func info(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.info, m, f) }
     public func warning(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.warning, m, f) }
     public func error(_ m: String, _ f: KeyValuePairs<String, String> = [:]) { log(.error, m, f) }

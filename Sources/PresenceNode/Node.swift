@@ -65,12 +65,9 @@ public final class Node: Sendable {
         let health = self.health
         health.setJoining(true)
         topology.onReady { health.setJoining(false) }
-        let linkLog = self.logger
-        var linkTrace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil
-        if linkLog.level == .debug { linkTrace = { m, f in linkLog.debug(m, f) } }
         let link = PeerLink(me: { topology.instance }, timings: settings.timings,
                             relays: { node in topology.ring.members.filter { $0 != node && $0 != topology.me } },
-                            trace: linkTrace) { [weak membership] id in
+                            trace: self.logger.debugTrace) { [weak membership] id in
             membership?.peerClient(for: id)
         }
         let engine = PresenceEngine(settings: settings, loops: group.loops, topology: topology, link: link, logger: self.logger)

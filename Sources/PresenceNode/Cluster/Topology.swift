@@ -187,8 +187,8 @@ public final class Topology: Sendable {
         state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: MonotonicClock.now()) }
     }
 
-    /// Previous owners this node still waits for (logs).
-    public var handoffPending: Set<String> { state.withLock { $0.gate.pending } }
+    /// Previous owners this node still waits for, sorted and comma-separated (logs).
+    public var handoffPending: String { state.withLock { $0.gate.pending }.sorted().joined(separator: ",") }
 
     public func handoffDone(from node: String, fingerprint: UInt64) {
         state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint) }

@@ -94,7 +94,7 @@ struct PeerInbound: Sendable {
         if batch.handoffDone {
             topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint)
             core.trace?("handoff done by", ["node": batch.fromNodeID, "ring": String(batch.ringFingerprint),
-                                            "pending": topology.handoffPending.sorted().joined(separator: ",")])
+                                            "pending": topology.handoffPending])
         }
         if batch.handoffRequest != 0 { handoffRequested(from, batch.handoffRequest) }
     }

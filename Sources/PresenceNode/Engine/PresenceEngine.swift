@@ -119,11 +119,7 @@ public final class PresenceEngine: Sendable {
                 topology: Topology? = nil, link: PeerLink? = nil, logger: Logger? = nil) {
         precondition(!loops.isEmpty, "the engine needs at least one event loop")
         let topology = topology ?? Topology(me: settings.nodeID, replicationFactor: 1)
-        var trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil
-        if let logger, logger.level == .debug {
-            trace = { m, f in logger.debug(m, f) }
-        }
-        let core = EngineCore(settings: settings, loops: loops, clock: clock, topology: topology, link: link, trace: trace)
+        let core = EngineCore(settings: settings, loops: loops, clock: clock, topology: topology, link: link, trace: logger?.debugTrace)
         self.core = core
         router = Router(core: core)
         sessions = SessionLifecycle(core: core, router: router)

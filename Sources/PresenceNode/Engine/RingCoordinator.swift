@@ -28,7 +28,7 @@ final class RingCoordinator: Sendable {
         // taken them in, see `joined`)
         if core.topology.isReady { core.topology.settled(new.fingerprint) }
         guard let link = core.link else { return }
-        core.trace?("handoff done, telling the members", ["ring": String(new.fingerprint), "pending": core.topology.handoffPending.sorted().joined(separator: ",")])
+        core.trace?("handoff done, telling the members", ["ring": String(new.fingerprint), "pending": core.topology.handoffPending])
         for node in new.members where node != core.topology.me {
             link.push(to: NodeInstance(node, boot: new.boot(of: node))) { b in
                 b.handoffDone = true
