@@ -17,9 +17,14 @@ public struct HandoffGate: Sendable {
     private var current: HashRing?
     private var waitingFor: Set<String> = []
     private var deadline: UInt64 = 0
-    /// "Done" messages, by the ring fingerprint they were sent for (they can arrive before this
-    /// node has computed that ring itself).
-    private var done: [UInt64: Set<String>] = [:]
+    /// "Done" messages, by the ring fingerprint they were sent for, with when each arrived: they
+    /// can arrive before this node has computed that ring itself, even several ring changes
+    /// before (a node that is still joining learns the members one by one, while each of them,
+    /// knowing them all, says "done" for the whole ring at once). One for a ring this node has
+    /// not reached yet is kept across its changes for `limit`; one for the ring it leaves is
+    /// forgotten (that episode's handoff is over, and a later episode of the same ring, after a
+    /// heal, must be handed off again).
+    private var done: [UInt64: [String: UInt64]] = [:]
     /// (a bound on the bases kept; a ring that changes this often is past any handoff limit anyway)
     private static let maxBases = 16
 
@@ -47,7 +52,8 @@ public struct HandoffGate: Sendable {
     /// member hands off by every ring it carries out, in order, and says "done" for the newest:
     /// so a "done" for `new` covers the earlier changes too.
     public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64) {
-        let said = done[new.fingerprint] ?? []
+        forgetStaleDones(now: now)
+        let said: Set<String> = done[new.fingerprint].map { Set($0.keys) } ?? []
         let earlier = stillWaiting(now: now) ? waitingFor : []
         if earlier.isEmpty {
             bases = []
@@ -73,8 +79,7 @@ public struct HandoffGate: Sendable {
         }
         waitingFor = Set(owners.filter { $0 != me && !said.contains($0) })
         deadline = now &+ limit
-        // keep only what can still matter
-        done = done.filter { $0.key == new.fingerprint }
+        if old.fingerprint != new.fingerprint { done[old.fingerprint] = nil }
         if waitingOnRing.isEmpty { bases = [] }
     }
 
@@ -90,9 +95,25 @@ public struct HandoffGate: Sendable {
         deadline = now &+ limit
     }
 
+    /// Keeps only the "done" messages that can still matter: those for the current ring, and
+    /// those for a ring still ahead that arrived within the limit (a wait that started later than
+    /// that would be over as soon as it began). At most `maxBases` rings' worth, newest first: a
+    /// bound against a peer that says "done" for many rings.
+    private mutating func forgetStaleDones(now: UInt64) {
+        let mine = current?.fingerprint
+        for (fingerprint, senders) in done where fingerprint != mine {
+            let recent = senders.filter { now < $0.value &+ limit }
+            done[fingerprint] = recent.isEmpty ? nil : recent
+        }
+        guard done.count > Self.maxBases else { return }
+        let newestFirst = done.map { (fingerprint: $0.key, at: $0.value.values.max() ?? 0) }.sorted { $0.at > $1.at }
+        for entry in newestFirst.dropFirst(Self.maxBases) where entry.fingerprint != mine { done[entry.fingerprint] = nil }
+    }
+
     /// `node` has handed off everything it owned that this node owns under ring `fingerprint`.
-    public mutating func handoffDone(from node: String, fingerprint: UInt64) {
-        done[fingerprint, default: []].insert(node)
+    public mutating func handoffDone(from node: String, fingerprint: UInt64, now: UInt64) {
+        done[fingerprint, default: [:]][node] = now
+        if done.count > Self.maxBases { forgetStaleDones(now: now) }
         if fingerprint == current?.fingerprint {
             waitingFor.remove(node)
             sinceReturn.remove(node)
@@ -109,6 +130,9 @@ public struct HandoffGate: Sendable {
         }
         return true
     }
+
+    /// How many rings' "done" messages are kept (tests: the bound).
+    public var doneRingsKept: Int { done.count }
 
     /// Previous owners not done yet (for logs and tests).
     public var pending: Set<String> { waitingOnRing }

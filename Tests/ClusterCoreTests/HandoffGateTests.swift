@@ -20,10 +20,10 @@ import Testing
         g.ringChanged(from: old, to: new, alive: ["a", "b", "c"], now: 1_000)
         let fromA = movedKey(from: "a"), fromB = movedKey(from: "b")
         #expect(!g.mayServe(keyHash: fromA, now: 1_001) && !g.mayServe(keyHash: fromB, now: 1_001))
-        g.handoffDone(from: "a", fingerprint: new.fingerprint)
+        g.handoffDone(from: "a", fingerprint: new.fingerprint, now: 1_001)
         #expect(g.mayServe(keyHash: fromA, now: 1_002) && !g.mayServe(keyHash: fromB, now: 1_002))
         // a "done" for another ring does not count
-        g.handoffDone(from: "b", fingerprint: old.fingerprint)
+        g.handoffDone(from: "b", fingerprint: old.fingerprint, now: 1_002)
         #expect(!g.mayServe(keyHash: fromB, now: 1_003))
         // nor does waiting forever: past the limit it serves
         #expect(g.mayServe(keyHash: fromB, now: 4_000))
@@ -31,8 +31,8 @@ import Testing
 
     @Test func aDoneThatArrivesBeforeTheRingChangeCounts() {
         var g = HandoffGate(me: "c", limit: 3_000)
-        g.handoffDone(from: "a", fingerprint: new.fingerprint)
-        g.handoffDone(from: "b", fingerprint: new.fingerprint)
+        g.handoffDone(from: "a", fingerprint: new.fingerprint, now: 0)
+        g.handoffDone(from: "b", fingerprint: new.fingerprint, now: 0)
         g.ringChanged(from: old, to: new, alive: ["a", "b", "c"], now: 0)
         #expect(g.pending.isEmpty)
     }
@@ -46,18 +46,77 @@ import Testing
     }
 }
 
+/// A node still joining learns the members one by one, one ring change each, while each of them
+/// says "done" for the whole ring, possibly several changes before this node gets there.
+@Suite struct HandoffGateDoneAheadTests {
+    let whole = HashRing(members: ["a", "b", "c", "d"])
+    var first: HashRing { HashRing(members: ["a", "d"]) }
+    var second: HashRing { HashRing(members: ["a", "b", "d"]) }
+    /// A key `d` owns on the whole ring that `a` or `b` owned before.
+    var key: UInt64 {
+        (0..<100_000).map { StableHash.of("k\($0)") }.first { whole.owner(ofHash: $0) == "d" && second.removing("d").owner(ofHash: $0) == "b" }!
+    }
+
+    /// (as `Topology.update` calls it while not ready: from the new ring without this node)
+    func joinInSteps(_ g: inout HandoffGate, lastAt: UInt64) {
+        g.ringChanged(from: first.removing("d"), to: first, alive: Set(first.members), now: 0)
+        g.ringChanged(from: second.removing("d"), to: second, alive: Set(second.members), now: 20)
+        g.ringChanged(from: whole.removing("d"), to: whole, alive: Set(whole.members), now: lastAt)
+    }
+
+    @Test func aDoneForARingTwoChangesAheadCountsOnceTheRingGetsThere() {
+        var g = HandoffGate(me: "d", limit: 3_000)
+        for n in ["a", "b", "c"] { g.handoffDone(from: n, fingerprint: whole.fingerprint, now: 10) }
+        joinInSteps(&g, lastAt: 30)
+        #expect(g.pending.isEmpty)
+        #expect(g.mayServe(keyHash: key, now: 31))
+    }
+
+    @Test func aDoneKeptForARingAheadExpiresWithTheLimit() {
+        var g = HandoffGate(me: "d", limit: 3_000)
+        for n in ["a", "b", "c"] { g.handoffDone(from: n, fingerprint: whole.fingerprint, now: 10) }
+        joinInSteps(&g, lastAt: 3_010)
+        #expect(g.pending == ["a", "b", "c"])
+        #expect(!g.mayServe(keyHash: key, now: 3_011))
+    }
+
+    /// One for the ring this node leaves belongs to that episode: the same ring again later (a
+    /// member back after a partition) must be handed off again.
+    @Test func aDoneForTheRingLeftIsForgotten() {
+        var g = HandoffGate(me: "d", limit: 3_000)
+        g.ringChanged(from: second, to: whole, alive: Set(whole.members), now: 0)
+        g.handoffDone(from: "a", fingerprint: whole.fingerprint, now: 5)
+        g.handoffDone(from: "b", fingerprint: whole.fingerprint, now: 5)
+        #expect(g.pending.isEmpty)
+        g.ringChanged(from: whole, to: second, alive: Set(second.members), now: 10)
+        g.ringChanged(from: second, to: whole, alive: Set(whole.members), now: 20)
+        #expect(g.pending == ["a", "b"])
+    }
+
+    /// A peer that says "done" for many rings cannot grow what is kept without bound; those that
+    /// arrived last are kept.
+    @Test func doneForManyRingsIsBounded() {
+        var g = HandoffGate(me: "d", limit: 3_000)
+        for i in 0..<1_000 { g.handoffDone(from: "a", fingerprint: UInt64(i) &+ 1_000_000, now: UInt64(i)) }
+        g.handoffDone(from: "b", fingerprint: whole.fingerprint, now: 1_000)
+        #expect(g.doneRingsKept <= 16)
+        g.ringChanged(from: second, to: whole, alive: Set(whole.members), now: 1_001)
+        #expect(g.pending == ["a"])
+    }
+}
+
 @Suite struct HandoffGateReturnTests {
     @Test func aNodeBackFromDeathServesItsKeysOnlyOnceHandedBack() {
         let ring = HashRing(members: ["a", "b", "c"])
         var g = HandoffGate(me: "c", limit: 3_000)
         // an old "done" for this very ring (from before c was declared dead) must not count
-        g.handoffDone(from: "a", fingerprint: ring.fingerprint)
+        g.handoffDone(from: "a", fingerprint: ring.fingerprint, now: 0)
         g.returnedFromDeath(ring: ring, now: 1_000)
         let mine = (0..<10_000).map { StableHash.of("k\($0)") }.first { ring.owner(ofHash: $0) == "c" }!
         #expect(!g.mayServe(keyHash: mine, now: 1_001))
         #expect(g.pending == ["a", "b"])
-        g.handoffDone(from: "a", fingerprint: ring.fingerprint)
-        g.handoffDone(from: "b", fingerprint: ring.fingerprint)
+        g.handoffDone(from: "a", fingerprint: ring.fingerprint, now: 1_001)
+        g.handoffDone(from: "b", fingerprint: ring.fingerprint, now: 1_001)
         #expect(g.mayServe(keyHash: mine, now: 1_002))
         // and a silent member does not block it forever
         var h = HandoffGate(me: "c", limit: 3_000)
@@ -83,9 +142,9 @@ import Testing
         #expect(!g.mayServe(keyHash: h, now: 1_101))
         #expect(g.pending == ["a", "b", "d", "e"])  // (a too: c's view that it is dead is stale)
         // a "done" for the ring before does not count; one for the newest covers both changes
-        g.handoffDone(from: "b", fingerprint: five.fingerprint)
+        g.handoffDone(from: "b", fingerprint: five.fingerprint, now: 1_101)
         #expect(!g.mayServe(keyHash: h, now: 1_102))
-        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint) }
+        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint, now: 1_102) }
         #expect(g.mayServe(keyHash: h, now: 1_103) && g.pending == ["a"])
         // the limit still counts from the latest change
         var late = HandoffGate(me: "c", limit: 3_000)
@@ -95,12 +154,12 @@ import Testing
             var back = HandoffGate(me: "c", limit: 3_000)
             back.returnedFromDeath(ring: five, now: 0)
             back.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
-            for n in ["b", "d", "e"] { back.handoffDone(from: n, fingerprint: five.fingerprint) }
+            for n in ["b", "d", "e"] { back.handoffDone(from: n, fingerprint: five.fingerprint, now: 15) }
             back.ringChanged(from: four, to: five, alive: Set(five.members), now: 20)
             let fromA = (0..<100_000).map { StableHash.of("k\($0)") }.first { five.owner(ofHash: $0) == "c" && five.removing("c").owner(ofHash: $0) == "a" }!
             #expect(back.pending == ["a"])  // (b, d and e said done for this ring already)
             #expect(!back.mayServe(keyHash: fromA, now: 21))
-            back.handoffDone(from: "a", fingerprint: five.fingerprint)
+            back.handoffDone(from: "a", fingerprint: five.fingerprint, now: 21)
             #expect(back.mayServe(keyHash: fromA, now: 22))
         }
         late.returnedFromDeath(ring: five, now: 0)
@@ -121,7 +180,7 @@ import Testing
         g.ringChanged(from: five, to: three, alive: Set(three.members), now: 10)
         #expect(!g.mayServe(keyHash: h, now: 11))
         #expect(g.pending == ["a", "b", "d", "e"])
-        for n in ["a", "b", "d", "e"] { g.handoffDone(from: n, fingerprint: three.fingerprint) }
+        for n in ["a", "b", "d", "e"] { g.handoffDone(from: n, fingerprint: three.fingerprint, now: 11) }
         #expect(g.mayServe(keyHash: h, now: 12))
         // and past the limit it serves whatever happened to them
         var h2 = HandoffGate(me: "c", limit: 3_000)
@@ -148,9 +207,9 @@ import Testing
         }!
         g.ringChanged(from: stale, to: five, alive: Set(five.members), now: 10)
         #expect(g.pending == ["a", "b", "c", "e"])
-        for n in ["a", "c", "e"] { g.handoffDone(from: n, fingerprint: five.fingerprint) }
+        for n in ["a", "c", "e"] { g.handoffDone(from: n, fingerprint: five.fingerprint, now: 10) }
         #expect(!g.mayServe(keyHash: h, now: 11), "served from its stale copy before b handed back")
-        g.handoffDone(from: "b", fingerprint: five.fingerprint)
+        g.handoffDone(from: "b", fingerprint: five.fingerprint, now: 11)
         #expect(g.mayServe(keyHash: h, now: 12))
         // past the limit it serves whatever happened to b
         var late = HandoffGate(me: "d", limit: 3_000)
@@ -163,7 +222,7 @@ import Testing
         let three = HashRing(members: ["a", "b", "c"])
         var g = HandoffGate(me: "c", limit: 3_000)
         g.ringChanged(from: three.removing("c"), to: three, alive: Set(three.members), now: 0)
-        for n in ["a", "b"] { g.handoffDone(from: n, fingerprint: three.fingerprint) }
+        for n in ["a", "b"] { g.handoffDone(from: n, fingerprint: three.fingerprint, now: 0) }
         #expect(g.pending.isEmpty)
         let two = three.removing("a")
         g.ringChanged(from: three, to: two, alive: Set(two.members), now: 10)

@@ -161,6 +161,8 @@ enum SimTimer {
     case request(user: String, token: Int, ClientRequest)
     /// A gracefully leaving process has drained: it stops.
     case exit
+    /// A joining process's join through its seed is answered (Topology.markReady).
+    case ready
 }
 
 enum SimAction {
@@ -800,6 +802,9 @@ struct KeyspaceSim {
             _ = carryOut(n, effects)
         case .request(let user, let token, let req):
             gatewayRequest(n, user, token, req)
+        case .ready:
+            procs[n]!.ready = true
+            receiveEarly(n)
         case .exit:
             status[n] = .left
             deferred[n] = nil
@@ -844,7 +849,7 @@ struct KeyspaceSim {
         case .deliveries(let ds):
             for d in ds where d.sink == env.to { gatewayReceive(n, d, from: env.from) }
         case .handoffDone(let fp):
-            procs[n]!.gate.handoffDone(from: env.from.id, fingerprint: fp)
+            procs[n]!.gate.handoffDone(from: env.from.id, fingerprint: fp, now: mono(n))
         case .moved(let id, let to, let version):
             movedAway(n, id, to: to, version: version)
         case .digest(let round, let theirs, let fp):
@@ -1780,17 +1785,29 @@ struct KeyspaceSim {
     mutating func restart(_ node: String) { restart(node, gossip: [:]) }
 
     /// `gossip`: when each survivor learns of the new process (else 30–200 ms, at random).
-    mutating func restart(_ node: String, gossip delays: [String: UInt64]) {
+    /// `learnsLate`: members the new process learns of only after these delays, one ring change
+    /// each (as a node still joining learns of members that join through it); it is ready once
+    /// it knows them all.
+    mutating func restart(_ node: String, gossip delays: [String: UInt64], learnsLate late: [String: UInt64] = [:]) {
         guard let old = procs[node], status[node] == .crashed || status[node] == .left else { return }
         guard let seed = upNodes.first(where: { $0 != node }) else { return }
         let boot = nextBoot
         nextBoot += 1
         var view = procs[seed]!.view
         view[node] = boot
+        let whole = view
+        for m in late.keys where m != seed { view[m] = nil }
         faultEvent("restart \(node)@\(boot)")
         procs[node] = makeProcess(node, boot: boot, view: view, joining: true)
         status[node] = .up
         let inst = procs[node]!.instance
+        if let last = late.values.max() {
+            procs[node]!.ready = false
+            for (m, d) in late.sorted(by: { $0.key < $1.key }) where m != seed {
+                if let b = whole[m] { schedule(at: now + d, .view(observer: node, member: m, boot: b, add: true)) }
+            }
+            schedule(at: now + last + simMs, .timer(inst, .ready))
+        }
         schedule(at: now + between(10 * simMs, 900 * simMs), .timer(inst, .antiEntropy))
         // (it joined: its ring changed, and it says it is done handing off, as after every change)
         let ring = procs[node]!.space.ring

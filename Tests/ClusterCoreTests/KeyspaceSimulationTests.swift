@@ -632,4 +632,27 @@ enum SimRuns {
         #expect(sim.violations.isEmpty, "\(sim.violations)")
         #expect(sim.knownGaps.isEmpty, "\(sim.knownGaps)")
     }
+
+    /// A process still joining learns the members one at a time (each a ring change), while each
+    /// of them, knowing the whole ring at once, hands off and says "done" for that ring, before
+    /// the new process has reached it. Those "done"s were dropped at its first intermediate ring
+    /// change, so it held its keys back for the whole handoff limit (3 s) once it got there.
+    @Test func aJoiningNodeThatLearnsTheMembersOneByOneCountsTheDoneSentForTheWholeRing() {
+        var sim = R.scripted(seed: 53)
+        let key = R.channel(sim, owners: ["n4", "n1"])
+        let u = sim.spawnClient(at: "n1")
+        sim.run(for: 100 * simMs)
+        sim.crash("n4", resume: 0)
+        sim.run(for: 2 * simSecond)  // the others dropped it
+        // n1 (its seed) is known at once, n2 and n3 a ring change each later; they learn of the
+        // new process at once
+        sim.restart("n4", gossip: ["n1": 5 * simMs, "n2": 5 * simMs, "n3": 5 * simMs],
+                    learnsLate: ["n2": 100 * simMs, "n3": 200 * simMs])
+        sim.run(for: 300 * simMs)
+        #expect(sim.procs["n4"]!.gate.pending.isEmpty, "still waiting for \(sim.procs["n4"]!.gate.pending.sorted())")
+        sim.request(u, .join(key, withPresence: false))
+        sim.run(for: 500 * simMs)
+        #expect(sim.clients[u]!.channels[key] != nil, "the join was not answered within 500 ms")
+        #expect(sim.violations.isEmpty, "\(sim.violations)")
+    }
 }

@@ -190,7 +190,8 @@ public final class Topology: Sendable {
     /// Previous owners this node still waits for, sorted and comma-separated (logs).
     public var handoffPending: String { state.withLock { $0.gate.pending }.sorted().joined(separator: ",") }
 
+    /// `node` says it has handed off, for the ring with this fingerprint (`HandoffGate.handoffDone`).
     public func handoffDone(from node: String, fingerprint: UInt64) {
-        state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint) }
+        state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint, now: MonotonicClock.now()) }
     }
 }
