@@ -35,6 +35,8 @@ struct SimConfig {
     var callTimeout: UInt64 = 2 * simSecond
     /// How long an owner's answer waits for its replica copies to arrive.
     var replicationWait: UInt64 = simSecond
+    /// What an owner leaves of a caller's attempt for its answer to travel back (ClusterTimings.answerMargin).
+    var answerMargin: UInt64 = 50 * simMs
     var handoffLimit: UInt64 = 3 * simSecond
     /// How long a key taken over from a possibly stale copy is not served (ClusterTimings.staleTakeoverHold).
     var staleHold: UInt64 = 1_300 * simMs
@@ -77,6 +79,9 @@ struct SimCall {
     var items: [StateItem] = []
     var stateVersion: UInt64 = 0
     var fingerprint: UInt64 = 0
+    /// How long the gateway's attempt waits for the answer (its `grpc-timeout`; 0 for a call
+    /// the owner makes to itself, which has none).
+    var timeout: UInt64 = 0
     /// The calling gateway's process (where the session lives).
     let sink: NodeInstance
 }
@@ -998,7 +1003,10 @@ struct KeyspaceSim {
         let rid = newID()
         procs[n]!.replies[rid] = HeldReply(to: from, call: c.id, attempt: c.attempt, reply: reply, outstanding: Set(tickets))
         for t in tickets { procs[n]!.ticketReply[t] = rid }
-        schedule(at: now + cfg.replicationWait, .timer(me, .replyDeadline(rid)))
+        // (Router.replicaWait: never past what the caller's attempt leaves, from when it arrived)
+        let wait = c.timeout == 0 ? cfg.replicationWait
+            : min(cfg.replicationWait, ReplicaWait.left(until: now + c.timeout, margin: cfg.answerMargin, now: now))
+        schedule(at: now + wait, .timer(me, .replyDeadline(rid)))
     }
 
     /// What the owner `n` answers a call, and the tickets of the replica copies it sent
@@ -1186,6 +1194,7 @@ struct KeyspaceSim {
         let owner = p.routing.owner(of: pc.call.key) ?? n
         pc.call.fingerprint = p.routing.fingerprint
         let dest = owner == n ? p.instance : NodeInstance(owner, boot: p.routing.boot(of: owner))
+        pc.call.timeout = owner == n ? 0 : cfg.callTimeout
         procs[n]!.calls[id] = pc
         stats.calls += 1
         unary(from: p.instance, to: dest, .call(pc.call))

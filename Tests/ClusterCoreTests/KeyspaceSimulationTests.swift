@@ -655,4 +655,25 @@ enum SimRuns {
         #expect(sim.clients[u]!.channels[key] != nil, "the join was not answered within 500 ms")
         #expect(sim.violations.isEmpty, "\(sim.violations)")
     }
+
+    /// An owner whose replica is slow (its link cut, not dead) waits for it only as long as the
+    /// gateway's attempt leaves: found by `ClusterTests`, a write through another node outwaited
+    /// every attempt of its gateway (0.7 s, against the owner's 1 s replication wait) and its
+    /// client got UNAVAILABLE, for a write the owner had made; here the client's call is retried
+    /// until the link heals.
+    @Test func aWriteThroughAnotherNodeWhileItsReplicaIsSlowIsAnsweredWithinTheGatewaysAttempt() {
+        var sim = R.scripted(seed: 54) { $0.callTimeout = 700 * simMs }
+        let key = R.channel(sim, owners: ["n2", "n3"])
+        let u = sim.spawnClient(at: "n1")
+        sim.run(for: 100 * simMs)
+        sim.request(u, .join(key, withPresence: false))
+        sim.run(for: 500 * simMs)
+        #expect(sim.clients[u]!.op == nil && sim.clients[u]!.channels[key] != nil, "the join was not answered")
+        sim.cutLink("n2", "n3", for: 4 * simSecond)
+        sim.request(u, .setState(key, [R.item("mic", "on")]))
+        sim.run(for: 1_500 * simMs)
+        #expect(sim.clients[u]!.op == nil, "the write was not answered while its replica's link was cut")
+        sim.run(for: 4 * simSecond)
+        #expect(sim.violations.isEmpty, "\(sim.violations)")
+    }
 }

@@ -119,3 +119,16 @@ import Testing
         #expect(window.failed(ownerUnreachable: false, cutOff: false, now: .max - 1) == .answer)
     }
 }
+
+@Suite struct ReplicaWaitTests {
+    @Test func anOwnerWaitsForItsReplicasOnlyUntilTheCallerMustHaveItsAnswer() {
+        // a caller's attempt of 0.7 s, made at 1 s: the answer must leave by 1.65 s
+        #expect(ReplicaWait.left(until: 1_700_000_000, margin: 50_000_000, now: 1_000_000_000) == 650_000_000)
+        // once past that, at once
+        #expect(ReplicaWait.left(until: 1_700_000_000, margin: 50_000_000, now: 1_680_000_000) == 0)
+        #expect(ReplicaWait.left(until: 1_700_000_000, margin: 50_000_000, now: 2_000_000_000) == 0)
+        // a deadline as far as it goes is no bound, and nothing overflows near the end of the clock
+        #expect(ReplicaWait.left(until: .max, margin: 50_000_000, now: 1_000) == UInt64.max - 50_001_000)
+        #expect(ReplicaWait.left(until: .max, margin: 50_000_000, now: .max - 10) == 0)
+    }
+}

@@ -21,6 +21,9 @@ public struct ClusterTimings: Sendable, Equatable {
     public var replicationWait: UInt64
     /// Timeout of one call to another node (2 s).
     public var peerCallTimeout: UInt64
+    /// An owner answering another node's call leaves this much of the call's deadline for its
+    /// answer to travel back: it waits for its replicas only until then (50 ms).
+    public var answerMargin: UInt64
     /// Timeout of one push to another node, and the pause between its attempts (5 s, 50 ms); after
     /// `pushAttempts` failures the push is given up (the receiver's followers get fresh SNAPSHOTs).
     public var pushTimeout: UInt64
@@ -70,6 +73,7 @@ public struct ClusterTimings: Sendable, Equatable {
         routingLastAttempt = max(300_000_000, probeInterval * 3 / 2)
         replicationWait = max(1_000_000_000, probeInterval * 5)
         peerCallTimeout = max(2_000_000_000, probeInterval * 10)
+        answerMargin = 50_000_000
         pushTimeout = max(5_000_000_000, probeInterval * 25)
         firstPushTimeout = max(700_000_000, probeInterval * 7 / 2)
         pushRetryPause = 50_000_000

@@ -11,11 +11,11 @@ struct PeerPresenceService {
     func register(in registry: inout ServiceRegistry) {
         let inbound = engine.inbound
         let membership = self.membership
-        registry.unary(PeerPresenceMethods.channel) { req, ctx in
-            return await inbound.channel(req)
+        registry.unaryStaged(PeerPresenceMethods.channel) { req, ctx in
+            inbound.channelStaged(req, answerBy: ctx.deadline)
         }
         registry.unary(PeerPresenceMethods.home) { req, ctx in
-            return await inbound.home(req)
+            return await inbound.home(req, answerBy: ctx.deadline)
         }
         registry.unary(PeerPresenceMethods.push) { req, ctx in
             // (no membership check: after a partition a node's pushes may arrive before this

@@ -1,4 +1,5 @@
 import ClusterCore
+import EventLoop
 import PresenceCore
 import PresenceWire
 
@@ -17,12 +18,13 @@ struct PeerInbound: Sendable {
 
     // MARK: Calls
 
-    func channel(_ call: ClusterChannelCall) async -> ClusterChannelResult {
+    /// A channel call routed here. `answerBy`: the deadline of the caller's attempt.
+    func channel(_ call: ClusterChannelCall, answerBy: UInt64? = nil) async -> ClusterChannelResult {
         do throws(PresenceError) {
             let key = try Validate.channel(call.channelName, call.channelType)
             if let why = topology.ringMismatch(call.ringFingerprint) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
             let owner = topology.owner(of: key)
-            if owner == topology.me { return try await router.localChannel(key, call) }
+            if owner == topology.me { return try await router.localChannel(key, call, answerBy: answerBy) }
             guard call.hops == 0, let link = core.link else {
                 throw PresenceError(.unavailable, "NOT_OWNER", "\(topology.me) does not own \(key) (its owner is \(owner)); retry")
             }
@@ -34,7 +36,35 @@ struct PeerInbound: Sendable {
         }
     }
 
-    func home(_ call: ClusterHomeCall) async -> ClusterHomeResult {
+    /// `channel`, answered at once on the calling thread when this node owns the channel, serves
+    /// it, its shard runs on this thread and the answer waits for no copy (a read, or a write with
+    /// no replica): then no task is started for the call. On another of this node's loops, it is
+    /// tried again there once; anything else is `channel` as a task. (It never fails: errors are
+    /// answered in the result, as `channel` answers them.)
+    func channelStaged(_ call: ClusterChannelCall, answerBy: UInt64?, handOff: Bool = true) -> Staged<ClusterChannelResult, any Error> {
+        let key: ChannelKey
+        do throws(PresenceError) {
+            key = try Validate.channel(call.channelName, call.channelType)
+            if let why = topology.ringMismatch(call.ringFingerprint) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
+        } catch {
+            return .now(ClusterChannelResult(error: error.wire))
+        }
+        guard topology.owner(of: key) == topology.me else { return .later { [self] in await channel(call, answerBy: answerBy) } }
+        switch router.channelCallAtOnce(key, call) {
+        case .answered(let answer):
+            if answer.isFinal(core) { return .now(answer.result) }
+            return .later { [router] in
+                do throws(PresenceError) { return try await router.finish(answer, answerBy: answerBy) } catch { return ClusterChannelResult(error: error.wire) }
+            }
+        case .onLoop(let loop) where handOff:
+            return .onLoop(loop) { [self] in channelStaged(call, answerBy: answerBy, handOff: false) }
+        case .onLoop, .elsewhere:
+            return .later { [self] in await channel(call, answerBy: answerBy) }
+        }
+    }
+
+    /// A home call routed here. `answerBy`: the deadline of the caller's attempt.
+    func home(_ call: ClusterHomeCall, answerBy: UInt64? = nil) async -> ClusterHomeResult {
         do throws(PresenceError) {
             var users: [String] = []
             for u in call.userIDs { users.append(try Validate.userID(u)) }
@@ -46,7 +76,7 @@ struct PeerInbound: Sendable {
             guard users.allSatisfy({ topology.home(of: $0) == home }) else {
                 throw PresenceError(.unavailable, "NOT_OWNER", "these users do not share a home here; retry")
             }
-            if home == topology.me { return try await router.localHome(call) }
+            if home == topology.me { return try await router.localHome(call, answerBy: answerBy) }
             guard call.hops == 0, let link = core.link else {
                 throw PresenceError(.unavailable, "NOT_OWNER", "\(topology.me) is not the home of \(first) (\(home) is); retry")
             }

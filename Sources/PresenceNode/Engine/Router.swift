@@ -111,36 +111,49 @@ struct Router: Sendable {
     }
 
     /// A channel call this node must answer as the owner (or refuse while it may not).
-    func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall) async throws(PresenceError) -> ClusterChannelResult {
+    /// `answerBy`: the deadline of the caller's attempt, when another node made the call.
+    func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall, answerBy: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
         let hash = StableHash.of(key)
         if let why = topology.notServing(keyHash: hash) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
         let (r, tickets) = await core.channelShard(keyHash: hash).serve(call, key: key)
-        return try await finish(LocalAnswer(result: r, tickets: tickets))
+        return try await finish(LocalAnswer(result: r, tickets: tickets), answerBy: answerBy)
     }
 
     /// A local answer once its copies reached the replicas (or the wait for them timed out).
-    private func finish(_ answer: LocalAnswer) async throws(PresenceError) -> ClusterChannelResult {
-        if !answer.tickets.isEmpty, let link = core.link { await link.waitSent(answer.tickets, timeout: core.timings.replicationWait) }
+    func finish(_ answer: LocalAnswer, answerBy: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
+        if !answer.tickets.isEmpty, let link = core.link { await link.waitSent(answer.tickets, timeout: replicaWait(answerBy: answerBy)) }
         if let e = answer.result.error { throw PresenceError(wire: e) }
         return answer.result
     }
 
+    /// How long an answer waits for its copies to reach the replicas: the replication wait, or
+    /// less when the caller is another node whose attempt ends sooner (its deadline, less the time
+    /// the answer takes back). Waiting past it would turn a change this node made into a timeout
+    /// at the caller, and an UNAVAILABLE for its client after its retries, while a replica is slow
+    /// (found by `ClusterTests`: a write through another node, with the replica's copies held back,
+    /// outwaited the gateway's first attempt, 0.7 s, and every later one).
+    func replicaWait(answerBy deadline: UInt64?) -> UInt64 {
+        let wait = core.timings.replicationWait
+        guard let deadline else { return wait }
+        return min(wait, ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: MonotonicClock.now()))
+    }
+
     /// A home call this node must answer as the users' home; users are split over shards.
-    func localHome(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+    func localHome(_ call: ClusterHomeCall, answerBy: UInt64? = nil) async throws(PresenceError) -> ClusterHomeResult {
         if let why = topology.notServing(users: call.userIDs) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
         // (most calls name one user: one shard, without grouping them first)
-        if call.userIDs.count == 1 { return try await localHomePart(core.homeShardIndex(call.userIDs[0]), call) }
+        if call.userIDs.count == 1 { return try await localHomePart(core.homeShardIndex(call.userIDs[0]), call, answerBy: answerBy) }
         var groups: [Int: [String]] = [:]
         for u in call.userIDs { groups[core.homeShardIndex(u), default: []].append(u) }
         var merged = ClusterHomeResult()
         for (i, users) in groups.sorted(by: { $0.key < $1.key }) {
             var part = call
             part.userIDs = users
-            let r = try await localHomePart(i, part)
+            let r = try await localHomePart(i, part, answerBy: answerBy)
             merged.channels += r.channels
             merged.statuses += r.statuses
             if r.found { merged.found = true; merged.session = r.session }
@@ -150,9 +163,9 @@ struct Router: Sendable {
 
     /// The part of a home call whose users all live in shard `i`, once its copies reached the
     /// replicas (or the wait for them timed out); a refusal is thrown.
-    private func localHomePart(_ i: Int, _ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
+    private func localHomePart(_ i: Int, _ call: ClusterHomeCall, answerBy: UInt64?) async throws(PresenceError) -> ClusterHomeResult {
         let (r, tickets) = await core.userHomes[i].serve(call, users: call.userIDs)
-        if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: core.timings.replicationWait) }
+        if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: replicaWait(answerBy: answerBy)) }
         if let e = r.error { throw PresenceError(wire: e) }
         return r
     }
