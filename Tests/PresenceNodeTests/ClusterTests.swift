@@ -139,6 +139,37 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// A node that passes a call on to the owner for another (a relay: the caller could not reach
+    /// the owner) gives it what is left of the caller's attempt, not a whole peer call's timeout:
+    /// the owner, waiting for a slow replica, answers within it, and the answer comes back in time.
+    @Test func aRelayedCallGetsWhatIsLeftOfTheCallersAttempt() async throws {
+        let nodes = try await cluster(3)
+        let key = ChannelKey(name: "room-1", type: .message)
+        let ring = nodes[0].node.engine.topology.routingRing
+        let placed = ring.owners(ofHash: StableHash.of(key), count: 2)
+        let owner = try #require(nodes.first { $0.node.configuration.nodeID == placed[0] })
+        let relay = try #require(nodes.first { !placed.contains($0.node.configuration.nodeID) })
+        let link = try #require(owner.node.engine.core.link)
+        let warm = relay.client("warm")  // (through the gateway's retries: the owner serves the channel by now)
+        try await warm.connect()
+        try await warm.join(key.name, withPresence: false)
+        link.holdPushesForTesting(to: placed[1], true)
+        let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: relay.node.peerPort), group: relay.group)
+        let session = ClusterSessionRef(sessionID: "00000000000000a1", userID: "ann", gateway: relay.node.configuration.nodeID,
+                                        gatewayBoot: relay.node.engine.core.me.boot, version: SessionVersion.make(epoch: 1, counter: 1))
+        let join = ClusterChannelCall(channelName: key.name, channelType: .message, op: .join, session: session, ringFingerprint: ring.fingerprint)
+        let attempt = owner.node.engine.settings.timings.routingWindow.firstAttempt
+        let t0 = MonotonicClock.now()
+        let answer = try await peer.unary(PeerPresenceMethods.channel, join, timeout: .nanoseconds(Int64(attempt)))
+        let took = MonotonicClock.now() - t0
+        #expect(answer.error == nil, "\(String(describing: answer.error))")
+        #expect(took < attempt, "answered after \(took / 1_000_000) ms")
+        link.holdPushesForTesting(to: placed[1], false)
+        peer.close()
+        await warm.close()
+        for n in nodes { await n.stop() }
+    }
+
     /// A push queue's senders run on the loop of the destination's connection, learned by the
     /// first one: later ones start there instead of on the global pool (a pool thread's wake-up
     /// and a hop to the loop each time the queue went from idle to busy, about once per write).

@@ -30,7 +30,7 @@ struct PeerInbound: Sendable {
             }
             var forwarded = call
             forwarded.hops = 1
-            return try await link.channel(owner, forwarded)
+            return try await link.channel(owner, forwarded, timeout: router.forwardTimeout(answerBy: answerBy))
         } catch {
             return ClusterChannelResult(error: error.wire)
         }
@@ -82,7 +82,7 @@ struct PeerInbound: Sendable {
             }
             var forwarded = call
             forwarded.hops = 1
-            return try await link.home(home, forwarded)
+            return try await link.home(home, forwarded, timeout: router.forwardTimeout(answerBy: answerBy))
         } catch {
             return ClusterHomeResult(error: error.wire)
         }

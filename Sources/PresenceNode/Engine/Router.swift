@@ -140,6 +140,15 @@ struct Router: Sendable {
         return min(wait, ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: MonotonicClock.now()))
     }
 
+    /// How long a call passed on to the owner for another node (a relay) may take: what the
+    /// caller's attempt leaves, less the way back, and never more than a peer call's timeout (nil,
+    /// that timeout, for a caller with no deadline). The owner then bounds its own wait by it.
+    func forwardTimeout(answerBy deadline: UInt64?) -> UInt64? {
+        guard let deadline else { return nil }
+        let left = ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: MonotonicClock.now())
+        return max(1, min(core.timings.peerCallTimeout, left))
+    }
+
     /// A home call this node must answer as the users' home; users are split over shards.
     func localHome(_ call: ClusterHomeCall, answerBy: UInt64? = nil) async throws(PresenceError) -> ClusterHomeResult {
         if let why = topology.notServing(users: call.userIDs) {
