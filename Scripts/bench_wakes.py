@@ -9,7 +9,8 @@ with `--threads 1`, and prints for each: writes/s, CPU per write on each node (u
 /proc) and summed, and the voluntary context switches of every node thread per write (each is a
 thread going to sleep in epoll_wait or on a lock, and so a wake-up to come). With one client every
 call finds the node asleep: CPU per sleep is what one sleep and wake-up costs on this machine,
-call included.
+call included. (Threads that end during a run take their counts with them; the nodes' threads
+are their loops, which live as long as the node.)
 """
 import argparse
 import glob
@@ -57,6 +58,8 @@ def measure(nodes, clients, threads_one, seconds):
     finally:
         c.stop()
     calls = int(re.search(r"calls=(\d+)", out).group(1))
+    if calls == 0:
+        raise SystemExit(f"no calls answered: {out}")
     rate = float(re.search(r"rate=(\d+)", out).group(1))
     cpu = [(b - a) / calls * 1e6 for a, b in zip(cpu0, cpu1)]
     slp = [(b - a) / calls for a, b in zip(sl0, sl1)]

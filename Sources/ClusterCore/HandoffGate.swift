@@ -18,12 +18,13 @@ public struct HandoffGate: Sendable {
     private var waitingFor: Set<String> = []
     private var deadline: UInt64 = 0
     /// "Done" messages, by the ring fingerprint they were sent for, with when each arrived: they
-    /// can arrive before this node has computed that ring itself, even several ring changes
-    /// before (a node that is still joining learns the members one by one, while each of them,
-    /// knowing them all, says "done" for the whole ring at once). One for a ring this node has
-    /// not reached yet is kept across its changes for `limit`; one for the ring it leaves is
-    /// forgotten (that episode's handoff is over, and a later episode of the same ring, after a
-    /// heal, must be handed off again).
+    /// can arrive before this node has computed that ring itself. A node that serves keeps, at a
+    /// ring change, only those for the ring it moves to: a "done" for a ring it had before, late
+    /// or relayed, cannot be told from one for a ring ahead, and would count for a later episode
+    /// of that ring (after a heal) that must be handed off again. A node still joining (its
+    /// boot is in no ring from before it started) learns the members one ring change at a time
+    /// while each of them, knowing them all, says "done" for the whole ring at once, possibly
+    /// several changes ahead: it keeps those for `limit` across its changes.
     private var done: [UInt64: [String: UInt64]] = [:]
     /// (a bound on the bases kept; a ring that changes this often is past any handoff limit anyway)
     private static let maxBases = 16
@@ -50,8 +51,9 @@ public struct HandoffGate: Sendable {
 
     /// The ring changed from `old` to `new`; `alive` are members that can still hand off. Each
     /// member hands off by every ring it carries out, in order, and says "done" for the newest:
-    /// so a "done" for `new` covers the earlier changes too.
-    public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64) {
+    /// so a "done" for `new` covers the earlier changes too. `joining`: this node has not joined
+    /// the cluster yet (it keeps "done" messages for rings still ahead).
+    public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64, joining: Bool = false) {
         forgetStaleDones(now: now)
         let said: Set<String> = done[new.fingerprint].map { Set($0.keys) } ?? []
         let earlier = stillWaiting(now: now) ? waitingFor : []
@@ -79,7 +81,11 @@ public struct HandoffGate: Sendable {
         }
         waitingFor = Set(owners.filter { $0 != me && !said.contains($0) })
         deadline = now &+ limit
-        if old.fingerprint != new.fingerprint { done[old.fingerprint] = nil }
+        if joining {
+            if old.fingerprint != new.fingerprint { done[old.fingerprint] = nil }
+        } else {
+            done = done.filter { $0.key == new.fingerprint }
+        }
         if waitingOnRing.isEmpty { bases = [] }
     }
 
@@ -95,10 +101,10 @@ public struct HandoffGate: Sendable {
         deadline = now &+ limit
     }
 
-    /// Keeps only the "done" messages that can still matter: those for the current ring, and
-    /// those for a ring still ahead that arrived within the limit (a wait that started later than
-    /// that would be over as soon as it began). At most `maxBases` rings' worth, newest first: a
-    /// bound against a peer that says "done" for many rings.
+    /// Keeps only the "done" messages that may still count: those for the current ring, and
+    /// those for a ring still ahead that arrived within the limit. At most `maxBases` rings'
+    /// worth besides the current one, newest first: a bound against a peer that says "done" for
+    /// many rings.
     private mutating func forgetStaleDones(now: UInt64) {
         let mine = current?.fingerprint
         for (fingerprint, senders) in done where fingerprint != mine {

@@ -5,8 +5,8 @@
 /// retries, although the change was made.
 public enum ReplicaWait {
     /// What is left of a caller's attempt ending at `deadline` once `margin` is kept for the
-    /// answer to travel back; 0 when that is already past. (Saturating: a deadline far away, or
-    /// none, is no bound.)
+    /// answer to travel back; 0 when that is already past (or when `now + margin` is past the
+    /// end of the clock).
     public static func left(until deadline: UInt64, margin: UInt64, now: UInt64) -> UInt64 {
         let (answerBy, overflow) = now.addingReportingOverflow(margin)
         guard !overflow, deadline > answerBy else { return 0 }

@@ -22,6 +22,9 @@ final class ServerStream {
     @exclusivity(unchecked) var isGRPC = false
     @exclusivity(unchecked) var unsupportedEncoding: String? = nil
     @exclusivity(unchecked) var timeout: UInt64? = nil
+    /// When `timeout` runs out (monotonic ns), counted from the headers' arrival, as the deadline
+    /// timer is: what the handler is told (`ServerContext.deadline`).
+    @exclusivity(unchecked) var deadline: UInt64? = nil
     @exclusivity(unchecked) var badTimeout = false
     @exclusivity(unchecked) var metadata: [(String, String)] = []
     /// Decoded header bytes so far (RFC 9113's count); over the limit, nothing more is kept.
@@ -404,6 +407,8 @@ final class ServerConnection: HTTP2Connection {
         }
         if let timeout = s.timeout {
             let id = s.id
+            let (at, overflow) = MonotonicClock.now().addingReportingOverflow(timeout)
+            s.deadline = overflow ? .max : at  // (a huge grpc-timeout is no deadline, not one in the past)
             s.deadlineTimer = loop.scheduleTimer(after: timeout) { [self] in deadlineExpired(streamID: id) }
         }
     }
@@ -541,10 +546,7 @@ final class ServerConnection: HTTP2Connection {
     }
 
     private func context(of s: ServerStream) -> ServerContext {
-        ServerContext(path: s.path, deadline: s.timeout.map { t in
-            let (at, overflow) = MonotonicClock.now().addingReportingOverflow(t)
-            return overflow ? .max : at  // (a huge grpc-timeout is no deadline, not one in the past)
-        }, metadata: s.metadata)
+        ServerContext(path: s.path, deadline: s.deadline, metadata: s.metadata)
     }
 
     /// Starts a bidirectional call's handler (its messages reach it through `s.requests`).

@@ -59,9 +59,9 @@ import Testing
 
     /// (as `Topology.update` calls it while not ready: from the new ring without this node)
     func joinInSteps(_ g: inout HandoffGate, lastAt: UInt64) {
-        g.ringChanged(from: first.removing("d"), to: first, alive: Set(first.members), now: 0)
-        g.ringChanged(from: second.removing("d"), to: second, alive: Set(second.members), now: 20)
-        g.ringChanged(from: whole.removing("d"), to: whole, alive: Set(whole.members), now: lastAt)
+        g.ringChanged(from: first.removing("d"), to: first, alive: Set(first.members), now: 0, joining: true)
+        g.ringChanged(from: second.removing("d"), to: second, alive: Set(second.members), now: 20, joining: true)
+        g.ringChanged(from: whole.removing("d"), to: whole, alive: Set(whole.members), now: lastAt, joining: true)
     }
 
     @Test func aDoneForARingTwoChangesAheadCountsOnceTheRingGetsThere() {
@@ -91,6 +91,21 @@ import Testing
         g.ringChanged(from: whole, to: second, alive: Set(second.members), now: 10)
         g.ringChanged(from: second, to: whole, alive: Set(whole.members), now: 20)
         #expect(g.pending == ["a", "b"])
+    }
+
+    /// A node that serves keeps none for a ring two changes ahead: a late "done" of an episode
+    /// of a ring it left (pushes are retried and relayed) looks the same, and would count when
+    /// that ring comes back after a heal, before this episode's handoff arrived.
+    @Test func aServingNodeCountsNoLateDoneForARingItLeft() {
+        var g = HandoffGate(me: "d", limit: 3_000)
+        g.ringChanged(from: second, to: whole, alive: Set(whole.members), now: 0)
+        for n in ["a", "b", "c"] { g.handoffDone(from: n, fingerprint: whole.fingerprint, now: 5) }
+        #expect(g.pending.isEmpty)
+        g.ringChanged(from: whole, to: second, alive: Set(second.members), now: 10)
+        g.handoffDone(from: "a", fingerprint: whole.fingerprint, now: 12)  // late, from the episode that ended
+        g.ringChanged(from: second, to: first, alive: Set(first.members), now: 14)
+        g.ringChanged(from: first, to: whole, alive: Set(whole.members), now: 20)
+        #expect(g.pending.contains("a"))
     }
 
     /// A peer that says "done" for many rings cannot grow what is kept without bound; those that

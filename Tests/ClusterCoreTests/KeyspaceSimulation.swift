@@ -495,7 +495,7 @@ struct KeyspaceSim {
         var gate = HandoffGate(me: id, limit: cfg.handoffLimit)
         if joining {
             // (a process that just joined waits for its keys' previous owners to hand them off)
-            gate.ringChanged(from: ring.removing(id), to: ring, alive: Set(ring.members), now: now &+ mono)
+            gate.ringChanged(from: ring.removing(id), to: ring, alive: Set(ring.members), now: now &+ mono, joining: true)
         }
         return SimProcess(instance: instance, monoOffset: mono, wallSkew: skew,
                           space: Keyspace(me: id, replicationFactor: cfg.replicationFactor, presenceTimeout: cfg.presenceTimeout,
@@ -1126,7 +1126,7 @@ struct KeyspaceSim {
         stats.ringChanges += 1
         let old = p.space.ring
         let me = p.instance
-        procs[n]!.gate.ringChanged(from: p.ready ? old : new.removing(n), to: new, alive: Set(new.members), now: mono(n))
+        procs[n]!.gate.ringChanged(from: p.ready ? old : new.removing(n), to: new, alive: Set(new.members), now: mono(n), joining: !p.ready)
         procs[n]!.routing = p.leaving ? new.removing(n) : new
         let effects = procs[n]!.space.ringChanged(to: new, now: mono(n), wall: wall(n))
         _ = carryOut(n, effects)

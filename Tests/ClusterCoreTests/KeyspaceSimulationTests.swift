@@ -673,6 +673,7 @@ enum SimRuns {
         sim.request(u, .setState(key, [R.item("mic", "on")]))
         sim.run(for: 1_500 * simMs)
         #expect(sim.clients[u]!.op == nil, "the write was not answered while its replica's link was cut")
+        #expect(sim.clients[u]!.state[key] == StateItems([R.item("mic", "on")]), "\(String(describing: sim.clients[u]!.state[key]))")
         sim.run(for: 4 * simSecond)
         #expect(sim.violations.isEmpty, "\(sim.violations)")
     }

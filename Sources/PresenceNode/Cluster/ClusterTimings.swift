@@ -22,7 +22,11 @@ public struct ClusterTimings: Sendable, Equatable {
     /// Timeout of one call to another node (2 s).
     public var peerCallTimeout: UInt64
     /// An owner answering another node's call leaves this much of the call's deadline for its
-    /// answer to travel back: it waits for its replicas only until then (50 ms).
+    /// answer to travel back: it waits for its replicas only until then (100 ms: a wait for
+    /// acknowledgements may end up to 50 ms late, `PushQueue.watch`, and the answer has its way
+    /// back). Answering before the replica has the copy is what the replication wait does anyway
+    /// when it runs out; the gateway keeps the acknowledged state (it is the authority on its
+    /// sessions), and anti-entropy gives it to a new owner should this one fail first.
     public var answerMargin: UInt64
     /// Timeout of one push to another node, and the pause between its attempts (5 s, 50 ms); after
     /// `pushAttempts` failures the push is given up (the receiver's followers get fresh SNAPSHOTs).
@@ -73,7 +77,7 @@ public struct ClusterTimings: Sendable, Equatable {
         routingLastAttempt = max(300_000_000, probeInterval * 3 / 2)
         replicationWait = max(1_000_000_000, probeInterval * 5)
         peerCallTimeout = max(2_000_000_000, probeInterval * 10)
-        answerMargin = 50_000_000
+        answerMargin = 100_000_000
         pushTimeout = max(5_000_000_000, probeInterval * 25)
         firstPushTimeout = max(700_000_000, probeInterval * 7 / 2)
         pushRetryPause = 50_000_000

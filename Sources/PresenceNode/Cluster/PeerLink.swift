@@ -410,20 +410,24 @@ final class PushQueue: Sendable {
         }
     }
 
-    /// Releases waiters whose deadline passed (the destination is stuck), every 50 ms while any wait.
+    /// Releases waiters whose deadline passed (the destination is stuck) while any wait: at the
+    /// earliest deadline, or every 50 ms when that is later (a waiter added meanwhile with an
+    /// earlier deadline is released up to 50 ms late: `ClusterTimings.answerMargin` allows for it).
     private func watch() {
         Task { [self] in
+            var pause: UInt64 = 50_000_000
             while true {
-                try? await Task.sleep(nanoseconds: 50_000_000)
+                try? await Task.sleep(nanoseconds: pause)
                 let now = MonotonicClock.now()
-                let (expired, more) = state.withLock { s -> ([CheckedContinuation<Void, Never>], Bool) in
+                let (expired, next) = state.withLock { s -> ([CheckedContinuation<Void, Never>], UInt64?) in
                     let e = s.waiters.filter { $0.deadline <= now }.map(\.continuation)
                     s.waiters.removeAll { $0.deadline <= now }
                     if s.waiters.isEmpty { s.watchdog = false }
-                    return (e, !s.waiters.isEmpty)
+                    return (e, s.waiters.map(\.deadline).min())
                 }
                 for c in expired { c.resume() }
-                if !more { return }
+                guard let next else { return }
+                pause = min(50_000_000, max(1_000_000, next &- now))
             }
         }
     }

@@ -12,7 +12,7 @@ struct PeerPresenceService {
         let inbound = engine.inbound
         let membership = self.membership
         registry.unaryStaged(PeerPresenceMethods.channel) { req, ctx in
-            inbound.channelStaged(req, answerBy: ctx.deadline)
+            inbound.channel(req, answerBy: ctx.deadline)
         }
         registry.unary(PeerPresenceMethods.home) { req, ctx in
             return await inbound.home(req, answerBy: ctx.deadline)

@@ -129,7 +129,7 @@ public final class Topology: Sendable {
             if s.ready && new.members.count > 1 { s.lease.began(at: now) }
             s.routing = s.leaving ? new.removing(me) : new
             s.settled = false
-            s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: Set(new.members), now: MonotonicClock.now())
+            s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: Set(new.members), now: MonotonicClock.now(), joining: !s.ready)
             return old
         }
     }

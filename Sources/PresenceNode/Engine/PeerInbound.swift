@@ -18,30 +18,13 @@ struct PeerInbound: Sendable {
 
     // MARK: Calls
 
-    /// A channel call routed here. `answerBy`: the deadline of the caller's attempt.
-    func channel(_ call: ClusterChannelCall, answerBy: UInt64? = nil) async -> ClusterChannelResult {
-        do throws(PresenceError) {
-            let key = try Validate.channel(call.channelName, call.channelType)
-            if let why = topology.ringMismatch(call.ringFingerprint) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
-            let owner = topology.owner(of: key)
-            if owner == topology.me { return try await router.localChannel(key, call, answerBy: answerBy) }
-            guard call.hops == 0, let link = core.link else {
-                throw PresenceError(.unavailable, "NOT_OWNER", "\(topology.me) does not own \(key) (its owner is \(owner)); retry")
-            }
-            var forwarded = call
-            forwarded.hops = 1
-            return try await link.channel(owner, forwarded, timeout: router.forwardTimeout(answerBy: answerBy))
-        } catch {
-            return ClusterChannelResult(error: error.wire)
-        }
-    }
-
-    /// `channel`, answered at once on the calling thread when this node owns the channel, serves
-    /// it, its shard runs on this thread and the answer waits for no copy (a read, or a write with
-    /// no replica): then no task is started for the call. On another of this node's loops, it is
-    /// tried again there once; anything else is `channel` as a task. (It never fails: errors are
-    /// answered in the result, as `channel` answers them.)
-    func channelStaged(_ call: ClusterChannelCall, answerBy: UInt64?, handOff: Bool = true) -> Staged<ClusterChannelResult, any Error> {
+    /// A channel call routed here; `answerBy`: the deadline of the caller's attempt. Answered at
+    /// once on the calling thread when this node owns the channel, serves it, its shard runs on
+    /// this thread and the answer waits for no copy (a read, or a write with no replica): then no
+    /// task is started for the call. On another of this node's loops, it is tried again there
+    /// once; the rest (a wait for replicas, a call passed on to the owner) runs as a task. It
+    /// never fails: errors are answered in the result.
+    func channel(_ call: ClusterChannelCall, answerBy: UInt64?, handOff: Bool = true) -> Staged<ClusterChannelResult, any Error> {
         let key: ChannelKey
         do throws(PresenceError) {
             key = try Validate.channel(call.channelName, call.channelType)
@@ -49,7 +32,7 @@ struct PeerInbound: Sendable {
         } catch {
             return .now(ClusterChannelResult(error: error.wire))
         }
-        guard topology.owner(of: key) == topology.me else { return .later { [self] in await channel(call, answerBy: answerBy) } }
+        guard topology.owner(of: key) == topology.me else { return .later { [self] in await servedOrPassedOn(key, call, answerBy: answerBy) } }
         switch router.channelCallAtOnce(key, call) {
         case .answered(let answer):
             if answer.isFinal(core) { return .now(answer.result) }
@@ -57,14 +40,31 @@ struct PeerInbound: Sendable {
                 do throws(PresenceError) { return try await router.finish(answer, answerBy: answerBy) } catch { return ClusterChannelResult(error: error.wire) }
             }
         case .onLoop(let loop) where handOff:
-            return .onLoop(loop) { [self] in channelStaged(call, answerBy: answerBy, handOff: false) }
+            return .onLoop(loop) { [self] in channel(call, answerBy: answerBy, handOff: false) }
         case .onLoop, .elsewhere:
-            return .later { [self] in await channel(call, answerBy: answerBy) }
+            return .later { [self] in await servedOrPassedOn(key, call, answerBy: answerBy) }
+        }
+    }
+
+    /// The rest of a channel call `channel` checked: answered here as the owner (or refused while
+    /// this node may not), or passed on once to the owner.
+    private func servedOrPassedOn(_ key: ChannelKey, _ call: ClusterChannelCall, answerBy: UInt64?) async -> ClusterChannelResult {
+        do throws(PresenceError) {
+            let owner = topology.owner(of: key)
+            if owner == topology.me { return try await router.localChannel(key, call, answerBy: answerBy) }
+            guard call.hops == 0, let link = core.link else {
+                throw PresenceError(.unavailable, "NOT_OWNER", "\(topology.me) does not own \(key) (its owner is \(owner)); retry")
+            }
+            var forwarded = call
+            forwarded.hops = 1
+            return try await link.channel(owner, forwarded, timeout: try router.forwardTimeout(answerBy: answerBy))
+        } catch {
+            return ClusterChannelResult(error: error.wire)
         }
     }
 
     /// A home call routed here. `answerBy`: the deadline of the caller's attempt.
-    func home(_ call: ClusterHomeCall, answerBy: UInt64? = nil) async -> ClusterHomeResult {
+    func home(_ call: ClusterHomeCall, answerBy: UInt64?) async -> ClusterHomeResult {
         do throws(PresenceError) {
             var users: [String] = []
             for u in call.userIDs { users.append(try Validate.userID(u)) }
@@ -82,7 +82,7 @@ struct PeerInbound: Sendable {
             }
             var forwarded = call
             forwarded.hops = 1
-            return try await link.home(home, forwarded, timeout: router.forwardTimeout(answerBy: answerBy))
+            return try await link.home(home, forwarded, timeout: try router.forwardTimeout(answerBy: answerBy))
         } catch {
             return ClusterHomeResult(error: error.wire)
         }

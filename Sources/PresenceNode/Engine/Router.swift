@@ -57,9 +57,9 @@ struct Router: Sendable {
     func channelCall(_ key: ChannelKey, _ call: ClusterChannelCall, first: LocalAnswer? = nil) async throws(PresenceError) -> ClusterChannelResult {
         var first = first
         return try await retrying { (attempt: RoutingWindow.Attempt) async throws(PresenceError) in
-            if let answer = first.take() { return try await finish(answer) }
+            if let answer = first.take() { return try await finish(answer, answerBy: nil) }
             let (owner, fingerprint) = topology.route(key)
-            if owner == topology.me { return try await localChannel(key, call) }
+            if owner == topology.me { return try await localChannel(key, call, answerBy: nil) }
             guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(owner)") }
             var call = call
             call.ringFingerprint = fingerprint
@@ -71,7 +71,7 @@ struct Router: Sendable {
     func homeCall(_ call: ClusterHomeCall) async throws(PresenceError) -> ClusterHomeResult {
         try await retrying { (attempt: RoutingWindow.Attempt) async throws(PresenceError) in
             let (home, fingerprint) = topology.route(user: call.userIDs.first ?? "")
-            if home == topology.me { return try await localHome(call) }
+            if home == topology.me { return try await localHome(call, answerBy: nil) }
             guard let link = core.link else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "no peer link to \(home)") }
             var call = call
             call.ringFingerprint = fingerprint
@@ -112,7 +112,7 @@ struct Router: Sendable {
 
     /// A channel call this node must answer as the owner (or refuse while it may not).
     /// `answerBy`: the deadline of the caller's attempt, when another node made the call.
-    func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall, answerBy: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
+    func localChannel(_ key: ChannelKey, _ call: ClusterChannelCall, answerBy: UInt64?) async throws(PresenceError) -> ClusterChannelResult {
         let hash = StableHash.of(key)
         if let why = topology.notServing(keyHash: hash) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
@@ -122,7 +122,7 @@ struct Router: Sendable {
     }
 
     /// A local answer once its copies reached the replicas (or the wait for them timed out).
-    func finish(_ answer: LocalAnswer, answerBy: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
+    func finish(_ answer: LocalAnswer, answerBy: UInt64?) async throws(PresenceError) -> ClusterChannelResult {
         if !answer.tickets.isEmpty, let link = core.link { await link.waitSent(answer.tickets, timeout: replicaWait(answerBy: answerBy)) }
         if let e = answer.result.error { throw PresenceError(wire: e) }
         return answer.result
@@ -143,14 +143,18 @@ struct Router: Sendable {
     /// How long a call passed on to the owner for another node (a relay) may take: what the
     /// caller's attempt leaves, less the way back, and never more than a peer call's timeout (nil,
     /// that timeout, for a caller with no deadline). The owner then bounds its own wait by it.
-    func forwardTimeout(answerBy deadline: UInt64?) -> UInt64? {
+    /// When nothing is left the caller has given up: the call is refused here, not passed on.
+    func forwardTimeout(answerBy deadline: UInt64?) throws(PresenceError) -> UInt64? {
         guard let deadline else { return nil }
         let left = ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: MonotonicClock.now())
-        return max(1, min(core.timings.peerCallTimeout, left))
+        guard left >= 1_000_000 else {
+            throw PresenceError(.unavailable, "NOT_SERVING", "DEADLINE: too little is left of the caller's attempt to pass the call on; retry")
+        }
+        return min(core.timings.peerCallTimeout, left)
     }
 
     /// A home call this node must answer as the users' home; users are split over shards.
-    func localHome(_ call: ClusterHomeCall, answerBy: UInt64? = nil) async throws(PresenceError) -> ClusterHomeResult {
+    func localHome(_ call: ClusterHomeCall, answerBy: UInt64?) async throws(PresenceError) -> ClusterHomeResult {
         if let why = topology.notServing(users: call.userIDs) {
             throw PresenceError(.unavailable, "NOT_SERVING", why)
         }
