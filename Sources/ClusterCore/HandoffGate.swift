@@ -28,6 +28,10 @@ public struct HandoffGate: Sendable {
     private var done: [UInt64: [String: UInt64]] = [:]
     /// (a bound on the bases kept; a ring that changes this often is past any handoff limit anyway)
     private static let maxBases = 16
+    /// When the members still waited for were last asked whether they handed off (`membersToAsk`):
+    /// a wait's start counts (after a ring change each member says "done" on its own, and a node
+    /// back from death asks at once).
+    private var askedAt: UInt64 = 0
 
     public init(me: String, limit: UInt64) {
         self.me = me
@@ -81,6 +85,7 @@ public struct HandoffGate: Sendable {
         }
         waitingFor = Set(owners.filter { $0 != me && !said.contains($0) })
         deadline = now &+ limit
+        askedAt = now
         if joining {
             if old.fingerprint != new.fingerprint { done[old.fingerprint] = nil }
         } else {
@@ -99,7 +104,27 @@ public struct HandoffGate: Sendable {
         waitingFor = Set(ring.members.filter { $0 != me })
         sinceReturn = waitingFor
         deadline = now &+ limit
+        askedAt = now
     }
+
+    /// The members to ask now whether they have handed off for the current ring (with its
+    /// fingerprint): those on it still waited for, at most once every `interval` while the wait
+    /// lasts; nil when there is no one to ask yet. A member answers only once it has carried out
+    /// that ring. Without this, a "done" can be lost for good: one that arrived just before a
+    /// return from death is forgotten with everything else, and the member that sent it, having
+    /// carried out its ring already, says nothing more; asked for another ring (the one this node
+    /// had at its return), it stays silent too. The node then waited the whole limit (found by
+    /// Cluster/chaos, netns seed 2: after a 2 s partition, a node refused its keys for 3 s).
+    public mutating func membersToAsk(now: UInt64, every interval: UInt64) -> (fingerprint: UInt64, members: [String])? {
+        guard stillWaiting(now: now), let current, now >= askedAt &+ interval else { return nil }
+        let ask = waitingFor.filter { current.members.contains($0) }.sorted()
+        guard !ask.isEmpty else { return nil }
+        askedAt = now
+        return (current.fingerprint, ask)
+    }
+
+    /// Whether this node still waits for a handoff at `now` (so someone may be asked again).
+    public func isWaiting(now: UInt64) -> Bool { stillWaiting(now: now) }
 
     /// Keeps only the "done" messages that may still count: those for the current ring, and
     /// those for a ring still ahead that arrived within the limit. At most `maxBases` rings'

@@ -267,3 +267,40 @@ import Testing
         #expect(!lossy.contains("c"))
     }
 }
+
+@Suite struct HandoffGateAskAgainTests {
+    let five = HashRing(members: ["a", "b", "c", "d", "e"])
+
+    /// A node back from death forgot the "done"s that came just before, and its ring changed
+    /// after its request: it asks again, for its current ring, the members still waited for, once
+    /// every interval while the wait lasts; answered, it serves.
+    @Test func membersStillWaitedForAreAskedAgainForTheCurrentRing() {
+        let stale = five.removing("a")
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.handoffDone(from: "b", fingerprint: five.fingerprint, now: 0)   // forgotten below
+        g.returnedFromDeath(ring: stale, now: 10)
+        #expect(g.membersToAsk(now: 300, every: 300) == nil, "asked again before the interval passed")
+        g.ringChanged(from: stale, to: five, alive: Set(five.members), now: 200)
+        #expect(g.membersToAsk(now: 499, every: 300) == nil)
+        let ask = g.membersToAsk(now: 500, every: 300)
+        #expect(ask?.fingerprint == five.fingerprint)
+        #expect(ask?.members == ["a", "b", "d", "e"])
+        #expect(g.membersToAsk(now: 600, every: 300) == nil, "asked twice within one interval")
+        for n in ["a", "b", "d"] { g.handoffDone(from: n, fingerprint: five.fingerprint, now: 700) }
+        #expect(g.membersToAsk(now: 800, every: 300)?.members == ["e"])
+        g.handoffDone(from: "e", fingerprint: five.fingerprint, now: 900)
+        #expect(!g.isWaiting(now: 901))
+        #expect(g.membersToAsk(now: 2_000, every: 300) == nil, "asked with nothing left to wait for")
+    }
+
+    /// Members off the current ring cannot answer for it, and nobody is asked once the limit passed.
+    @Test func onlyMembersOnTheRingAreAskedAndOnlyWithinTheLimit() {
+        let four = five.removing("e")
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.returnedFromDeath(ring: five, now: 0)
+        g.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
+        #expect(g.membersToAsk(now: 400, every: 300)?.members == ["a", "b", "d"])
+        #expect(g.isWaiting(now: 2_999) && !g.isWaiting(now: 3_010))
+        #expect(g.membersToAsk(now: 3_010, every: 300) == nil)
+    }
+}

@@ -38,6 +38,9 @@ struct SimConfig {
     /// What an owner leaves of a caller's attempt for its answer to travel back (ClusterTimings.answerMargin).
     var answerMargin: UInt64 = 50 * simMs
     var handoffLimit: UInt64 = 3 * simSecond
+    /// While a node waits for handoffs, it asks the members it waits for again this often
+    /// (ClusterTimings.handoffAskAgain); 0: it never asks again (as before that rule).
+    var handoffAskAgain: UInt64 = 300 * simMs
     /// How long a key taken over from a possibly stale copy is not served (ClusterTimings.staleTakeoverHold).
     var staleHold: UInt64 = 1_300 * simMs
     /// Pushes a crashed process sent this recently were still in its queue: lost with it.
@@ -116,6 +119,8 @@ enum SimMessage {
     case copy(ChannelCopy<NodeInstance>, gone: [NodeInstance: UInt64], ticket: Int?)
     case deliveries([SimRouted])
     case handoffDone(fingerprint: UInt64)
+    /// A node back from death (or still waiting) asks whether the receiver handed off for this ring.
+    case handoffRequest(fingerprint: UInt64)
     case moved(SessionID, to: NodeInstance, version: UInt64)
     /// A replica asks the owner for a whole copy of a key it holds only part of.
     case copyRequest(ChannelKey)
@@ -168,6 +173,8 @@ enum SimTimer {
     case exit
     /// A joining process's join through its seed is answered (Topology.markReady).
     case ready
+    /// RingCoordinator.askForHandoffsWhileWaiting: ask the members still waited for again.
+    case askHandoff
 }
 
 enum SimAction {
@@ -810,6 +817,15 @@ struct KeyspaceSim {
         case .ready:
             procs[n]!.ready = true
             receiveEarly(n)
+        case .askHandoff:
+            let every = cfg.handoffAskAgain
+            guard every > 0 else { return }
+            if let due = procs[n]!.gate.membersToAsk(now: mono(n), every: every) {
+                let ring = procs[n]!.space.ring
+                if record { note("\(n) asks again for handoffs: \(due.members)") }
+                for m in due.members { push(from: inst, to: NodeInstance(m, boot: ring.boot(of: m)), .handoffRequest(fingerprint: due.fingerprint)) }
+            }
+            if procs[n]!.gate.isWaiting(now: mono(n)) { schedule(at: now + every, .timer(inst, .askHandoff)) }
         case .exit:
             status[n] = .left
             deferred[n] = nil
@@ -855,6 +871,12 @@ struct KeyspaceSim {
             for d in ds where d.sink == env.to { gatewayReceive(n, d, from: env.from) }
         case .handoffDone(let fp):
             procs[n]!.gate.handoffDone(from: env.from.id, fingerprint: fp, now: mono(n))
+        case .handoffRequest(let fp):
+            // RingCoordinator.handoffRequested: answered once this ring is carried out (a change
+            // is carried out at once here)
+            if procs[n]!.ready, procs[n]!.space.ring.fingerprint == fp {
+                push(from: env.to, to: env.from, .handoffDone(fingerprint: fp))
+            }
         case .moved(let id, let to, let version):
             movedAway(n, id, to: to, version: version)
         case .digest(let round, let theirs, let fp):
@@ -1137,6 +1159,7 @@ struct KeyspaceSim {
         for m in new.members where m != n {
             push(from: me, to: NodeInstance(m, boot: new.boot(of: m)), .handoffDone(fingerprint: new.fingerprint))
         }
+        if cfg.handoffAskAgain > 0, procs[n]!.gate.isWaiting(now: mono(n)) { schedule(at: now + cfg.handoffAskAgain, .timer(me, .askHandoff)) }
         // PeerLink.forgetAllBut
         for k in links.keys.sorted() where k.from == me && !new.isLive(k.to.id, boot: k.to.boot) { clearQueue(k) }
         restartLossyFollowers(n)
@@ -1793,6 +1816,29 @@ struct KeyspaceSim {
     /// it, then add the new one; those that already dropped it add the new one.
     mutating func restart(_ node: String) { restart(node, gossip: [:]) }
 
+    /// `observer` learns, after `delay`, that `member`'s current process is up (`add`) or gone
+    /// (its own view only: for scripting views that differ).
+    mutating func see(_ observer: String, _ member: String, add: Bool, after delay: UInt64 = 0) {
+        guard let boot = procs[member]?.instance.boot else { return }
+        schedule(at: now + delay, .view(observer: observer, member: member, boot: boot, add: add))
+    }
+
+    /// `node` hears that it was declared dead and is back (RingCoordinator.returnedFromDeath): it
+    /// serves none of its keys until every member of its ring says it handed back, and asks them.
+    mutating func returnFromDeath(_ node: String) {
+        guard status[node] == .up else { return }
+        let inst = procs[node]!.instance
+        let ring = procs[node]!.space.ring
+        if record { note("\(node) returns from death, ring \(ring.members)") }
+        procs[node]!.gate.returnedFromDeath(ring: ring, now: mono(node))
+        procs[node]!.space.returnedFromDeath(now: mono(node))
+        for m in ring.members where m != node {
+            push(from: inst, to: NodeInstance(m, boot: ring.boot(of: m)), .handoffRequest(fingerprint: ring.fingerprint))
+        }
+        if cfg.handoffAskAgain > 0 { schedule(at: now + cfg.handoffAskAgain, .timer(inst, .askHandoff)) }
+        schedule(at: now + cfg.antiEntropyAfterRingChange, .timer(inst, .antiEntropySoon))
+    }
+
     /// `gossip`: when each survivor learns of the new process (else 30–200 ms, at random).
     /// `learnsLate`: members the new process learns of only after these delays, one ring change
     /// each (as a node still joining learns of members that join through it); it is ready once
@@ -1810,6 +1856,7 @@ struct KeyspaceSim {
         procs[node] = makeProcess(node, boot: boot, view: view, joining: true)
         status[node] = .up
         let inst = procs[node]!.instance
+        if cfg.handoffAskAgain > 0 { schedule(at: now + cfg.handoffAskAgain, .timer(inst, .askHandoff)) }
         if let last = late.values.max() {
             procs[node]!.ready = false
             for (m, d) in late.sorted(by: { $0.key < $1.key }) where m != seed {

@@ -54,6 +54,11 @@ public struct ClusterTimings: Sendable, Equatable {
     public var cutOffAfter: UInt64
     /// How long a new owner waits for a live previous owner's handoff before serving anyway (3 s).
     public var handoffLimit: UInt64
+    /// While this node waits for a handoff, the members it waits for are asked again this often
+    /// whether they have handed off (0.3 s: a "done" may have been lost, see
+    /// `HandoffGate.membersToAsk`; the first "done"s come on their own, within a round trip and
+    /// a handoff).
+    public var handoffAskAgain: UInt64
     /// Followers owed fresh SNAPSHOTs of keys still waiting for their handoff are tried again this
     /// often (a probe interval) until the handoff lands or `handoffLimit` passes.
     public var heldBackRetry: UInt64
@@ -87,6 +92,7 @@ public struct ClusterTimings: Sendable, Equatable {
         antiEntropyAfterRingChange = max(300_000_000, probeInterval * 3 / 2)
         handoffLimit = max(3_000_000_000, probeInterval * 15)
         heldBackRetry = probeInterval
+        handoffAskAgain = max(300_000_000, probeInterval * 3 / 2)
         staleTakeoverHold = antiEntropyAfterRingChange + antiEntropyInterval
         lease = probeInterval * 3
         cutOffAfter = lease + probeInterval * 2

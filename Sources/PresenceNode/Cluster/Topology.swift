@@ -187,6 +187,18 @@ public final class Topology: Sendable {
         state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: MonotonicClock.now()) }
     }
 
+    /// The members to ask again whether they have handed off for this node's ring, and its
+    /// fingerprint: those still waited for, once every `interval` (`HandoffGate.membersToAsk`).
+    public func handoffRequestsDue(every interval: UInt64, now: UInt64 = MonotonicClock.now()) -> (fingerprint: UInt64, members: [NodeInstance])? {
+        state.withLock { s in
+            guard let ask = s.gate.membersToAsk(now: now, every: interval) else { return nil }
+            return (ask.fingerprint, ask.members.map { NodeInstance($0, boot: s.ring.boot(of: $0)) })
+        }
+    }
+
+    /// Whether this node still waits for a previous owner's handoff.
+    public func waitsForHandoff(now: UInt64 = MonotonicClock.now()) -> Bool { state.withLock { $0.gate.isWaiting(now: now) } }
+
     /// Previous owners this node still waits for, sorted and comma-separated (logs).
     public var handoffPending: String { state.withLock { $0.gate.pending }.sorted().joined(separator: ",") }
 

@@ -15,6 +15,8 @@ final class RingCoordinator: Sendable {
     private let lossy = Mutex(LossyFollowers())
     /// Whether a loop releasing held-back fresh starts runs (`releaseHeldBackSoon`).
     private let releasing = Atomic<Bool>(false)
+    /// Whether a loop asking for missing handoffs runs (`askForHandoffsWhileWaiting`).
+    private let asking = Atomic<Bool>(false)
 
     init(core: EngineCore, antiEntropy: AntiEntropy) {
         self.core = core
@@ -36,8 +38,28 @@ final class RingCoordinator: Sendable {
             }
         }
         link.forgetAllBut(new)
+        askForHandoffsWhileWaiting()
         await restartLossyFollowers()
         antiEntropy.runSoon()
+    }
+
+    /// While this node waits for previous owners to hand off, asks those it still waits for, every
+    /// `handoffAskAgain`, whether they have (`HandoffGate.membersToAsk`: a "done" may have been
+    /// lost). One such loop at a time; it ends with the wait.
+    func askForHandoffsWhileWaiting() {
+        guard core.link != nil, asking.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        let every = core.timings.handoffAskAgain
+        core.background.run { [self] in
+            while !Task.isCancelled, core.topology.waitsForHandoff() {
+                try? await Task.sleep(nanoseconds: every)
+                guard let link = core.link, let due = core.topology.handoffRequestsDue(every: every) else { continue }
+                core.trace?("asking again for handoffs", ["ring": String(due.fingerprint), "members": due.members.map(\.id).joined(separator: ",")])
+                for node in due.members { link.push(to: node) { $0.handoffRequest = due.fingerprint } }
+            }
+            asking.store(false, ordering: .releasing)
+            // (a wait that began as this loop ended gets one of its own)
+            if !Task.isCancelled, core.topology.waitsForHandoff() { askForHandoffsWhileWaiting() }
+        }
     }
 
     /// This node has joined its cluster: it takes in the copies that arrived before, then serves.
@@ -70,6 +92,7 @@ final class RingCoordinator: Sendable {
         for node in ring.members where node != core.topology.me {
             link.push(to: NodeInstance(node, boot: ring.boot(of: node))) { $0.handoffRequest = ring.fingerprint }
         }
+        askForHandoffsWhileWaiting()
         antiEntropy.runSoon()
     }
 
