@@ -51,7 +51,9 @@ public struct HandoffGate: Sendable {
         return waitingFor.filter { current.members.contains($0) || sinceReturn.contains($0) }
     }
 
-    private func stillWaiting(now: UInt64) -> Bool { now < deadline && !waitingOnRing.isEmpty }
+    /// Whether this node still waits for a handoff at `now` (within the limit, for a member on
+    /// its ring or one waited for since its return from death).
+    public func isWaiting(now: UInt64) -> Bool { now < deadline && !waitingOnRing.isEmpty }
 
     /// The ring changed from `old` to `new`; `alive` are members that can still hand off. Each
     /// member hands off by every ring it carries out, in order, and says "done" for the newest:
@@ -60,7 +62,7 @@ public struct HandoffGate: Sendable {
     public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64, joining: Bool = false) {
         forgetStaleDones(now: now)
         let said: Set<String> = done[new.fingerprint].map { Set($0.keys) } ?? []
-        let earlier = stillWaiting(now: now) ? waitingFor : []
+        let earlier = isWaiting(now: now) ? waitingFor : []
         if earlier.isEmpty {
             bases = []
             sinceReturn = []
@@ -116,15 +118,12 @@ public struct HandoffGate: Sendable {
     /// had at its return), it stays silent too. The node then waited the whole limit (found by
     /// Cluster/chaos, netns seed 2: after a 2 s partition, a node refused its keys for 3 s).
     public mutating func membersToAsk(now: UInt64, every interval: UInt64) -> (fingerprint: UInt64, members: [String])? {
-        guard stillWaiting(now: now), let current, now >= askedAt &+ interval else { return nil }
+        guard isWaiting(now: now), let current, now >= askedAt &+ interval else { return nil }
         let ask = waitingFor.filter { current.members.contains($0) }.sorted()
         guard !ask.isEmpty else { return nil }
         askedAt = now
         return (current.fingerprint, ask)
     }
-
-    /// Whether this node still waits for a handoff at `now` (so someone may be asked again).
-    public func isWaiting(now: UInt64) -> Bool { stillWaiting(now: now) }
 
     /// Keeps only the "done" messages that may still count: those for the current ring, and
     /// those for a ring still ahead that arrived within the limit. At most `maxBases` rings'
@@ -154,7 +153,7 @@ public struct HandoffGate: Sendable {
 
     /// May this node answer for a key with this hash (which it owns under the current ring)?
     public func mayServe(keyHash: UInt64, now: UInt64) -> Bool {
-        guard stillWaiting(now: now) else { return true }
+        guard isWaiting(now: now) else { return true }
         let waiting = waitingOnRing
         for base in bases {
             if let before = base.owner(ofHash: keyHash), waiting.contains(before) { return false }

@@ -821,11 +821,10 @@ struct KeyspaceSim {
             let every = cfg.handoffAskAgain
             guard every > 0 else { return }
             if let due = procs[n]!.gate.membersToAsk(now: mono(n), every: every) {
-                let ring = procs[n]!.space.ring
                 if record { note("\(n) asks again for handoffs: \(due.members)") }
-                for m in due.members { push(from: inst, to: NodeInstance(m, boot: ring.boot(of: m)), .handoffRequest(fingerprint: due.fingerprint)) }
+                requestHandoffs(n, from: due.members, ring: procs[n]!.space.ring)
             }
-            if procs[n]!.gate.isWaiting(now: mono(n)) { schedule(at: now + every, .timer(inst, .askHandoff)) }
+            askHandoffsLater(n)
         case .exit:
             status[n] = .left
             deferred[n] = nil
@@ -1159,7 +1158,7 @@ struct KeyspaceSim {
         for m in new.members where m != n {
             push(from: me, to: NodeInstance(m, boot: new.boot(of: m)), .handoffDone(fingerprint: new.fingerprint))
         }
-        if cfg.handoffAskAgain > 0, procs[n]!.gate.isWaiting(now: mono(n)) { schedule(at: now + cfg.handoffAskAgain, .timer(me, .askHandoff)) }
+        askHandoffsLater(n)
         // PeerLink.forgetAllBut
         for k in links.keys.sorted() where k.from == me && !new.isLive(k.to.id, boot: k.to.boot) { clearQueue(k) }
         restartLossyFollowers(n)
@@ -1832,11 +1831,21 @@ struct KeyspaceSim {
         if record { note("\(node) returns from death, ring \(ring.members)") }
         procs[node]!.gate.returnedFromDeath(ring: ring, now: mono(node))
         procs[node]!.space.returnedFromDeath(now: mono(node))
-        for m in ring.members where m != node {
-            push(from: inst, to: NodeInstance(m, boot: ring.boot(of: m)), .handoffRequest(fingerprint: ring.fingerprint))
-        }
-        if cfg.handoffAskAgain > 0 { schedule(at: now + cfg.handoffAskAgain, .timer(inst, .askHandoff)) }
+        requestHandoffs(node, from: ring.members.filter { $0 != node }, ring: ring)
+        askHandoffsLater(node)
         schedule(at: now + cfg.antiEntropyAfterRingChange, .timer(inst, .antiEntropySoon))
+    }
+
+    /// `n` asks each of `members` whether it handed off for `ring` (RingCoordinator.requestHandoffs).
+    private mutating func requestHandoffs(_ n: String, from members: [String], ring: HashRing) {
+        let inst = procs[n]!.instance
+        for m in members { push(from: inst, to: NodeInstance(m, boot: ring.boot(of: m)), .handoffRequest(fingerprint: ring.fingerprint)) }
+    }
+
+    /// While `n` waits for handoffs, it asks again after `handoffAskAgain` (RingCoordinator.askForHandoffsWhileWaiting).
+    private mutating func askHandoffsLater(_ n: String) {
+        guard cfg.handoffAskAgain > 0, procs[n]!.gate.isWaiting(now: mono(n)) else { return }
+        schedule(at: now + cfg.handoffAskAgain, .timer(procs[n]!.instance, .askHandoff))
     }
 
     /// `gossip`: when each survivor learns of the new process (else 30–200 ms, at random).
@@ -1856,7 +1865,7 @@ struct KeyspaceSim {
         procs[node] = makeProcess(node, boot: boot, view: view, joining: true)
         status[node] = .up
         let inst = procs[node]!.instance
-        if cfg.handoffAskAgain > 0 { schedule(at: now + cfg.handoffAskAgain, .timer(inst, .askHandoff)) }
+        askHandoffsLater(node)
         if let last = late.values.max() {
             procs[node]!.ready = false
             for (m, d) in late.sorted(by: { $0.key < $1.key }) where m != seed {

@@ -54,7 +54,7 @@ final class RingCoordinator: Sendable {
                 try? await Task.sleep(nanoseconds: every)
                 guard let link = core.link, let due = core.topology.handoffRequestsDue(every: every) else { continue }
                 core.trace?("asking again for handoffs", ["ring": String(due.fingerprint), "members": due.members.map(\.id).joined(separator: ",")])
-                for node in due.members { link.push(to: node) { $0.handoffRequest = due.fingerprint } }
+                requestHandoffs(from: due.members, fingerprint: due.fingerprint, link: link)
             }
             asking.store(false, ordering: .releasing)
             // (a wait that began as this loop ended gets one of its own)
@@ -89,11 +89,16 @@ final class RingCoordinator: Sendable {
         }
         guard let link = core.link else { return }
         let ring = core.topology.ring
-        for node in ring.members where node != core.topology.me {
-            link.push(to: NodeInstance(node, boot: ring.boot(of: node))) { $0.handoffRequest = ring.fingerprint }
-        }
+        let others = ring.members.filter { $0 != core.topology.me }.map { NodeInstance($0, boot: ring.boot(of: $0)) }
+        requestHandoffs(from: others, fingerprint: ring.fingerprint, link: link)
         askForHandoffsWhileWaiting()
         antiEntropy.runSoon()
+    }
+
+    /// Asks each of `nodes` to say whether it has handed off for the ring `fingerprint`
+    /// (answered by `handoffRequested` there).
+    private func requestHandoffs(from nodes: [NodeInstance], fingerprint: UInt64, link: PeerLink) {
+        for node in nodes { link.push(to: node) { $0.handoffRequest = fingerprint } }
     }
 
     /// A member back from death asks whether this node has handed back for the ring `fingerprint`:
