@@ -191,6 +191,15 @@ final class ServerConnection: HTTP2Connection {
         return 0
     }
 
+    /// Where nghttp2 puts the stream's DATA among the connection's (RFC 9218 urgency, not
+    /// incremental), whatever a `priority` header of the client's says. (Without
+    /// SETTINGS_NO_RFC7540_PRIORITIES sent, nghttp2 does nothing with it.)
+    private func schedule(_ streamID: Int32, _ urgency: UInt32) {
+        guard !settings.rfc7540Priorities, let session else { return }
+        var priority = nghttp2_extpri(urgency: urgency, inc: 0)
+        nghttp2_session_change_extpri_stream_priority(session, streamID, &priority, 1)
+    }
+
     /// The open stream with this id, found through nghttp2's stream user data (no hashing).
     @inline(__always)
     private func stream(_ id: Int32) -> ServerStream? {
@@ -209,6 +218,7 @@ final class ServerConnection: HTTP2Connection {
         if name.first == UInt8(ascii: ":") {
             if bytesEqual(name, ":path") {
                 s.route = core.routes.find(value)
+                if let route = s.route { schedule(streamID, route.method.sendUrgency) }
                 s.unknownPath = s.route == nil ? String(decoding: value, as: UTF8.self) : ""
             } else if bytesEqual(name, ":method") {
                 s.isPost = bytesEqual(value, "POST")

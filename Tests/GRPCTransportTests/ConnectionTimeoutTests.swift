@@ -67,6 +67,33 @@ struct RawPeer {
         return (frames, false)
     }
 
+    /// The entries of the server's first SETTINGS frame (not an acknowledgement), by identifier;
+    /// nil if none came before `deadline`.
+    func readSettings(until deadline: UInt64) -> [UInt16: UInt32]? {
+        var buffer: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16384)
+        while MonotonicClock.now() < deadline {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n == 0 { return nil }
+            if n < 0 { continue }
+            buffer += chunk[0..<n]
+            while buffer.count >= 9 {
+                let len = Int(buffer[0]) << 16 | Int(buffer[1]) << 8 | Int(buffer[2])
+                guard buffer.count >= 9 + len else { break }
+                if buffer[3] == 4, buffer[4] & 0x1 == 0 {
+                    var entries: [UInt16: UInt32] = [:]
+                    for at in stride(from: 9, to: 9 + len - 5, by: 6) {
+                        let id = UInt16(buffer[at]) << 8 | UInt16(buffer[at + 1])
+                        entries[id] = buffer[(at + 2)..<(at + 6)].reduce(0) { $0 << 8 | UInt32($1) }
+                    }
+                    return entries
+                }
+                buffer.removeFirst(9 + len)
+            }
+        }
+        return nil
+    }
+
     /// A whole unary request on `stream`: headers, then one gRPC message and END_STREAM.
     func request(stream: UInt32, path: String, message: [UInt8], headers: [(String, String)] = []) {
         var block = Self.literal(":method", "POST") + Self.literal(":scheme", "http") + Self.literal(":path", path)
