@@ -37,11 +37,15 @@ struct RawPeer {
     /// The client preface and an empty SETTINGS frame.
     func handshake() { send(Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + Self.frame(type: 4, flags: 0, stream: 0, [])) }
 
+    /// The header block of a gRPC request for `path` (HPACK literals).
+    static func requestHeaders(path: String) -> [UInt8] {
+        literal(":method", "POST") + literal(":scheme", "http") + literal(":path", path)
+            + literal(":authority", "localhost") + literal("content-type", "application/grpc") + literal("te", "trailers")
+    }
+
     /// Request headers for `path` on stream 1, without END_STREAM (the body is still to come).
     func openRequest(path: String) {
-        let block = Self.literal(":method", "POST") + Self.literal(":scheme", "http") + Self.literal(":path", path)
-            + Self.literal(":authority", "localhost") + Self.literal("content-type", "application/grpc") + Self.literal("te", "trailers")
-        send(Self.frame(type: 1, flags: 0x4, stream: 1, block))  // HEADERS, END_HEADERS
+        send(Self.frame(type: 1, flags: 0x4, stream: 1, Self.requestHeaders(path: path)))  // HEADERS, END_HEADERS
     }
 
     /// Reads frames until `deadline`; returns (type, flags, stream) of each, and whether the
@@ -96,21 +100,21 @@ struct RawPeer {
 
     /// A whole unary request on `stream`: headers, then one gRPC message and END_STREAM.
     func request(stream: UInt32, path: String, message: [UInt8], headers: [(String, String)] = []) {
-        var block = Self.literal(":method", "POST") + Self.literal(":scheme", "http") + Self.literal(":path", path)
-            + Self.literal(":authority", "localhost") + Self.literal("content-type", "application/grpc") + Self.literal("te", "trailers")
+        var block = Self.requestHeaders(path: path)
         for (name, value) in headers { block += Self.literal(name, value) }
+        send(Self.frame(type: 1, flags: 0x4, stream: stream, block) + Self.frame(type: 0, flags: 0x1, stream: stream, Self.framed(message)))
+    }
+
+    /// `message` behind its 5-byte gRPC header.
+    static func framed(_ message: [UInt8]) -> [UInt8] {
         let n = message.count
-        let framed: [UInt8] = [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + message
-        send(Self.frame(type: 1, flags: 0x4, stream: stream, block) + Self.frame(type: 0, flags: 0x1, stream: stream, framed))
+        return [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + message
     }
 
     /// A DATA frame on `stream` holding `messages` (each behind its 5-byte gRPC header).
     func data(stream: UInt32, _ messages: [[UInt8]], end: Bool) {
         var payload: [UInt8] = []
-        for m in messages {
-            let n = m.count
-            payload += [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + m
-        }
+        for m in messages { payload += Self.framed(m) }
         send(Self.frame(type: 0, flags: end ? 0x1 : 0, stream: stream, payload))
     }
 
@@ -192,8 +196,7 @@ struct RawPeer {
         peer.send(RawPeer.frame(type: 4, flags: 0x1, stream: 0, []))   // SETTINGS ACK: the server's 1 MiB stream window holds
         peer.openRequest(path: TestMethods.bidiDeaf.path)
         let big = StateItem(key: "k", value: String(repeating: "v", count: 500_000)).serializedBytes(prefix: 0)
-        let n = big.count
-        let one = [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + big
+        let one = RawPeer.framed(big)
         // four messages of 500 KB, in 16 KiB frames, pausing for the server's window updates (the
         // stream's window is 1 MiB; this peer does not count them)
         for _ in 0..<4 {

@@ -40,9 +40,7 @@ import Testing
         let h = try Harness()
         let peer = try RawPeer(port: h.server.port)
         peer.handshake()
-        let message = StateItem(key: "k", value: "v").serializedBytes(prefix: 0)
-        let n = message.count
-        let framed: [UInt8] = [0, UInt8(n >> 24 & 0xff), UInt8(n >> 16 & 0xff), UInt8(n >> 8 & 0xff), UInt8(n & 0xff)] + message
+        let framed = RawPeer.framed(StateItem(key: "k", value: "v").serializedBytes(prefix: 0))
         var streams: [UInt32] = []
         for i in 0..<20 {
             let stream = UInt32(2 * i + 1)
@@ -50,9 +48,7 @@ import Testing
             // exclusive dependency on the stream before, weight 255
             let dependsOn = i == 0 ? 0 : stream - 2
             let priority: [UInt8] = [UInt8(dependsOn >> 24 & 0x7f) | 0x80, UInt8(dependsOn >> 16 & 0xff), UInt8(dependsOn >> 8 & 0xff), UInt8(dependsOn & 0xff), 255]
-            let block = RawPeer.literal(":method", "POST") + RawPeer.literal(":scheme", "http") + RawPeer.literal(":path", TestMethods.echo.path)
-                + RawPeer.literal(":authority", "localhost") + RawPeer.literal("content-type", "application/grpc") + RawPeer.literal("te", "trailers")
-            peer.send(RawPeer.frame(type: 1, flags: 0x4 | 0x20, stream: stream, priority + block)
+            peer.send(RawPeer.frame(type: 1, flags: 0x4 | 0x20, stream: stream, priority + RawPeer.requestHeaders(path: TestMethods.echo.path))
                 + RawPeer.frame(type: 2, flags: 0, stream: stream + 1000, [0, 0, 0, UInt8(stream), 16])  // PRIORITY for an idle stream
                 + RawPeer.frame(type: 0, flags: 0x1, stream: stream, framed))
         }
