@@ -191,12 +191,15 @@ final class ServerConnection: HTTP2Connection {
         return 0
     }
 
-    /// Where nghttp2 puts the stream's DATA among the connection's (RFC 9218 urgency, not
-    /// incremental), whatever a `priority` header of the client's says. (Without
-    /// SETTINGS_NO_RFC7540_PRIORITIES sent, nghttp2 does nothing with it.)
+    /// Where nghttp2 puts the stream's DATA among the connection's (RFC 9218 urgency,
+    /// incremental: streams of one urgency take turns by bytes sent, as under RFC 7540's equal
+    /// weights; not incremental, the oldest stream with data would always go first and a
+    /// congested connection's newer streams would wait for every older backlog), whatever a
+    /// `priority` header of the client's says. (Without SETTINGS_NO_RFC7540_PRIORITIES sent,
+    /// nghttp2 does nothing with it.)
     private func schedule(_ streamID: Int32, _ urgency: UInt32) {
         guard !settings.rfc7540Priorities, let session else { return }
-        var priority = nghttp2_extpri(urgency: urgency, inc: 0)
+        var priority = nghttp2_extpri(urgency: urgency, inc: 1)
         nghttp2_session_change_extpri_stream_priority(session, streamID, &priority, 1)
     }
 

@@ -36,12 +36,9 @@ public enum ServerMethod: Sendable {
 }
 
 extension ServerMethod {
-    /// The RFC 9218 urgency of the method's responses on a connection (lower goes first). With
-    /// RFC 7540's tree off, nghttp2 sends the DATA of streams of one urgency oldest stream first
-    /// (turns taken by bytes sent, as the tree did, cost a heap update per frame: 6% of a node
-    /// fanning out), so a long-lived stream's backlog on a congested connection would hold back
-    /// every answer made after it. A unary answer is one message: it goes first, and the streams
-    /// of events after the answers.
+    /// The RFC 9218 urgency of the method's responses on a connection (lower goes first): a
+    /// unary answer is one message, so on a congested connection it goes before the streams of
+    /// events, which take turns among themselves (`ServerConnection.schedule`).
     public var sendUrgency: UInt32 {
         switch self {
         case .unaryInline, .unary, .unaryStaged: return 2

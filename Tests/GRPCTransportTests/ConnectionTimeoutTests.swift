@@ -50,7 +50,9 @@ struct RawPeer {
 
     /// Reads frames until `deadline`; returns (type, flags, stream) of each, and whether the
     /// server closed the connection.
-    func readFrames(until deadline: UInt64, stopWhen done: ([(UInt8, UInt8, UInt32)]) -> Bool = { _ in false }) -> (frames: [(UInt8, UInt8, UInt32)], closed: Bool) {
+    /// `onFrame` is told each frame's type, stream and payload length as it is read.
+    func readFrames(until deadline: UInt64, stopWhen done: ([(UInt8, UInt8, UInt32)]) -> Bool = { _ in false },
+                    onFrame: ((UInt8, UInt32, Int) -> Void)? = nil) -> (frames: [(UInt8, UInt8, UInt32)], closed: Bool) {
         var buffer: [UInt8] = []
         var frames: [(UInt8, UInt8, UInt32)] = []
         var chunk = [UInt8](repeating: 0, count: 16384)
@@ -64,6 +66,7 @@ struct RawPeer {
                 guard buffer.count >= 9 + len else { break }
                 let stream = UInt32(buffer[5] & 0x7f) << 24 | UInt32(buffer[6]) << 16 | UInt32(buffer[7]) << 8 | UInt32(buffer[8])
                 frames.append((buffer[3], buffer[4], stream))
+                onFrame?(buffer[3], stream, len)
                 buffer.removeFirst(9 + len)
             }
             if done(frames) { return (frames, false) }
