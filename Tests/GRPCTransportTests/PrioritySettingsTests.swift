@@ -10,27 +10,28 @@ import Testing
     /// SETTINGS_NO_RFC7540_PRIORITIES (RFC 9218, section 2.1).
     static let noRFC7540Priorities: UInt16 = 0x9
 
-    @Test func theServerAnnouncesThatItKeepsNoPriorityTree() async throws {
-        let h = try Harness()
+    /// The entries of the first SETTINGS frame a server configured by `configure` sends a raw peer.
+    static func serverSettings(_ configure: (inout ServerConfiguration) -> Void = { _ in }) async throws -> [UInt16: UInt32]? {
+        let h = try Harness(configure: configure)
         let peer = try RawPeer(port: h.server.port)
         peer.handshake()
         let settings = peer.readSettings(until: MonotonicClock.now() + 3_000_000_000)
+        peer.close()
+        await h.stop()
+        return settings
+    }
+
+    @Test func theServerAnnouncesThatItKeepsNoPriorityTree() async throws {
+        let settings = try await Self.serverSettings()
         #expect(settings?[Self.noRFC7540Priorities] == 1, "the server's SETTINGS: \(String(describing: settings))")
         // the other settings are still sent alongside it
         #expect(settings?[0x3] == HTTP2Settings().maxConcurrentStreams)
-        peer.close()
-        await h.stop()
     }
 
     @Test func aServerAskedToKeepTheTreeDoesNotAnnounceIt() async throws {
-        let h = try Harness { $0.http2.rfc7540Priorities = true }
-        let peer = try RawPeer(port: h.server.port)
-        peer.handshake()
-        let settings = peer.readSettings(until: MonotonicClock.now() + 3_000_000_000)
+        let settings = try await Self.serverSettings { $0.http2.rfc7540Priorities = true }
         #expect(settings != nil)
         #expect(settings?[Self.noRFC7540Priorities] == nil, "the server's SETTINGS: \(String(describing: settings))")
-        peer.close()
-        await h.stop()
     }
 
     /// A client that sends priorities anyway (HEADERS with the PRIORITY flag, each stream made to
