@@ -54,6 +54,27 @@ import Testing
         }
     }
 
+    /// API.md: initial_status is set as the session opens, on every path a resume takes. Here the
+    /// user's home has lost the session (its end arrived behind the gateway's back), so the claim
+    /// finds nothing and the gateway resumes the session it still holds.
+    @Test func aResumeTheHomeDoesNotKnowStillSetsTheInitialStatus() async throws {
+        let nodes = try await cluster(2)
+        let engine = nodes[0].node.engine
+        let first = try await engine.openSession(user: "ann", resume: "", initialStatus: .unknown)
+        _ = try await nodes[1].node.engine.openSession(user: "ann", resume: "", initialStatus: .unknown)
+        #expect(try await engine.getUserStatuses(["ann"]).map(\.status) == [.online])
+        let held = try #require(engine.core.gatewayShard(first.id).held(first.id))
+        let homeID = engine.topology.home(of: "ann")
+        let home = try #require(nodes.first { $0.node.configuration.nodeID == homeID }).node.engine.core
+        let ended = ClusterHomeCall(userIDs: ["ann"], op: .sessionEnded, session: engine.core.ref(held))
+        _ = await home.userHomes[home.homeShardIndex("ann")].handle(ended, users: ["ann"])
+        let resumed = try await engine.openSession(user: "ann", resume: first.id.description, initialStatus: .busy)
+        #expect(resumed.resumed)
+        let after = try await engine.getUserStatuses(["ann"])
+        #expect(after.map(\.status) == [.busy], "\(after)")
+        for n in nodes { await n.stop() }
+    }
+
     @Test func anyNodeServesEveryCallAndEventsCrossNodes() async throws {
         let nodes = try await cluster(3)
         let ann = nodes[0].client("ann"), bob = nodes[1].client("bob"), cy = nodes[2].client("cy")

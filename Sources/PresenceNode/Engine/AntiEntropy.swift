@@ -70,7 +70,9 @@ final class AntiEntropy: Sendable {
         let ring = topology.routingRing
         rounds.add(1, ordering: .relaxed)
         let all = facts(on: ring)
-        for node in ring.members {
+        // (every owner at once: an unreachable one costs its call's timeout once, not once for
+        // every owner after it in the ring, so the others are repaired within the bound)
+        _ = await concurrently(ring.members) { [self] node in
             await reconcile(with: node, all[node] ?? GatewayFacts(), fingerprint: ring.fingerprint)
         }
     }

@@ -24,14 +24,12 @@ struct SessionLifecycle: Sendable {
             guard let id = SessionID(text: resume) else {
                 throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(resume) to resume; open a new one")
             }
-            if topology.isAlone && !topology.isLeaving, let o = core.gatewayShard(id).resume(id, user: user) {
-                if initialStatus != .unknown { _ = try await router.homeCall(user, .setStatus) { $0.status = initialStatus } }
-                return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
-            }
             if !topology.isAlone, let claimed = try await claim(id, user: user, initialStatus: initialStatus) { return claimed }
             if let o = core.gatewayShard(id).resume(id, user: user) {
-                // (its home does not know it: a cluster of one that just grew, or a home that lost it
-                // — anti-entropy gives the home this gateway's record)
+                // (a node alone; or its home does not know it: a cluster of one that just grew, or a
+                // home that lost it — anti-entropy gives the home this gateway's record. The status
+                // is set unstamped: the home may hold no record of the session to order it by)
+                if initialStatus != .unknown { _ = try await router.homeCall(user, .setStatus) { $0.status = initialStatus } }
                 return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
             }
             if let other = core.gatewayShard(id).held(id)?.userID, other != user {
