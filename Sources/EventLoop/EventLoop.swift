@@ -64,12 +64,21 @@ public final class EventLoop: @unchecked Sendable {
     private var flushBatch: [FlushHandler] = []
     private var thread: pthread_t? = nil
     private let finished = Mutex<Bool>(false)
+    /// The time of a stepped loop (nil: a loop with a thread of its own, on the monotonic clock).
+    private let steppedClock: (@Sendable () -> UInt64)?
+    /// (stepped loops) True while the driver runs this loop's work: what `inEventLoop` answers.
+    private var stepping = false
 
     private static let wakeToken: UInt64 = UInt64.max
     private static let timerToken: UInt64 = UInt64.max - 1
 
-    public init(name: String) {
+    public convenience init(name: String) {
+        self.init(name: name, steppedClock: nil)
+    }
+
+    private init(name: String, steppedClock: (@Sendable () -> UInt64)?) {
         self.name = name
+        self.steppedClock = steppedClock
         epollFD = epoll_create1(Int32(EPOLL_CLOEXEC))
         wakeFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
         timerFD = timerfd_create(CLOCK_MONOTONIC, Int32(TFD_NONBLOCK | TFD_CLOEXEC))
@@ -94,6 +103,41 @@ public final class EventLoop: @unchecked Sendable {
         t.start()
         return loop
     }
+
+    /// A loop that no thread runs (the executor seam, RELIABILITY.md "Seams, not hooks"): one
+    /// driver steps it (`step()`), with its timers on `clock` — the deterministic simulation runs
+    /// every node's loops so, one at a time, on one thread, in an order it draws from its seed.
+    /// Such a loop is used from the driver's thread only: `inEventLoop` is true while it steps.
+    public static func stepped(name: String, clock: @escaping @Sendable () -> UInt64) -> EventLoop {
+        EventLoop(name: name, steppedClock: clock)
+    }
+
+    /// (stepped loops) Whether a step would run anything now: queued tasks, or a timer due.
+    public var hasWorkNow: Bool {
+        if !localTasks.isEmpty || !flushQueue.isEmpty { return true }
+        if inbox.withLock({ !$0.tasks.isEmpty }) { return true }
+        return timers.nextDeadline.map { $0 <= now() } ?? false
+    }
+
+    /// (stepped loops) When the earliest timer is due (nil: none armed).
+    public var nextTimerDeadline: UInt64? { timers.nextDeadline }
+
+    /// (stepped loops) Runs what is due: timers, then the tasks queued (and those they queue),
+    /// then the flushes, as one pass of a loop thread would.
+    public func step() {
+        precondition(steppedClock != nil, "step() drives stepped loops only")
+        stepping = true
+        defer { stepping = false }
+        let now = self.now()
+        while let (_, callback) = timers.popDue(now: now) { callback() }
+        _ = runInbox()
+        runLocalTasks()
+        runFlushes()
+    }
+
+    /// Monotonic nanoseconds as this loop's timers count them.
+    @inline(__always)
+    private func now() -> UInt64 { steppedClock?() ?? MonotonicClock.now() }
 
     // MARK: Any thread
 
@@ -124,6 +168,7 @@ public final class EventLoop: @unchecked Sendable {
 
     /// True when called on this loop's thread.
     public var inEventLoop: Bool {
+        if steppedClock != nil { return stepping }
         guard let thread else { return false }
         return pthread_equal(thread, pthread_self()) != 0
     }
@@ -191,14 +236,14 @@ public final class EventLoop: @unchecked Sendable {
     public func scheduleTimer(at deadline: UInt64, _ callback: @escaping () -> Void) -> TimerID {
         assertInLoop()
         let id = timers.insert(deadline: deadline, callback: callback)
-        if deadline < armedDeadline { arm(deadline) }
+        if deadline < armedDeadline && steppedClock == nil { arm(deadline) }
         return TimerID(raw: id)
     }
 
     /// Calls `callback` after `nanoseconds`.
     @discardableResult
     public func scheduleTimer(after nanoseconds: UInt64, _ callback: @escaping () -> Void) -> TimerID {
-        scheduleTimer(at: MonotonicClock.deadline(after: nanoseconds, from: MonotonicClock.now()), callback)
+        scheduleTimer(at: MonotonicClock.deadline(after: nanoseconds, from: now()), callback)
     }
 
     /// Cancels a timer that has not fired; harmless when it has.

@@ -26,8 +26,8 @@ public final class Node: Sendable {
     /// fuzzer calls these handlers directly with hostile messages.
     public let peerServices: ServiceRegistry
     private let peerTLS: (server: TLSContextSource, client: TLSContextSource)?
-    private let ringChanges: AsyncStream<(HashRing, HashRing)>.Continuation
-    private let ringTask: Task<Void, Never>
+    /// The node without its doors (membership, peer link, engine), as the simulation runs it too.
+    public let core: NodeCore
 
     /// Builds the node; throws when a secret, certificate or key file cannot be used.
     public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
@@ -53,47 +53,27 @@ public final class Node: Sendable {
                                       probeInterval: configuration.probeInterval)
         settings.maxSessions = configuration.maxSessions
         settings.listingCacheBytes = configuration.listingCacheBytes
-        let topology = Topology(me: configuration.nodeID, replicationFactor: configuration.replicationFactor,
-                                handoffLimit: settings.timings.handoffLimit, lease: settings.timings.lease,
-                                cutOffAfter: settings.timings.cutOffAfter,
-                                ready: !configuration.seeds.contains { $0 != (configuration.peerAdvertise ?? configuration.peerListen) })
-        let membership = Membership(nodeID: configuration.nodeID, peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
-                                    clientAddress: configuration.listen.description, seeds: configuration.seeds, group: group,
-                                    clusterSecret: clusterSecret, peerTLS: peerTLS?.client, settings: SWIM.Settings(probeInterval: UInt64(configuration.probeInterval * 1e9)),
-                                    topology: topology, logger: self.logger)
+        let clock = SystemClock()
+        let peerAuth = clusterSecret.map { PeerRequestAuth(secret: $0) }
+        // (a connect still waiting after a few probe periods lost its SYN: start again)
+        let transport = GRPCPeerTransport(group: group, peerTLS: peerTLS?.client, peerAuth: peerAuth,
+                                          connectTimeout: max(500_000_000, settings.timings.probeInterval * 5 / 2), clock: clock)
+        let core = NodeCore(settings: settings, replicationFactor: configuration.replicationFactor,
+                            peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
+                            clientAddress: configuration.listen.description, seeds: configuration.seeds,
+                            seams: NodeCore.Seams(loops: group.loops, transport: transport, clock: clock, placement: .pool, peerAuth: peerAuth),
+                            logger: self.logger)
+        self.core = core
+        let membership = core.membership, engine = core.engine, topology = core.topology, link = core.link
         self.membership = membership
+        self.engine = engine
         let health = self.health
         health.setJoining(true)
         topology.onReady { health.setJoining(false) }
-        let link = PeerLink(me: { topology.instance }, timings: settings.timings,
-                            relays: { node in topology.ring.members.filter { $0 != node && $0 != topology.me } },
-                            trace: self.logger.debugTrace) { [weak membership] id in
-            membership?.peerClient(for: id)
-        }
-        let engine = PresenceEngine(settings: settings, loops: group.loops, topology: topology, link: link, logger: self.logger)
-        self.engine = engine
-        // ring changes are carried out one at a time, in the order membership saw them
-        let (changes, queue) = AsyncStream.makeStream(of: (HashRing, HashRing).self)
-        membership.onRingChange { old, new in queue.yield((old, new)) }
-        // a node that refuted its own death: owners may have lost its pushes or timed sessions out
-        membership.onRefute { engine.antiEntropy.runSoon() }
-        membership.onDeclaredDead { engine.ring.returnedFromDeath() }
-        membership.onMemberAlive { engine.ring.memberAlive($0) }
-        ringChanges = queue
-        let log = self.logger
-        ringTask = Task {
-            for await (old, new) in changes {
-                log.info("ring changed", ["members": new.members.map { "\($0)@\(new.boot(of: $0))" }.joined(separator: ","),
-                                          "was": old.members.map { "\($0)@\(old.boot(of: $0))" }.joined(separator: ",")])
-                await engine.ring.ringChanged(from: old, to: new)
-            }
-        }
         // (the peer server counts what it received; Admin on either port reports it)
         let peerServerBox = Mutex<GRPCServer?>(nil)
         let peerTraffic: @Sendable () -> (requests: Int, bytes: Int) = { peerServerBox.withLock { $0?.traffic } ?? (0, 0) }
-        var peerRegistry = ServiceRegistry()
-        membership.register(in: &peerRegistry)
-        PeerPresenceService(engine: engine, membership: membership).register(in: &peerRegistry)
+        var peerRegistry = core.peerServices
         AdminService(membership: membership, engine: engine, peerTraffic: peerTraffic,
                      onClientPort: false, tokenMode: verifier != nil).register(in: &peerRegistry)
         var peerConfig = ServerConfiguration(address: configuration.peerListen)
@@ -175,9 +155,7 @@ public final class Node: Sendable {
         try httpServer?.start()
         // the address gossiped to others: --peer-advertise if given, else the one bound
         let advertised = configuration.peerAdvertise ?? HostPort(host: configuration.peerListen.host, port: peerServer.port)
-        membership.start(peerAddress: advertised.description,
-                         clientAddress: HostPort(host: configuration.listen.host, port: server.port).description)
-        engine.start()
+        core.start(peerAddress: advertised.description, clientAddress: HostPort(host: configuration.listen.host, port: server.port).description)
         logger.info("presenced started", [
             "node_id": configuration.nodeID,
             "boot": String(engine.topology.boot),
@@ -202,11 +180,8 @@ public final class Node: Sendable {
         // streams, so clients resume their sessions on other nodes
         let start = MonotonicClock.now()
         let step = { [logger] (what: String) in logger.debug("shutdown: \(what)", ["after_ms": String((MonotonicClock.now() - start) / 1_000_000)]) }
-        await engine.ring.handOffBeforeLeaving(timeout: 2_000_000_000)
-        step("handed off")
-        await membership.leave()
-        step("left the cluster")
-        ringChanges.finish()
+        await core.leave(handoffTimeout: 2_000_000_000)
+        step("handed off and left the cluster")
         await engine.endAllStreams()
         step("client streams ended")
         await engine.stop()
@@ -224,10 +199,7 @@ extension Node {
     /// Stops serving without leaving the cluster or draining anything: what others see of a crash.
     /// (Tests use it; the process would normally just die.)
     public func crashForTesting() async {
-        membership.halt()
-        ringChanges.finish()
-        ringTask.cancel()
-        await engine.stop()
+        await core.halt()
         await httpServer?.shutdown(gracePeriod: 0)
         group.shutdown()
     }

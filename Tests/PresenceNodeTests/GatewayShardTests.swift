@@ -11,6 +11,8 @@ final class HandClock: EngineClock {
     func monotonicNanoseconds() -> UInt64 { ns.load(ordering: .relaxed) }
     func wallMilliseconds() -> Int64 { Int64(ns.load(ordering: .relaxed) / 1_000_000) }
     func advance(_ d: UInt64) { ns.add(d, ordering: .relaxed) }
+    /// (a gateway shard never waits: its deadlines are read, not slept on)
+    func sleep(nanoseconds: UInt64) async { Issue.record("a gateway shard slept") }
 }
 
 @Suite struct GatewayShardTests {

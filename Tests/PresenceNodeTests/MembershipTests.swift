@@ -63,11 +63,11 @@ import Testing
         let b = ClusterMemberUpdate(nodeID: "b", address: "127.0.0.1:17411", status: .alive, incarnation: 0,
                                     clientAddress: "127.0.0.1:17410", boot: 7)
         _ = try membership.handleJoin(ClusterJoinRequest(member: b))
-        #expect(membership.peerClient(for: "b") != nil)
+        #expect(membership.peerAddress(of: "b") != nil)
         membership.start(peerAddress: "127.0.0.1:17401", clientAddress: "127.0.0.1:17400")
         defer { membership.halt() }
         #expect(membership.members.contains { $0.id == "b" && $0.status == .alive })
-        #expect(membership.peerClient(for: "b") != nil, "pushes to b would be dropped as for a dead member")
+        #expect(membership.peerAddress(of: "b") != nil, "pushes to b would be dropped as for a dead member")
         #expect(membership.ring.members == ["a", "b"])
     }
 

@@ -75,9 +75,12 @@ public struct ClusterTimings: Sendable, Equatable {
     /// (anti-entropy would repair it too, but later).
     public var endRetryPause: UInt64
     public var endRetryAttempts: Int
+    /// SWIM's probe period (`--probe-interval`), which the others derive from.
+    public var probeInterval: UInt64
 
     public init(probeInterval: UInt64 = 200_000_000, presenceTimeout: UInt64 = 10_000_000_000) {
         self.presenceTimeout = presenceTimeout
+        self.probeInterval = probeInterval
         routingRetry = max(1_400_000_000, probeInterval * 7)
         routingLastAttempt = max(300_000_000, probeInterval * 3 / 2)
         replicationWait = max(1_000_000_000, probeInterval * 5)

@@ -15,15 +15,19 @@ public final class Membership: Sendable {
     private let addresses: Mutex<(peer: String, client: String)>
     public var peerAddress: String { addresses.withLock { $0.peer } }
     public var clientAddress: String { addresses.withLock { $0.client } }
+    /// Where SWIM's timers run (its probe period, probe timeouts, suspicions).
     private let loop: EventLoop
-    private let group: EventLoopGroup
+    /// The seams: peers are reached through `transport`, time is read from `clock`, and the
+    /// tasks this shell starts (probes, joins) run on `placement`.
+    let transport: PeerTransport
+    private let clock: EngineClock
+    private let placement: TaskPlacement
     private let seeds: [HostPort]
     /// Signs and checks each peer request (when the cluster has a secret).
     let peerAuth: PeerRequestAuth?
     private let replay = Mutex(ReplayWindow())
     private let logger: Logger
     private let swim: Mutex<SWIM.Instance>
-    private let clients = Mutex<[String: GRPCClient]>([:])
     private let clientAddresses = Mutex<[String: String]>([:])
     private let relayWaiters = Mutex<[String: CheckedContinuation<ClusterPingResponse?, Never>]>([:])
     private let running = Atomic<Bool>(false)
@@ -50,7 +54,7 @@ public final class Membership: Sendable {
 
     /// Tells the engine (at most once a second) that others may have taken this node's keys over.
     private func declaredDead(incarnation: UInt64? = nil) {
-        let now = MonotonicClock.now()
+        let now = clock.monotonicNanoseconds()
         let last = lastDeath.load(ordering: .relaxed)
         guard last == 0 || now - last > 1_000_000_000, lastDeath.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else {
             // (the same news again, from other members' gossip: already being handled)
@@ -66,21 +70,36 @@ public final class Membership: Sendable {
     private var myBoot: UInt64 { swim.withLock { $0.myself.boot } }
     /// A node with seeds that no seed answered within this long starts a cluster of its own.
     public let aloneAfter: UInt64 = 3_000_000_000
-    /// Mutual TLS towards other nodes (their peer ports ask for this node's certificate).
-    private let peerTLS: TLSContextSource?
 
-    public init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], group: EventLoopGroup,
-                clusterSecret: [UInt8]?, peerTLS: TLSContextSource? = nil, settings: SWIM.Settings = SWIM.Settings(), topology: Topology? = nil, logger: Logger) {
-        self.peerTLS = peerTLS
+    /// A node's membership over gRPC peer connections on `group` (mutual TLS towards other nodes
+    /// when `peerTLS` is given; every request signed when the cluster has a secret).
+    public convenience init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], group: EventLoopGroup,
+                            clusterSecret: [UInt8]?, peerTLS: TLSContextSource? = nil, settings: SWIM.Settings = SWIM.Settings(),
+                            topology: Topology? = nil, clock: EngineClock = SystemClock(), logger: Logger) {
+        let peerAuth = clusterSecret.map { PeerRequestAuth(secret: $0) }
+        // (a connect still waiting after a few probe periods lost its SYN)
+        let transport = GRPCPeerTransport(group: group, peerTLS: peerTLS, peerAuth: peerAuth,
+                                          connectTimeout: max(500_000_000, settings.probeInterval * 5 / 2), clock: clock)
+        self.init(nodeID: nodeID, peerAddress: peerAddress, clientAddress: clientAddress, seeds: seeds, loop: group.loops[0],
+                  transport: transport, peerAuth: peerAuth, settings: settings, topology: topology, clock: clock, placement: .pool, logger: logger)
+    }
+
+    /// A node's membership on the given seams: `transport` to reach peers, `clock`, `placement`
+    /// for its tasks and `loop` for its timers.
+    public init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], loop: EventLoop,
+                transport: PeerTransport, peerAuth: PeerRequestAuth?, settings: SWIM.Settings = SWIM.Settings(), topology: Topology? = nil,
+                clock: EngineClock, placement: TaskPlacement, logger: Logger) {
+        self.transport = transport
+        self.clock = clock
+        self.placement = placement
         self.nodeID = nodeID
         ringRule = Mutex(MembershipRing(me: nodeID))
         self.addresses = Mutex((peerAddress, clientAddress))
         self.seeds = seeds
-        self.group = group
-        self.loop = group.loops[0]
+        self.loop = loop
         self.logger = logger
         self.settings = settings
-        self.peerAuth = clusterSecret.map { PeerRequestAuth(secret: $0) }
+        self.peerAuth = peerAuth
         let topology = topology ?? Topology(me: nodeID, replicationFactor: 1)
         self.topology = topology
         swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: topology.boot))
@@ -94,7 +113,7 @@ public final class Membership: Sendable {
     @Sendable func refuseEarly(path: String, metadata: [(String, String)]) -> GRPCStatus? {
         guard let peerAuth else { return nil }
         let value = metadata.first(where: { $0.0 == PeerRequestAuth.header })?.1
-        guard let why = peerAuth.refusesEarly(value, now: WallClock.nowMilliseconds()) else { return nil }
+        guard let why = peerAuth.refusesEarly(value, now: clock.wallMilliseconds()) else { return nil }
         return GRPCStatus(.unauthenticated, "CLUSTER_AUTH: \(why)")
     }
 
@@ -102,7 +121,7 @@ public final class Membership: Sendable {
     /// time and the message, and not have been used before (a replay).
     @Sendable func refuse(path: String, metadata: [(String, String)], message: [UInt8]) -> GRPCStatus? {
         guard let peerAuth else { return nil }
-        let now = WallClock.nowMilliseconds()
+        let now = clock.wallMilliseconds()
         switch peerAuth.check(metadata.first(where: { $0.0 == PeerRequestAuth.header })?.1, method: path, message: message[...], now: now) {
         case .failure(let refusal):
             return GRPCStatus(.unauthenticated, "CLUSTER_AUTH: \(refusal.reason)")
@@ -140,13 +159,12 @@ public final class Membership: Sendable {
         aliveObserver.withLock { $0 = observer }
     }
 
-    /// The pooled peer client of a live member; nil for anyone else.
-    public func peerClient(for id: String) -> GRPCClient? {
-        let address = swim.withLock { s -> String? in
+    /// The peer address of a live member; nil for anyone else.
+    public func peerAddress(of id: String) -> String? {
+        swim.withLock { s -> String? in
             guard let m = s.members[id], m.status == .alive || m.status == .suspect, id != nodeID else { return nil }
             return m.address
         }
-        return address.map(client)
     }
     public var myIncarnation: UInt64 { swim.withLock { $0.myself.incarnation } }
 
@@ -155,7 +173,7 @@ public final class Membership: Sendable {
     /// ring changes in the order membership changed.
     private func updateRing() {
         swim.withLock { s in
-            let now = MonotonicClock.now()
+            let now = clock.monotonicNanoseconds()
             let current = topology.ring
             let (outcome, wasInMinority) = ringRule.withLock { r in
                 let was = r.inMinority
@@ -210,22 +228,22 @@ public final class Membership: Sendable {
             topology.markReady()
             return
         }
-        Task { [self] in
+        placement.start { [self] in
             var attempt = 0
-            let started = MonotonicClock.now()
+            let started = clock.monotonicNanoseconds()
             while running.load(ordering: .relaxed) {
                 if await joinThroughSeeds(firstOnly: true) {
                     topology.markReady()
                     await keepFindingSeeds()
                     return
                 }
-                if !topology.isReady && MonotonicClock.now() - started > aloneAfter {
+                if !topology.isReady && clock.monotonicNanoseconds() - started > aloneAfter {
                     logger.warning("no seed answered: serving as a cluster of one until one does")
                     topology.markReady()
                 }
                 attempt += 1
                 if attempt == 1 || attempt % 10 == 0 { logger.warning("no seed answered yet; retrying", ["seeds": seeds.map(\.description).joined(separator: ",")]) }
-                try? await Task.sleep(nanoseconds: 500_000_000)
+                await clock.sleep(nanoseconds: 500_000_000)
             }
         }
     }
@@ -241,14 +259,14 @@ public final class Membership: Sendable {
             let req = ClusterJoinRequest(member: wire(me))
             let resp: ClusterJoinResponse
             do {
-                resp = try await client(seed.description).unary(MembershipMethods.join, req, timeout: .seconds(1))
+                resp = try await transport.unary(seed.description, MembershipMethods.join, req, timeout: 1_000_000_000)
             } catch let e as GRPCStatus where e.message.hasPrefix("JOIN_SELF") {
                 selfSeeds.withLock { _ = $0.insert(seed.description) }  // this node, by another name
                 continue
             } catch {
                 continue
             }
-            let now = MonotonicClock.now()
+            let now = clock.monotonicNanoseconds()
             topology.heardFromCluster(at: now)  // (an answer from a member, as a probe's is)
             let ds = swim.withLock { s -> [SWIM.Directive] in
                 var out: [SWIM.Directive] = []
@@ -270,7 +288,7 @@ public final class Membership: Sendable {
     private func keepFindingSeeds() async {
         while running.load(ordering: .relaxed) {
             _ = await joinThroughSeeds(firstOnly: false)
-            try? await Task.sleep(nanoseconds: seedRecheck)
+            await clock.sleep(nanoseconds: seedRecheck)
         }
     }
 
@@ -280,18 +298,17 @@ public final class Membership: Sendable {
         let (directives, boot) = swim.withLock { s in (s.leave(), s.myself.boot) }
         await withTaskGroup(of: Void.self) { group in
             for case .sendPing(_, let address, let sequence, let gossip) in directives {
-                let c = client(address)
                 let request = ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: sequence, gossip: gossip.map(wire), fromBoot: boot)
-                group.addTask { _ = try? await c.unary(MembershipMethods.ping, request, timeout: .milliseconds(300)) }
+                group.addTask { [transport] in _ = try? await transport.unary(address, MembershipMethods.ping, request, timeout: 300_000_000) }
             }
         }
-        clients.withLock { cs in cs.values.forEach { $0.close() } }
+        transport.close()
     }
 
     /// Stops without a word to anyone (tests use it to play a crash).
     public func halt() {
         running.store(false, ordering: .relaxed)
-        clients.withLock { cs in cs.values.forEach { $0.close() } }
+        transport.close()
     }
 
     private func scheduleTick() {
@@ -299,7 +316,7 @@ public final class Membership: Sendable {
         loop.execute { [self] in
             loop.scheduleTimer(after: period) { [self] in
                 guard running.load(ordering: .relaxed) else { return }
-                let now = MonotonicClock.now()
+                let now = clock.monotonicNanoseconds()
                 // a tick far later than asked for: this process was frozen (a paused VM, SIGSTOP)
                 // long enough to be declared dead, and others may hold its keys now
                 let last = lastTickAt.exchange(now, ordering: .relaxed)
@@ -319,29 +336,6 @@ public final class Membership: Sendable {
         }
     }
 
-    private func client(_ address: String) -> GRPCClient {
-        clients.withLock { cs in
-            if let c = cs[address] { return c }
-            var config = ClientConfiguration(target: HostPort(parsing: address) ?? HostPort(host: "127.0.0.1", port: 0))
-            config.http2.keepaliveInterval = 2_000_000_000
-            config.http2.keepaliveTimeout = 1_000_000_000
-            // a connect still waiting after a few probe periods lost its SYN (a partition that
-            // healed since): start again rather than wait seconds for the kernel's retry
-            config.connectTimeout = max(500_000_000, settings.probeInterval * 5 / 2)
-            config.maxReceiveMessageSize = 64 << 20
-            config.firstLoop = cs.count   // one peer's connection per loop in turn
-            config.tls = peerTLS
-            if let peerAuth {
-                config.callMetadata = { path, message in
-                    [(PeerRequestAuth.header, peerAuth.sign(method: path, message: message, now: WallClock.nowMilliseconds()))]
-                }
-            }
-            let c = GRPCClient(configuration: config, group: group)
-            cs[address] = c
-            return c
-        }
-    }
-
     // MARK: Directives
 
     private func carryOut(_ directives: [SWIM.Directive]) {
@@ -349,11 +343,10 @@ public final class Membership: Sendable {
             switch d {
             case .sendPing(let to, let address, let seq, let gossip):
                 let req = ClusterPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, sequence: seq, gossip: gossip.map(wire), fromBoot: myBoot)
-                let c = client(address)
-                let timeout = Duration.nanoseconds(Int64(settings.probeInterval * 2))
-                Task { [self] in
-                    guard let resp = try? await c.unary(MembershipMethods.ping, req, timeout: timeout) else { return }
-                    let now = MonotonicClock.now()
+                let timeout = settings.probeInterval * 2
+                placement.start { [self] in
+                    guard let resp = try? await transport.unary(address, MembershipMethods.ping, req, timeout: timeout) else { return }
+                    let now = clock.monotonicNanoseconds()
                     topology.heardFromCluster(at: now)
                     carryOut(swim.withLock { $0.receivedAck(from: to, sequence: resp.sequence, gossip: resp.gossip.compactMap(self.update), now: now) })
                 }
@@ -364,25 +357,24 @@ public final class Membership: Sendable {
             case .sendPingRequest(_, let address, let target, let targetAddress, let seq, let gossip):
                 let req = ClusterIndirectPingRequest(fromNodeID: nodeID, fromAddress: peerAddress, targetNodeID: target,
                                                      targetAddress: targetAddress, sequence: seq, gossip: gossip.map(wire), fromBoot: myBoot)
-                let c = client(address)
-                let timeout = Duration.nanoseconds(Int64(settings.probeInterval * 2))
-                Task { [self] in
-                    guard let resp = try? await c.unary(MembershipMethods.indirectPing, req, timeout: timeout) else { return }
-                    let now = MonotonicClock.now()
+                let timeout = settings.probeInterval * 2
+                placement.start { [self] in
+                    guard let resp = try? await transport.unary(address, MembershipMethods.indirectPing, req, timeout: timeout) else { return }
+                    let now = clock.monotonicNanoseconds()
                     topology.heardFromCluster(at: now)
                     carryOut(swim.withLock { $0.receivedAck(from: target, sequence: seq, gossip: resp.gossip.compactMap(self.update), now: now) })
                 }
             case .scheduleProbeTimeout(let seq, let at):
                 loop.execute { [self] in
                     loop.scheduleTimer(at: at) { [self] in
-                        let now = MonotonicClock.now()
+                        let now = clock.monotonicNanoseconds()
                         carryOut(swim.withLock { $0.probeTimedOut(sequence: seq, now: now) })
                     }
                 }
             case .scheduleSuspicionCheck(let at):
                 loop.execute { [self] in
                     loop.scheduleTimer(at: at) { [self] in
-                        let now = MonotonicClock.now()
+                        let now = clock.monotonicNanoseconds()
                         carryOut(swim.withLock { $0.suspicionsDue(now: now) })
                     }
                 }
@@ -400,11 +392,11 @@ public final class Membership: Sendable {
                     return b[u.id].map { $0 != u.boot } ?? false
                 }
                 if u.id == nodeID { topology.adoptBoot(u.boot) }
-                ringRule.withLock { $0.noted(u, now: MonotonicClock.now()) }
+                ringRule.withLock { $0.noted(u, now: clock.monotonicNanoseconds()) }
                 if u.status == .dead || u.status == .left || (restarted && u.id != nodeID) {
                     // its connection may be stuck in TCP retransmission (a partition), or lead to a
                     // process that is gone: if it comes back, talk to it over a fresh one
-                    clients.withLock { $0.removeValue(forKey: u.address) }?.close()
+                    transport.forget(u.address)
                 }
                 updateRing()
                 if u.status == .alive && u.id != nodeID { aliveObserver.withLock { $0 }?(u.id) }
@@ -415,7 +407,7 @@ public final class Membership: Sendable {
     // MARK: Peer service
 
     func handlePing(_ req: ClusterPingRequest) -> ClusterPingResponse {
-        let now = MonotonicClock.now()
+        let now = clock.monotonicNanoseconds()
         guard Validate.isIdentifier(req.fromNodeID), !req.fromAddress.isEmpty else { return ClusterPingResponse(fromNodeID: nodeID, sequence: req.sequence) }
         var ds = swim.withLock { $0.receivedPing(from: req.fromNodeID, address: req.fromAddress, boot: req.fromBoot, sequence: req.sequence,
                                                    gossip: req.gossip.compactMap(self.update), now: now) }
@@ -430,7 +422,7 @@ public final class Membership: Sendable {
     }
 
     func handleIndirectPing(_ req: ClusterIndirectPingRequest) async throws -> ClusterPingResponse {
-        let now = MonotonicClock.now()
+        let now = clock.monotonicNanoseconds()
         let key = "\(req.fromNodeID)#\(req.sequence)"
         let wait = settings.probeInterval * 2
         let response = await withCheckedContinuation { (c: CheckedContinuation<ClusterPingResponse?, Never>) in
@@ -453,7 +445,7 @@ public final class Membership: Sendable {
         guard let m = req.member, let u = self.update(m) else { throw GRPCStatus(.invalidArgument, "JOIN: no member") }
         // a seed list may name this node itself (by a DNS name): joining yourself is no join
         guard u.id != nodeID else { throw GRPCStatus(.failedPrecondition, "JOIN_SELF: \(nodeID) cannot join through itself") }
-        let now = MonotonicClock.now()
+        let now = clock.monotonicNanoseconds()
         carryOut(swim.withLock { $0.receivedJoin(u, now: now) })
         return ClusterJoinResponse(members: swim.withLock { $0.fullState }.map(wire))
     }

@@ -14,8 +14,12 @@ public final class PeerLink: Sendable {
     /// This node's process (read at each push: it is settled before the node serves).
     private let myself: @Sendable () -> NodeInstance
     public var me: NodeInstance { myself() }
-    /// The peer client for a live member; nil when the node is not (or no longer) a live member.
-    private let clientFor: @Sendable (String) -> GRPCClient?
+    /// The peer address of a live member; nil when the node is not (or no longer) a live member.
+    private let addressOf: @Sendable (String) -> String?
+    /// The seams: how peers are reached, time, and where the senders run.
+    private let transport: PeerTransport
+    private let clock: EngineClock
+    private let placement: TaskPlacement
     private let queues = Mutex<[NodeInstance: PushQueue]>([:])
     let timings: ClusterTimings
     /// Told when pushes to a node were lost (shed from an overfull queue, given up after failing,
@@ -36,16 +40,20 @@ public final class PeerLink: Sendable {
     public init(me: @escaping @Sendable () -> NodeInstance, timings: ClusterTimings = ClusterTimings(),
                 relays: @escaping @Sendable (String) -> [String] = { _ in [] },
                 trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil,
-                clientFor: @escaping @Sendable (String) -> GRPCClient?) {
+                transport: PeerTransport, clock: EngineClock = SystemClock(), placement: TaskPlacement = .pool,
+                addressOf: @escaping @Sendable (String) -> String?) {
         self.myself = me
+        self.transport = transport
+        self.clock = clock
+        self.placement = placement
         self.trace = trace
         self.relays = relays
         self.timings = timings
-        self.clientFor = clientFor
+        self.addressOf = addressOf
     }
 
     /// Whether pushes to `node` can go out now (it is a live member); else they are dropped.
-    public func canReach(_ node: String) -> Bool { clientFor(node) != nil }
+    public func canReach(_ node: String) -> Bool { addressOf(node) != nil }
 
     public func onLoss(_ observer: @escaping @Sendable (String, Bool) -> Void) {
         lossObserver.withLock { $0 = observer }
@@ -93,7 +101,7 @@ public final class PeerLink: Sendable {
     private func delayIfSlowForTesting(_ node: String, timeout: UInt64?) async throws(PresenceError) {
         guard anyDelayedForTesting.load(ordering: .relaxed), let delay = delayedForTesting.withLock({ $0[node] }) else { return }
         let timeout = timeout ?? timings.peerCallTimeout
-        try? await Task.sleep(nanoseconds: min(delay, timeout))
+        await clock.sleep(nanoseconds: min(delay, timeout))
         if delay > timeout { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer (delayed for a test)") }
     }
 
@@ -128,11 +136,11 @@ public final class PeerLink: Sendable {
     /// Any other call to a peer; failures are the node or the link failing (UNAVAILABLE).
     func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ node: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req,
                                                       timeout: UInt64? = nil) async throws(PresenceError) -> Resp {
-        guard let client = clientFor(node) else {
+        guard let address = addressOf(node) else {
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) is not a live member; retry")
         }
         do {
-            return try await client.unary(method, request, timeout: .nanoseconds(Int64(timeout ?? timings.peerCallTimeout)))
+            return try await transport.unary(address, method, request, timeout: timeout ?? timings.peerCallTimeout)
         } catch {
             // (answers come back as results; a failed call is the node or the link failing)
             throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer: \(error)")
@@ -145,7 +153,7 @@ public final class PeerLink: Sendable {
     /// loop of the connection to `node`, and how many senders started by looking it up (tests).
     func senderLoopsForTesting(to node: String) -> (sender: EventLoop?, connection: EventLoop?, lookups: Int) {
         let q = queues.withLock { $0.first { $0.key.id == node }?.value }
-        return (q?.senderLoop, clientFor(node)?.preferredLoop, q?.lookups.load(ordering: .relaxed) ?? 0)
+        return (q?.senderLoop, addressOf(node).flatMap(transport.preferredLoop(of:)), q?.lookups.load(ordering: .relaxed) ?? 0)
     }
 
     /// Something queued for a node: `waitSent` resumes once the node acknowledged it.
@@ -159,7 +167,7 @@ public final class PeerLink: Sendable {
     public func push(to node: NodeInstance, bytes: Int = 64, _ add: (inout ClusterPushBatch) -> Void) -> Ticket {
         let q = queues.withLock { qs in
             if let q = qs[node] { return q }
-            let q = PushQueue(node: node, maxBytes: timings.pushQueueBytes)
+            let q = PushQueue(node: node, maxBytes: timings.pushQueueBytes, clock: clock, placement: placement)
             qs[node] = q
             return q
         }
@@ -176,7 +184,7 @@ public final class PeerLink: Sendable {
     /// Waits until the nodes acknowledged what the tickets stand for, or gave up on it (the node
     /// died or left), or `timeout` ns passed.
     public func waitSent(_ tickets: [Ticket], timeout: UInt64) async {
-        let deadline = MonotonicClock.now() + timeout
+        let deadline = clock.monotonicNanoseconds() + timeout
         for t in tickets {
             await t.queue.waitAcked(t.sequence, deadline: deadline)
         }
@@ -185,7 +193,7 @@ public final class PeerLink: Sendable {
     /// Waits (up to `timeout` ns) until everything queued so far for every node was sent.
     public func drain(timeout: UInt64) async {
         let all = queues.withLock { Array($0.values) }
-        let deadline = MonotonicClock.now() + timeout
+        let deadline = clock.monotonicNanoseconds() + timeout
         for q in all { await q.waitAcked(q.lastQueued, deadline: deadline) }
     }
 
@@ -203,16 +211,16 @@ public final class PeerLink: Sendable {
     /// Passes on a batch another node could not deliver directly (`relay_to`), and returns once the
     /// destination acknowledged it; throws when it could not be delivered either.
     public func relay(_ batch: ClusterPushBatch) async throws {
-        guard let client = clientFor(batch.relayTo) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "not a live member") }
+        guard let address = addressOf(batch.relayTo) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "not a live member") }
         var b = batch
         b.relayTo = ""
-        _ = try await client.unary(PeerPresenceMethods.push, b, timeout: .nanoseconds(Int64(timings.pushTimeout)))
+        _ = try await transport.unary(address, PeerPresenceMethods.push, b, timeout: timings.pushTimeout)
     }
 
     private func startSending(_ q: PushQueue) {
         // (on the loop of the destination's connection: each batch is sent and its answer taken
         // without a thread hop. Looked up once, by a task, not by the caller: `push` may be
-        // called under the membership's lock, which `clientFor` takes — found by Cluster/chaos,
+        // called under the membership's lock, which `addressOf` takes — found by Cluster/chaos,
         // netns seed 56. The sender notes the loop with the queue as it sends, and later senders start
         // on it straight away: a sender started on the global pool first cost a wake-up of a
         // pool thread and a hop to the loop each time a queue went from idle to busy, which
@@ -222,8 +230,8 @@ public final class PeerLink: Sendable {
             return
         }
         q.lookups.add(1, ordering: .relaxed)
-        Task { [self] in
-            if let loop = clientFor(q.node.id)?.preferredLoop {
+        placement.start { [self] in
+            if let loop = addressOf(q.node.id).flatMap(transport.preferredLoop(of:)) {
                 await withTaskExecutorPreference(loop) { await send(q) }
             } else {
                 await send(q)
@@ -234,13 +242,13 @@ public final class PeerLink: Sendable {
     private func send(_ q: PushQueue) async {
         while true {
             while anyHeldForTesting.load(ordering: .relaxed), heldForTesting.withLock({ $0.contains(q.node.id) }), !q.isCleared {
-                try? await Task.sleep(nanoseconds: 5_000_000)
+                await clock.sleep(nanoseconds: 5_000_000)
             }
             guard let (batch, last) = q.take(me: me) else { break }
             var attempt = 0
             var delivered = false
             while true {
-                guard clientFor(q.node.id) != nil else {  // not a live member: drop
+                guard addressOf(q.node.id) != nil else {  // not a live member: drop
                     trace?("push dropped: not a live member", ["to": q.node.id, "done": batch.handoffDone ? "yes" : "no"])
                     break
                 }
@@ -251,12 +259,12 @@ public final class PeerLink: Sendable {
                 var sent = batch
                 if relay != nil { sent.relayTo = q.node.id }
                 do {
-                    guard let client = clientFor(relay ?? q.node.id) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "gone") }
+                    guard let address = addressOf(relay ?? q.node.id) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "gone") }
                     // (noted for the next senders; a new one when the node's client was replaced,
                     // after the node was declared dead and came back)
-                    if relay == nil, client.preferredLoop !== q.senderLoop { q.senderLoop = client.preferredLoop }
+                    if relay == nil, let loop = transport.preferredLoop(of: address), loop !== q.senderLoop { q.senderLoop = loop }
                     let timeout = attempt == 0 ? timings.firstPushTimeout : timings.pushTimeout
-                    _ = try await client.unary(PeerPresenceMethods.push, sent, timeout: .nanoseconds(Int64(timeout)))
+                    _ = try await transport.unary(address, PeerPresenceMethods.push, sent, timeout: timeout)
                     delivered = true
                     break
                 } catch {
@@ -264,7 +272,7 @@ public final class PeerLink: Sendable {
                                                    "done": batch.handoffDone ? "yes" : "no", "error": "\(error)"])
                     attempt += 1
                     if attempt >= timings.pushAttempts || q.isCleared { break }
-                    try? await Task.sleep(nanoseconds: timings.pushRetryPause)
+                    await clock.sleep(nanoseconds: timings.pushRetryPause)
                 }
             }
             if !delivered && (!batch.deliveries.isEmpty || !batch.channels.isEmpty || !batch.users.isEmpty) {
@@ -304,9 +312,14 @@ final class PushQueue: Sendable {
     /// Senders started on the global pool to look the loop up (for tests).
     let lookups = Atomic<Int>(0)
 
-    init(node: NodeInstance, maxBytes: Int) {
+    private let clock: EngineClock
+    private let placement: TaskPlacement
+
+    init(node: NodeInstance, maxBytes: Int, clock: EngineClock, placement: TaskPlacement) {
         self.node = node
         self.maxBytes = maxBytes
+        self.clock = clock
+        self.placement = placement
     }
 
     /// The loop this queue's senders run on, once looked up (the destination's connection's
@@ -396,7 +409,7 @@ final class PushQueue: Sendable {
     }
 
     func waitAcked(_ sequence: UInt64, deadline: UInt64) async {
-        guard MonotonicClock.now() < deadline else { return }
+        guard clock.monotonicNanoseconds() < deadline else { return }
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let (waiting, startWatchdog) = state.withLock { s -> (Bool, Bool) in
                 guard s.acked < sequence else { return (false, false) }
@@ -414,11 +427,11 @@ final class PushQueue: Sendable {
     /// earliest deadline, or every 50 ms when that is later (a waiter added meanwhile with an
     /// earlier deadline is released up to 50 ms late: `ClusterTimings.answerMargin` allows for it).
     private func watch() {
-        Task { [self] in
+        placement.start { [self] in
             var pause: UInt64 = 50_000_000
             while true {
-                try? await Task.sleep(nanoseconds: pause)
-                let now = MonotonicClock.now()
+                await clock.sleep(nanoseconds: pause)
+                let now = clock.monotonicNanoseconds()
                 let (expired, next) = state.withLock { s -> ([CheckedContinuation<Void, Never>], UInt64?) in
                     let e = s.waiters.filter { $0.deadline <= now }.map(\.continuation)
                     s.waiters.removeAll { $0.deadline <= now }

@@ -34,11 +34,15 @@ public final class Topology: Sendable {
         var cutOffAfter: UInt64
     }
     private let state: Mutex<State>
+    /// Where time is read (the clock seam).
+    let clock: EngineClock
+    private var now: UInt64 { clock.monotonicNanoseconds() }
     private let readyObservers = Mutex<[@Sendable () -> Void]>([])
 
     public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000,
-                lease: UInt64 = 0, cutOffAfter: UInt64 = 0, ready: Bool = true) {
+                lease: UInt64 = 0, cutOffAfter: UInt64 = 0, ready: Bool = true, clock: EngineClock = SystemClock()) {
         self.me = me
+        self.clock = clock
         self.replicationFactor = max(1, replicationFactor)
         let ring = HashRing(members: [me], boots: [me: boot])
         state = Mutex(State(boot: boot, ring: ring, gate: HandoffGate(me: me, limit: handoffLimit), ready: ready, routing: ring,
@@ -58,8 +62,9 @@ public final class Topology: Sendable {
     /// until its next probe is answered). A failed call is then answered at once instead of tried
     /// again for the routing window (`RoutingWindow`): from a partition none of its attempts could
     /// succeed, and its clients do better moving; after a freeze it costs a client one retry.
-    public func isCutOff(now: UInt64 = MonotonicClock.now()) -> Bool {
-        state.withLock { s in s.cutOffAfter > 0 && s.ring.members.count > 1 && s.lease.silent(for: s.cutOffAfter, now: now) }
+    public func isCutOff(now: UInt64? = nil) -> Bool {
+        let now = now ?? self.now
+        return state.withLock { s in s.cutOffAfter > 0 && s.ring.members.count > 1 && s.lease.silent(for: s.cutOffAfter, now: now) }
     }
     /// Whether the engine has carried out the current ring.
     public var isSettled: Bool { state.withLock { $0.settled } }
@@ -96,12 +101,12 @@ public final class Topology: Sendable {
         state.withLock { s in
             if s.leaving { return "LEAVING: this node is leaving the cluster and has handed its keys off; retry" }
             if s.ready && s.settled && s.ring.members.count == 1 { return nil }
-            if !s.lease.holds(now: MonotonicClock.now()) {
+            if !s.lease.holds(now: self.now) {
                 return "NO_LEASE: this node has not heard from the cluster lately (it may have been frozen); retry"
             }
             if !s.ready { return "NOT_READY: this node has not joined the cluster yet" }
             if !s.settled { return "RING_CHANGING: ownership is moving; retry" }
-            if !s.gate.mayServe(keyHash: keyHash(), now: MonotonicClock.now()) {
+            if !s.gate.mayServe(keyHash: keyHash(), now: self.now) {
                 return "HANDOFF_IN_PROGRESS: this key is moving to this node; retry"
             }
             return nil
@@ -121,15 +126,16 @@ public final class Topology: Sendable {
     }
 
     /// Installs a new ring; returns the one it replaces (nil when nothing changed).
-    public func update(ring new: HashRing, now: UInt64 = MonotonicClock.now()) -> HashRing? {
-        state.withLock { s in
+    public func update(ring new: HashRing, now: UInt64? = nil) -> HashRing? {
+        let now = now ?? self.now
+        return state.withLock { s in
             guard new != s.ring else { return nil }
             let old = s.ring
             s.ring = new
             if s.ready && new.members.count > 1 { s.lease.began(at: now) }
             s.routing = s.leaving ? new.removing(me) : new
             s.settled = false
-            s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: Set(new.members), now: MonotonicClock.now(), joining: !s.ready)
+            s.gate.ringChanged(from: s.ready ? old : new.removing(me), to: new, alive: Set(new.members), now: self.now, joining: !s.ready)
             return old
         }
     }
@@ -158,7 +164,8 @@ public final class Topology: Sendable {
         }
     }
 
-    public func markReady(now: UInt64 = MonotonicClock.now()) {
+    public func markReady(now: UInt64? = nil) {
+        let now = now ?? self.now
         let observers = state.withLock { s -> [@Sendable () -> Void] in
             guard !s.ready else { return [] }
             s.ready = true
@@ -184,26 +191,30 @@ public final class Topology: Sendable {
     /// This node was declared dead and is back: it serves none of its keys until the others handed
     /// back what they took over meanwhile (`HandoffGate.returnedFromDeath`).
     public func returnedFromDeath() {
-        state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: MonotonicClock.now()) }
+        state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: self.now) }
     }
 
     /// The members to ask again whether they have handed off for this node's ring, and its
     /// fingerprint: those still waited for, once every `interval` (`HandoffGate.membersToAsk`).
-    public func handoffRequestsDue(every interval: UInt64, now: UInt64 = MonotonicClock.now()) -> (fingerprint: UInt64, members: [NodeInstance])? {
-        state.withLock { s in
+    public func handoffRequestsDue(every interval: UInt64, now: UInt64? = nil) -> (fingerprint: UInt64, members: [NodeInstance])? {
+        let now = now ?? self.now
+        return state.withLock { s in
             guard let ask = s.gate.membersToAsk(now: now, every: interval) else { return nil }
             return (ask.fingerprint, ask.members.map { NodeInstance($0, boot: s.ring.boot(of: $0)) })
         }
     }
 
     /// Whether this node still waits for a previous owner's handoff.
-    public func waitsForHandoff(now: UInt64 = MonotonicClock.now()) -> Bool { state.withLock { $0.gate.isWaiting(now: now) } }
+    public func waitsForHandoff(now: UInt64? = nil) -> Bool {
+        let now = now ?? self.now
+        return state.withLock { $0.gate.isWaiting(now: now) }
+    }
 
     /// Previous owners this node still waits for, sorted and comma-separated (logs).
     public var handoffPending: String { state.withLock { $0.gate.pending }.sorted().joined(separator: ",") }
 
     /// `node` says it has handed off, for the ring with this fingerprint (`HandoffGate.handoffDone`).
     public func handoffDone(from node: String, fingerprint: UInt64) {
-        state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint, now: MonotonicClock.now()) }
+        state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint, now: self.now) }
     }
 }

@@ -35,7 +35,7 @@ final class AntiEntropy: Sendable {
         guard state.withLock({ s -> Bool in defer { s.started = true }; return !s.started }) else { return }
         core.background.run { [self] in
             while !Task.isCancelled {
-                try? await Task.sleep(nanoseconds: core.timings.antiEntropyInterval)
+                await core.clock.sleep(nanoseconds: core.timings.antiEntropyInterval)
                 guard !Task.isCancelled else { return }
                 // (a node alone is its own gateway and owner: their calls are in-process and cannot
                 // be lost, so there is nothing to repair; under steady writes the digests of a busy
@@ -51,7 +51,7 @@ final class AntiEntropy: Sendable {
     func runSoon() {
         guard state.withLock({ s -> Bool in defer { s.soon = true }; return s.started && !s.soon }) else { return }
         core.background.run { [self] in
-            try? await Task.sleep(nanoseconds: core.timings.antiEntropyAfterRingChange)
+            await core.clock.sleep(nanoseconds: core.timings.antiEntropyAfterRingChange)
             state.withLock { $0.soon = false }
             guard !Task.isCancelled else { return }
             await round()

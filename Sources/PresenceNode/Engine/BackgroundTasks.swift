@@ -9,6 +9,9 @@ final class BackgroundTasks: Sendable {
         var stopped = false
     }
     private let state = Mutex(State())
+    private let placement: TaskPlacement
+
+    init(placement: TaskPlacement = .pool) { self.placement = placement }
 
     /// Runs `body` in the background until it returns or the node stops.
     func run(_ body: @escaping @Sendable () async -> Void) {
@@ -18,7 +21,7 @@ final class BackgroundTasks: Sendable {
             return s.next
         }
         guard let ticket else { return }
-        let task = Task { [weak self] in
+        let task = placement.start { [weak self] in
             await body()
             self?.state.withLock { _ = $0.tasks.removeValue(forKey: ticket) }
         }

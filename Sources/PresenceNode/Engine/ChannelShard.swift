@@ -477,8 +477,8 @@ actor ChannelShard {
         sweeper?.cancel()
         sweepAt = next
         let wait = next > now ? next - now : 0
-        sweeper = Task { [weak self] in
-            try? await Task.sleep(nanoseconds: wait + 1_000_000)
+        sweeper = fabric.placement.start { [weak self, clock] in
+            await clock.sleep(nanoseconds: wait + 1_000_000)
             guard !Task.isCancelled else { return }
             await self?.sweep()
         }
@@ -496,7 +496,7 @@ actor ChannelShard {
     private func startTicking(_ key: ChannelKey) {
         intervalChannels.insert(key)
         guard ticker == nil else { return }
-        ticker = periodically(every: intervalNanoseconds) { [weak self] in await self?.tick() ?? false }
+        ticker = periodically(every: intervalNanoseconds, clock: clock, placement: fabric.placement) { [weak self] in await self?.tick() ?? false }
     }
 
     /// Sends each interval channel's INTERVAL event; false once no channel needs ticking.

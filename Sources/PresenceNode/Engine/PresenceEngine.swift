@@ -38,15 +38,16 @@ final class EngineCore: Sendable {
     let gateway: LocalGateway
     let channelShards: [ChannelShard]
     let userHomes: [UserHomeShard]
-    let background = BackgroundTasks()
+    let background: BackgroundTasks
     /// Debug-level log lines (nil unless the node logs at debug).
     let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
     var timings: ClusterTimings { settings.timings }
     var me: NodeInstance { topology.instance }
 
-    init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock, topology: Topology, link: PeerLink?,
+    init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock, placement: TaskPlacement, topology: Topology, link: PeerLink?,
          trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil) {
         self.settings = settings
+        background = BackgroundTasks(placement: placement)
         self.clock = clock
         self.topology = topology
         self.link = link
@@ -55,7 +56,7 @@ final class EngineCore: Sendable {
         let gateway = LocalGateway(shards: n, resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock, movedMemory: settings.timings.movedMemory,
                                    trace: trace)
         self.gateway = gateway
-        let fabric = Fabric(topology: topology, link: link, gateway: gateway, trace: trace)
+        let fabric = Fabric(topology: topology, link: link, gateway: gateway, placement: placement, trace: trace)
         channelShards = (0..<n).map { i in
             ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds,
                          presenceTimeout: settings.presenceTimeoutNanoseconds, staleHold: settings.timings.staleTakeoverHold,
@@ -115,11 +116,13 @@ public final class PresenceEngine: Sendable {
 
     /// The shard actors run on `loops`, spread evenly (shard i on loop i mod count). Without a
     /// `link` the engine is a cluster of one.
-    public init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock = SystemClock(),
+    /// `clock` and `placement`: the clock and task seams (production: the system's clock and the
+    /// global pool; the simulation: virtual time and the node's stepped loops).
+    public init(settings: EngineSettings, loops: [EventLoop], clock: EngineClock = SystemClock(), placement: TaskPlacement = .pool,
                 topology: Topology? = nil, link: PeerLink? = nil, logger: Logger? = nil) {
         precondition(!loops.isEmpty, "the engine needs at least one event loop")
         let topology = topology ?? Topology(me: settings.nodeID, replicationFactor: 1)
-        let core = EngineCore(settings: settings, loops: loops, clock: clock, topology: topology, link: link, trace: logger?.debugTrace)
+        let core = EngineCore(settings: settings, loops: loops, clock: clock, placement: placement, topology: topology, link: link, trace: logger?.debugTrace)
         self.core = core
         router = Router(core: core)
         sessions = SessionLifecycle(core: core, router: router)

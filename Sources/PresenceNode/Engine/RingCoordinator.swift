@@ -51,7 +51,7 @@ final class RingCoordinator: Sendable {
         let every = core.timings.handoffAskAgain
         core.background.run { [self] in
             while !Task.isCancelled, core.topology.waitsForHandoff() {
-                try? await Task.sleep(nanoseconds: every)
+                await core.clock.sleep(nanoseconds: every)
                 guard let link = core.link, let due = core.topology.handoffRequestsDue(every: every) else { continue }
                 core.trace?("asking again for handoffs", ["ring": String(due.fingerprint), "members": due.members.map(\.id).joined(separator: ",")])
                 requestHandoffs(from: due.members, fingerprint: due.fingerprint, link: link)
@@ -158,7 +158,7 @@ final class RingCoordinator: Sendable {
                 for s in core.channelShards where await s.releaseHeldBack() { waiting = true }
                 for s in core.userHomes where await s.releaseHeldBack() { waiting = true }
                 guard waiting else { return }
-                try? await Task.sleep(nanoseconds: retry)
+                await core.clock.sleep(nanoseconds: retry)
             }
         }
     }

@@ -104,7 +104,7 @@ struct Router: Sendable {
                 let next = window.failed(ownerUnreachable: error.name == "NODE_UNAVAILABLE", cutOff: topology.isCutOff(),
                                          now: core.clock.monotonicNanoseconds())
                 guard case .retry(let pause, let nextAttempt) = next else { throw error }
-                try? await Task.sleep(nanoseconds: pause)
+                await core.clock.sleep(nanoseconds: pause)
                 attempt = nextAttempt
             }
         }
@@ -137,7 +137,7 @@ struct Router: Sendable {
     func replicaWait(answerBy deadline: UInt64?) -> UInt64 {
         let wait = core.timings.replicationWait
         guard let deadline else { return wait }
-        return min(wait, ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: MonotonicClock.now()))
+        return min(wait, ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: core.clock.monotonicNanoseconds()))
     }
 
     /// How long a call passed on to the owner for another node (a relay) may take: what the
@@ -146,7 +146,7 @@ struct Router: Sendable {
     /// When nothing is left the caller has given up: the call is refused here, not passed on.
     func forwardTimeout(answerBy deadline: UInt64?) throws(PresenceError) -> UInt64? {
         guard let deadline else { return nil }
-        let left = ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: MonotonicClock.now())
+        let left = ReplicaWait.left(until: deadline, margin: core.timings.answerMargin, now: core.clock.monotonicNanoseconds())
         guard left >= 1_000_000 else {
             throw PresenceError(.unavailable, "NOT_SERVING", "DEADLINE: too little is left of the caller's attempt to pass the call on; retry")
         }
@@ -200,7 +200,7 @@ struct Router: Sendable {
                     return
                 } catch {
                     guard error.kind == .unavailable, !Task.isCancelled else { return }
-                    try? await Task.sleep(nanoseconds: pause)
+                    await core.clock.sleep(nanoseconds: pause)
                 }
             }
         }

@@ -153,7 +153,7 @@ struct SessionLifecycle: Sendable {
         let now = core.clock.monotonicNanoseconds()
         let wait = deadline > now ? deadline - now : 0
         core.background.run { [self] in
-            try? await Task.sleep(nanoseconds: wait + 1_000_000)
+            await core.clock.sleep(nanoseconds: wait + 1_000_000)
             guard !Task.isCancelled else { return }
             await expire(id)
         }

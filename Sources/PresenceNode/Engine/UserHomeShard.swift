@@ -389,8 +389,8 @@ actor UserHomeShard {
         sweeper?.cancel()
         sweepAt = next
         let wait = next > now ? next - now : 0
-        sweeper = Task { [weak self] in
-            try? await Task.sleep(nanoseconds: wait + 1_000_000)
+        sweeper = fabric.placement.start { [weak self, clock] in
+            await clock.sleep(nanoseconds: wait + 1_000_000)
             guard !Task.isCancelled else { return }
             await self?.sweep()
         }
