@@ -1,0 +1,103 @@
+import ClusterCore
+import EventLoop
+import PresenceCore
+@testable import PresenceNode
+import PresenceWire
+import Synchronization
+import Testing
+
+/// Real nodes (`NodeCore`) in the deterministic simulation: SWIM, the ring, routing, replication
+/// and failover as they ship, on virtual time and an in-memory network.
+@Suite struct RealNodeSimulationTests {
+    /// What the model clients saw, kept where the driver can read it after each run.
+    final class Outcomes: Sendable {
+        let lines = Mutex<[String]>([])
+        func add(_ line: String) { lines.withLock { $0.append(line) } }
+        var all: [String] { lines.withLock { $0 } }
+    }
+
+    struct Cluster {
+        let world: SimWorld
+        let network: SimNetwork
+        var nodes: [SimNode]
+        let clients: EventLoop
+
+        init(seed: UInt64, size: Int, presenceTimeout: Double = 3) {
+            let world = SimWorld(seed: seed)
+            let network = SimNetwork(world: world)
+            self.world = world
+            self.network = network
+            clients = world.makeLoop("clients")
+            let first = SimNode(world: world, network: network, id: "n1", seeds: [], presenceTimeout: presenceTimeout)
+            nodes = [first] + (2...size).map {
+                SimNode(world: world, network: network, id: "n\($0)", seeds: [first.address], presenceTimeout: presenceTimeout)
+            }
+        }
+
+        /// Runs `body` as a model client: on the clients' own loop, which outlives any node.
+        func client(_ body: @escaping @Sendable () async -> Void) {
+            let loop = clients
+            loop.execute { Task(executorPreference: loop) { await body() } }
+        }
+
+        func rings() -> [[String]] { nodes.map { $0.core.topology.ring.members } }
+    }
+
+    /// Who `node` lists in `channel` (nil: the call failed), asked by a model client and run until answered.
+    static func listed(_ c: Cluster, on node: SimNode, _ channel: String, within: UInt64 = 2_000_000_000) -> [String]? {
+        let out = Outcomes()
+        c.client {
+            let r = try? await node.core.engine.getOnlineUsers(GetOnlineUsersRequest(channelName: channel, channelType: .message))
+            out.add(r.map { $0.users.map(\.userID).sorted().joined(separator: ",") } ?? "FAILED")
+        }
+        c.world.run(for: within)
+        guard let line = out.all.first, line != "FAILED" else { return nil }
+        return line.isEmpty ? [] : line.split(separator: ",").map(String.init)
+    }
+
+    /// A scenario: three nodes form one ring; ann joins through n2 and bob through n3; every node
+    /// lists both; n3 is killed; once the presence timeout has passed, the others agree on a
+    /// ring without it and list only ann. Returns the trace hash.
+    static func killAGatewayScenario(seed: UInt64) throws -> (hash: UInt64, steps: Int) {
+        var c = Cluster(seed: seed, size: 3)
+        c.world.run(for: 4_000_000_000)
+        #expect(c.rings().allSatisfy { $0 == ["n1", "n2", "n3"] }, "seed \(seed): rings \(c.rings())")
+        #expect(c.nodes.allSatisfy { $0.core.topology.isReady })
+        let joined = Outcomes()
+        for (user, node) in [("ann", c.nodes[1]), ("bob", c.nodes[2])] {
+            c.client {
+                do throws(PresenceError) {
+                    let s = try await node.core.engine.openSession(user: user, resume: "", initialStatus: .unknown)
+                    try await node.core.engine.join(s.id.description, channel: "lobby", type: .message, withPresence: true)
+                    joined.add("\(user) joined")
+                } catch {
+                    joined.add("\(user): \(error)")
+                }
+            }
+        }
+        c.world.run(for: 2_000_000_000)
+        #expect(joined.all.sorted() == ["ann joined", "bob joined"], "seed \(seed)")
+        for n in c.nodes { #expect(listed(c, on: n, "lobby") == ["ann", "bob"], "seed \(seed) on \(n.id)") }
+        // kill -9 the gateway of bob
+        c.nodes[2].kill(world: c.world, network: c.network)
+        let survivors = Array(c.nodes.prefix(2))
+        c.nodes = survivors
+        c.world.run(for: 3_000_000_000 + 3_000_000_000)
+        #expect(c.rings().allSatisfy { $0 == ["n1", "n2"] }, "seed \(seed): rings \(c.rings())")
+        for n in survivors { #expect(listed(c, on: n, "lobby") == ["ann"], "seed \(seed) on \(n.id)") }
+        return (c.world.traceHash, c.world.steps)
+    }
+
+    @Test func threeRealNodesServeAJoinFromAnyNodeAndForgetAKilledGateway() throws {
+        for seed: UInt64 in 1...3 { _ = try Self.killAGatewayScenario(seed: seed) }
+    }
+
+    /// RELIABILITY.md, "Deterministic": one seed gives one history.
+    @Test func aSeedRunTwiceGivesTheSameHistory() throws {
+        let first = try Self.killAGatewayScenario(seed: 7)
+        let second = try Self.killAGatewayScenario(seed: 7)
+        #expect(first.hash == second.hash && first.steps == second.steps, "\(first) vs \(second)")
+        let other = try Self.killAGatewayScenario(seed: 8)
+        #expect(other.hash != first.hash)
+    }
+}

@@ -1,0 +1,212 @@
+import ClusterCore
+import EventLoop
+import GRPCTransport
+import PresenceCore
+@testable import PresenceNode
+import PresenceWire
+import Synchronization
+import Testing
+
+/// The deterministic simulation's world (RELIABILITY.md, "The real node in a deterministic
+/// simulation"): virtual time, and every node's loops stepped one at a time on the calling thread
+/// in an order drawn from the seed. Real `NodeCore`s run on it through their seams: stepped loops
+/// (executor), `SimClock` (clock), `SimTransport` (peer transport).
+/// `@unchecked Sendable`: the world is used from the driver's thread only — the nodes' code runs
+/// in `run`, on that thread, and reaches the world only from there.
+final class SimWorld: @unchecked Sendable {
+    /// Virtual monotonic time, read by every node's clock and loops.
+    final class VirtualTime: Sendable {
+        let ns = Atomic<UInt64>(1_000_000_000)
+        var now: UInt64 { ns.load(ordering: .relaxed) }
+    }
+    private let time = VirtualTime()
+    var now: UInt64 { time.now }
+    var rng: SplitMix64
+    private(set) var loops: [EventLoop] = []
+    /// A hash of the whole history (which loop ran at what time), printed and compared by seed.
+    private(set) var traceHash: UInt64 = 0xcbf2_9ce4_8422_2325
+    private(set) var steps = 0
+
+    init(seed: UInt64) { rng = SplitMix64(seed: seed) }
+
+    func makeLoop(_ name: String) -> EventLoop {
+        let loop = EventLoop.stepped(name: name, clock: { [time] in time.now })
+        loops.append(loop)
+        return loop
+    }
+
+    /// A loop that never runs again (its node was killed).
+    func remove(_ loop: EventLoop) { loops.removeAll { $0 === loop } }
+
+    func random(below n: UInt64) -> UInt64 { rng.next() % max(1, n) }
+
+    private func note(_ text: String) {
+        for b in text.utf8 { traceHash = (traceHash ^ UInt64(b)) &* 0x100_0000_01b3 }
+        traceHash = (traceHash ^ now) &* 0x100_0000_01b3
+    }
+
+    /// Runs everything due for `duration` ns of virtual time: a ready loop drawn by the seed, one
+    /// step at a time; when none is ready, time jumps to the earliest timer.
+    func run(for duration: UInt64) {
+        let end = now + duration
+        for _ in 0..<20_000_000 {
+            let ready = loops.filter { $0.hasWorkNow }
+            if !ready.isEmpty {
+                let loop = ready[Int(random(below: UInt64(ready.count)))]
+                note(loop.name)
+                steps += 1
+                loop.step()
+                continue
+            }
+            guard let next = loops.compactMap(\.nextTimerDeadline).min(), next <= end else {
+                time.ns.store(end, ordering: .relaxed)
+                return
+            }
+            time.ns.store(max(now, next), ordering: .relaxed)
+        }
+        Issue.record("the simulation ran 20,000,000 steps without reaching its end")
+    }
+}
+
+/// A one-time answer that several parties race to give (the answer, its timeout).
+final class OneShot<Value: Sendable>: Sendable {
+    private let state = Mutex<(waiter: CheckedContinuation<Value, Never>?, value: Value?)>((nil, nil))
+
+    func complete(_ value: Value) {
+        let waiter = state.withLock { s -> CheckedContinuation<Value, Never>? in
+            guard s.value == nil else { return nil }
+            s.value = value
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume(returning: value)
+    }
+
+    var value: Value {
+        get async {
+            await withCheckedContinuation { c in
+                let ready = state.withLock { s -> Value? in
+                    if let v = s.value { return v }
+                    s.waiter = c
+                    return nil
+                }
+                if let ready { c.resume(returning: ready) }
+            }
+        }
+    }
+}
+
+/// Virtual time for one node: its sleeps are timers on its own loop (they stop with the node).
+struct SimClock: EngineClock {
+    let world: SimWorld
+    let loop: EventLoop
+
+    func monotonicNanoseconds() -> UInt64 { world.now }
+    func wallMilliseconds() -> Int64 { 1_800_000_000_000 + Int64(world.now / 1_000_000) }
+    func sleep(nanoseconds: UInt64) async {
+        let woken = OneShot<Void>()
+        let loop = self.loop
+        await withTaskCancellationHandler {
+            loop.execute { loop.scheduleTimer(after: nanoseconds) { woken.complete(()) } }
+            await woken.value
+        } onCancel: {
+            woken.complete(())
+        }
+    }
+}
+
+/// The in-memory network: each request is delivered to the peer services of the node at its
+/// address after a delay drawn from the seed, and its answer comes back the same way; a node
+/// that is down or cut off answers nothing (the caller's timeout fires).
+/// `@unchecked Sendable`: used from the driver's thread only (see `SimWorld`).
+final class SimNetwork: @unchecked Sendable {
+    let world: SimWorld
+    var nodes: [String: (services: ServiceRegistry, loop: EventLoop)] = [:]
+    /// Addresses cut off from every other node (a partition), and single links cut.
+    var isolated: Set<String> = []
+    var cutLinks: Set<[String]> = []
+    private(set) var requests = 0
+
+    init(world: SimWorld) { self.world = world }
+
+    func delay() -> UInt64 { 200_000 + world.random(below: 1_800_000) }
+
+    func reachable(_ a: String, _ b: String) -> Bool {
+        !isolated.contains(a) && !isolated.contains(b) && !cutLinks.contains([a, b].sorted())
+    }
+
+    func deliver(from: String, to address: String) -> (services: ServiceRegistry, loop: EventLoop)? {
+        requests += 1
+        guard reachable(from, address) else { return nil }
+        return nodes[address]
+    }
+}
+
+struct SimTransport: PeerTransport {
+    let network: SimNetwork
+    let from: String
+    let loop: EventLoop
+
+    func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ address: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req,
+                                                      timeout: UInt64) async throws -> Resp {
+        let answer = OneShot<Result<[UInt8], GRPCStatus>>()
+        let (network, from, loop) = (self.network, self.from, self.loop)
+        loop.execute { loop.scheduleTimer(after: timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "no answer from \(address)"))) } }
+        if let dest = network.deliver(from: from, to: address), let handler = dest.services.methods[method.path]?.asyncUnary {
+            let bytes = request.serializedBytes()
+            let deadline = network.world.now + timeout
+            let there = network.delay(), back = network.delay()
+            dest.loop.execute {
+                dest.loop.scheduleTimer(after: there) {
+                    Task(executorPreference: dest.loop) {
+                        let result: Result<[UInt8], GRPCStatus>
+                        do {
+                            result = .success(try await handler(bytes, ServerContext(path: method.path, deadline: deadline, metadata: [])))
+                        } catch {
+                            result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
+                        }
+                        guard network.reachable(from, address) else { return }
+                        loop.execute { loop.scheduleTimer(after: back) { answer.complete(result) } }
+                    }
+                }
+            }
+        }
+        // (handlers answer with a gRPC-framed message: a 5-byte header, then the protobuf bytes)
+        let framed = try await answer.value.get()
+        return try Resp(serializedBytes: Array(framed.dropFirst(5)))
+    }
+
+    func preferredLoop(of address: String) -> EventLoop? { loop }
+    func forget(_ address: String) {}
+    func close() {}
+}
+
+/// A real node (`NodeCore`: membership, peer link, engine) on the simulation's seams.
+final class SimNode: Sendable {
+    let id: String
+    let address: String
+    let loop: EventLoop
+    let core: NodeCore
+
+    init(world: SimWorld, network: SimNetwork, id: String, seeds: [String], presenceTimeout: Double = 3) {
+        self.id = id
+        address = "\(id).sim:7401"
+        loop = world.makeLoop(id)
+        var settings = EngineSettings(nodeID: id, presenceTimeout: presenceTimeout, maxInstantEvents: 50, presenceInterval: 0.2)
+        settings.shards = 4
+        let seams = NodeCore.Seams(loops: [loop], transport: SimTransport(network: network, from: address, loop: loop),
+                                   clock: SimClock(world: world, loop: loop), placement: TaskPlacement(preferred: loop), peerAuth: nil)
+        core = NodeCore(settings: settings, replicationFactor: 2, peerAddress: address, clientAddress: "\(id).sim:7400",
+                        seeds: seeds.compactMap { HostPort(parsing: $0) }, boot: 1_000 + world.rng.next() % 1_000_000,
+                        seams: seams, logger: Logger(level: .error, format: .text))
+        network.nodes[address] = (core.peerServices, loop)
+        let (core, address) = (self.core, self.address)
+        loop.execute { core.start(peerAddress: address, clientAddress: "\(id).sim:7400") }
+    }
+
+    /// kill -9: the node's loop never runs again and nothing reaches it.
+    func kill(world: SimWorld, network: SimNetwork) {
+        world.remove(loop)
+        network.nodes[address] = nil
+    }
+}
