@@ -66,8 +66,6 @@ public final class EventLoop: @unchecked Sendable {
     private let finished = Mutex<Bool>(false)
     /// The time of a stepped loop (nil: a loop with a thread of its own, on the monotonic clock).
     private let steppedClock: (@Sendable () -> UInt64)?
-    /// (stepped loops) True while the driver runs this loop's work: what `inEventLoop` answers.
-    private var stepping = false
 
     private static let wakeToken: UInt64 = UInt64.max
     private static let timerToken: UInt64 = UInt64.max - 1
@@ -107,7 +105,8 @@ public final class EventLoop: @unchecked Sendable {
     /// A loop that no thread runs (the executor seam, RELIABILITY.md "Seams, not hooks"): one
     /// driver steps it (`step()`), with its timers on `clock` — the deterministic simulation runs
     /// every node's loops so, one at a time, on one thread, in an order it draws from its seed.
-    /// Such a loop is used from the driver's thread only: `inEventLoop` is true while it steps.
+    /// Such a loop is used from the driver's thread only: while it steps, that thread is its
+    /// thread (`inEventLoop`), and between steps it has none.
     public static func stepped(name: String, clock: @escaping @Sendable () -> UInt64) -> EventLoop {
         EventLoop(name: name, steppedClock: clock)
     }
@@ -126,8 +125,8 @@ public final class EventLoop: @unchecked Sendable {
     /// then the flushes, as one pass of a loop thread would.
     public func step() {
         precondition(steppedClock != nil, "step() drives stepped loops only")
-        stepping = true
-        defer { stepping = false }
+        thread = pthread_self()
+        defer { thread = nil }
         let now = self.now()
         while let (_, callback) = timers.popDue(now: now) { callback() }
         _ = runInbox()
@@ -168,7 +167,6 @@ public final class EventLoop: @unchecked Sendable {
 
     /// True when called on this loop's thread.
     public var inEventLoop: Bool {
-        if steppedClock != nil { return stepping }
         guard let thread else { return false }
         return pthread_equal(thread, pthread_self()) != 0
     }
@@ -236,7 +234,7 @@ public final class EventLoop: @unchecked Sendable {
     public func scheduleTimer(at deadline: UInt64, _ callback: @escaping () -> Void) -> TimerID {
         assertInLoop()
         let id = timers.insert(deadline: deadline, callback: callback)
-        if deadline < armedDeadline && steppedClock == nil { arm(deadline) }
+        if steppedClock == nil && deadline < armedDeadline { arm(deadline) }
         return TimerID(raw: id)
     }
 

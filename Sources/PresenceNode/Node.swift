@@ -13,8 +13,8 @@ public final class Node: Sendable {
     public let logger: Logger
     public let group: EventLoopGroup
     public let health = HealthService()
-    public let engine: PresenceEngine
-    public let membership: Membership
+    public var engine: PresenceEngine { core.engine }
+    public var membership: Membership { core.membership }
     private let server: GRPCServer
     private let peerServer: GRPCServer
     /// The HTTP/1.1 front door (nil when `--http-listen none`).
@@ -55,9 +55,8 @@ public final class Node: Sendable {
         settings.listingCacheBytes = configuration.listingCacheBytes
         let clock = SystemClock()
         let peerAuth = clusterSecret.map { PeerRequestAuth(secret: $0) }
-        // (a connect still waiting after a few probe periods lost its SYN: start again)
         let transport = GRPCPeerTransport(group: group, peerTLS: peerTLS?.client, peerAuth: peerAuth,
-                                          connectTimeout: max(500_000_000, settings.timings.probeInterval * 5 / 2), clock: clock)
+                                          connectTimeout: settings.timings.peerConnectTimeout, clock: clock)
         let core = NodeCore(settings: settings, replicationFactor: configuration.replicationFactor,
                             peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
                             clientAddress: configuration.listen.description, seeds: configuration.seeds,
@@ -65,8 +64,6 @@ public final class Node: Sendable {
                             logger: self.logger)
         self.core = core
         let membership = core.membership, engine = core.engine, topology = core.topology, link = core.link
-        self.membership = membership
-        self.engine = engine
         let health = self.health
         health.setJoining(true)
         topology.onReady { health.setJoining(false) }

@@ -58,8 +58,10 @@ import Testing
     @Test func aMemberThatJoinedBeforeTheStartIsKeptByIt() async throws {
         let group = EventLoopGroup(count: 1, name: "membership-test")
         defer { group.shutdown() }
+        let transport = GRPCPeerTransport(group: group, peerTLS: nil, peerAuth: nil, connectTimeout: 500_000_000, clock: SystemClock())
         let membership = Membership(nodeID: "a", peerAddress: "127.0.0.1:17401", clientAddress: "127.0.0.1:17400", seeds: [],
-                                    group: group, clusterSecret: nil, logger: Logger(level: .error, format: .text))
+                                    loop: group.loops[0], transport: transport, peerAuth: nil, clock: SystemClock(), placement: .pool,
+                                    logger: Logger(level: .error, format: .text))
         let b = ClusterMemberUpdate(nodeID: "b", address: "127.0.0.1:17411", status: .alive, incarnation: 0,
                                     clientAddress: "127.0.0.1:17410", boot: 7)
         _ = try membership.handleJoin(ClusterJoinRequest(member: b))

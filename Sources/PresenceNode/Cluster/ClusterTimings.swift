@@ -77,10 +77,14 @@ public struct ClusterTimings: Sendable, Equatable {
     public var endRetryAttempts: Int
     /// SWIM's probe period (`--probe-interval`), which the others derive from.
     public var probeInterval: UInt64
+    /// A connect to a peer still waiting after this long lost its SYN (a partition that healed
+    /// since): it starts again rather than wait seconds for the kernel's retry.
+    public var peerConnectTimeout: UInt64
 
     public init(probeInterval: UInt64 = 200_000_000, presenceTimeout: UInt64 = 10_000_000_000) {
         self.presenceTimeout = presenceTimeout
         self.probeInterval = probeInterval
+        peerConnectTimeout = max(500_000_000, probeInterval * 5 / 2)
         routingRetry = max(1_400_000_000, probeInterval * 7)
         routingLastAttempt = max(300_000_000, probeInterval * 3 / 2)
         replicationWait = max(1_000_000_000, probeInterval * 5)

@@ -71,19 +71,6 @@ public final class Membership: Sendable {
     /// A node with seeds that no seed answered within this long starts a cluster of its own.
     public let aloneAfter: UInt64 = 3_000_000_000
 
-    /// A node's membership over gRPC peer connections on `group` (mutual TLS towards other nodes
-    /// when `peerTLS` is given; every request signed when the cluster has a secret).
-    public convenience init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], group: EventLoopGroup,
-                            clusterSecret: [UInt8]?, peerTLS: TLSContextSource? = nil, settings: SWIM.Settings = SWIM.Settings(),
-                            topology: Topology? = nil, clock: EngineClock = SystemClock(), logger: Logger) {
-        let peerAuth = clusterSecret.map { PeerRequestAuth(secret: $0) }
-        // (a connect still waiting after a few probe periods lost its SYN)
-        let transport = GRPCPeerTransport(group: group, peerTLS: peerTLS, peerAuth: peerAuth,
-                                          connectTimeout: max(500_000_000, settings.probeInterval * 5 / 2), clock: clock)
-        self.init(nodeID: nodeID, peerAddress: peerAddress, clientAddress: clientAddress, seeds: seeds, loop: group.loops[0],
-                  transport: transport, peerAuth: peerAuth, settings: settings, topology: topology, clock: clock, placement: .pool, logger: logger)
-    }
-
     /// A node's membership on the given seams: `transport` to reach peers, `clock`, `placement`
     /// for its tasks and `loop` for its timers.
     public init(nodeID: String, peerAddress: String, clientAddress: String, seeds: [HostPort], loop: EventLoop,

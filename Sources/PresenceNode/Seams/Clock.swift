@@ -34,7 +34,6 @@ public struct TaskPlacement: Sendable {
     /// Starts `body` as an unstructured task on this placement.
     @discardableResult
     public func start(_ body: sending @escaping @isolated(any) () async -> Void) -> Task<Void, Never> {
-        guard let preferred else { return Task(operation: body) }
-        return Task(executorPreference: preferred, operation: body)
+        Task(executorPreference: preferred, operation: body)
     }
 }

@@ -33,8 +33,7 @@ public final class GRPCPeerTransport: PeerTransport {
     private let connectTimeout: UInt64
     private let clock: EngineClock
 
-    /// `connectTimeout`: a connect still waiting after this long lost its SYN (a partition that
-    /// healed since): it starts again rather than wait seconds for the kernel's retry.
+    /// `connectTimeout`: `ClusterTimings.peerConnectTimeout`.
     init(group: EventLoopGroup, peerTLS: TLSContextSource?, peerAuth: PeerRequestAuth?, connectTimeout: UInt64, clock: EngineClock) {
         self.group = group
         self.peerTLS = peerTLS

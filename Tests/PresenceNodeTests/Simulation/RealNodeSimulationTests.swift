@@ -10,10 +10,10 @@ import Testing
 /// and failover as they ship, on virtual time and an in-memory network.
 @Suite struct RealNodeSimulationTests {
     /// What the model clients saw, kept where the driver can read it after each run.
-    final class Outcomes: Sendable {
-        let lines = Mutex<[String]>([])
-        func add(_ line: String) { lines.withLock { $0.append(line) } }
-        var all: [String] { lines.withLock { $0 } }
+    final class Outcomes<T: Sendable>: Sendable {
+        let items = Mutex<[T]>([])
+        func add(_ item: T) { items.withLock { $0.append(item) } }
+        var all: [T] { items.withLock { $0 } }
     }
 
     struct Cluster {
@@ -45,14 +45,13 @@ import Testing
 
     /// Who `node` lists in `channel` (nil: the call failed), asked by a model client and run until answered.
     static func listed(_ c: Cluster, on node: SimNode, _ channel: String, within: UInt64 = 2_000_000_000) -> [String]? {
-        let out = Outcomes()
+        let out = Outcomes<[String]?>()
         c.client {
             let r = try? await node.core.engine.getOnlineUsers(GetOnlineUsersRequest(channelName: channel, channelType: .message))
-            out.add(r.map { $0.users.map(\.userID).sorted().joined(separator: ",") } ?? "FAILED")
+            out.add(r.map { $0.users.map(\.userID).sorted() })
         }
         c.world.run(for: within)
-        guard let line = out.all.first, line != "FAILED" else { return nil }
-        return line.isEmpty ? [] : line.split(separator: ",").map(String.init)
+        return out.all.first ?? nil
     }
 
     /// A scenario: three nodes form one ring; ann joins through n2 and bob through n3; every node
@@ -63,7 +62,7 @@ import Testing
         c.world.run(for: 4_000_000_000)
         #expect(c.rings().allSatisfy { $0 == ["n1", "n2", "n3"] }, "seed \(seed): rings \(c.rings())")
         #expect(c.nodes.allSatisfy { $0.core.topology.isReady })
-        let joined = Outcomes()
+        let joined = Outcomes<String>()
         for (user, node) in [("ann", c.nodes[1]), ("bob", c.nodes[2])] {
             c.client {
                 do throws(PresenceError) {

@@ -96,6 +96,13 @@ final class OneShot<Value: Sendable>: Sendable {
     }
 }
 
+extension EventLoop {
+    /// Runs `body` on this loop `nanoseconds` from now (from any thread; nothing if the loop is gone).
+    func after(_ nanoseconds: UInt64, _ body: @escaping @Sendable () -> Void) {
+        execute { [self] in scheduleTimer(after: nanoseconds, body) }
+    }
+}
+
 /// Virtual time for one node: its sleeps are timers on its own loop (they stop with the node).
 struct SimClock: EngineClock {
     let world: SimWorld
@@ -107,7 +114,7 @@ struct SimClock: EngineClock {
         let woken = OneShot<Void>()
         let loop = self.loop
         await withTaskCancellationHandler {
-            loop.execute { loop.scheduleTimer(after: nanoseconds) { woken.complete(()) } }
+            loop.after(nanoseconds) { woken.complete(()) }
             await woken.value
         } onCancel: {
             woken.complete(())
@@ -151,23 +158,21 @@ struct SimTransport: PeerTransport {
                                                       timeout: UInt64) async throws -> Resp {
         let answer = OneShot<Result<[UInt8], GRPCStatus>>()
         let (network, from, loop) = (self.network, self.from, self.loop)
-        loop.execute { loop.scheduleTimer(after: timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "no answer from \(address)"))) } }
+        loop.after(timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "no answer from \(address)"))) }
         if let dest = network.deliver(from: from, to: address), let handler = dest.services.methods[method.path]?.asyncUnary {
             let bytes = request.serializedBytes()
             let deadline = network.world.now + timeout
             let there = network.delay(), back = network.delay()
-            dest.loop.execute {
-                dest.loop.scheduleTimer(after: there) {
-                    Task(executorPreference: dest.loop) {
-                        let result: Result<[UInt8], GRPCStatus>
-                        do {
-                            result = .success(try await handler(bytes, ServerContext(path: method.path, deadline: deadline, metadata: [])))
-                        } catch {
-                            result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
-                        }
-                        guard network.reachable(from, address) else { return }
-                        loop.execute { loop.scheduleTimer(after: back) { answer.complete(result) } }
+            dest.loop.after(there) {
+                Task(executorPreference: dest.loop) {
+                    let result: Result<[UInt8], GRPCStatus>
+                    do {
+                        result = .success(try await handler(bytes, ServerContext(path: method.path, deadline: deadline, metadata: [])))
+                    } catch {
+                        result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
                     }
+                    guard network.reachable(from, address) else { return }
+                    loop.after(back) { answer.complete(result) }
                 }
             }
         }
