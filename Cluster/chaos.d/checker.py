@@ -124,6 +124,17 @@ class Checker:
                        "get_state_compared": 0, "events_checked": 0, "subscriptions_checked": 0,
                        "final_views_compared": 0, "watch_views_compared": 0}
 
+    def check_exits(self, nodes):
+        """A node that exited on its own (a crash, a trap), or not cleanly after SIGTERM, is a
+        violation (RELIABILITY.md, "Checks that must not look away"), not a node to leave out."""
+        for node in nodes:
+            problems = list(node.exit_problems)
+            unexpected = node.unexpected_exit()
+            if unexpected:
+                problems.append(unexpected)
+            for p in problems:
+                self.add(Violation(7, p, [node.log_tail(1500)]))
+
     def add(self, v):
         self.violations.append(v)
         return v

@@ -298,6 +298,7 @@ def run_once(opts, ns, mode, seed, seconds, kinds):
         checker.check_resumes(env.resume_attempts, env.losses, env.timeout)
         checker.check_convergence(env.faults.history, final_conv)
         checker.check_calls(env.model.calls)
+        checker.check_exits(cluster.nodes)
         env.ghost_samples = sampler.samples
         checker.attach_histories(EventIndex(env.devices), env.faults.history, env.devices)
     except KeyboardInterrupt:
@@ -414,6 +415,9 @@ def main(argv):
     if opts.ci:
         for mode, seed, seconds, faults in CI_RUNS:
             if mode == "netns" and not can_use_netns():
+                # (RELIABILITY.md, "Checks that must not look away": as root, netns runs or fails)
+                if os.geteuid() == 0:
+                    raise SystemExit("chaos --ci: running as root, but network namespaces cannot be made (`ip netns add` failed)")
                 print("chaos --ci: network namespaces unavailable (needs root): netns part skipped")
                 continue
             runs.append((mode, seed, seconds, select_kinds(faults, mode, not opts.no_proxy)))

@@ -96,6 +96,10 @@ class Node:
         self.proc = None
         self.paused = False
         self.starts = 0
+        # RELIABILITY.md, "Checks that must not look away": a process that ends without the
+        # harness ending it, or that does not exit 0 within the grace of a SIGTERM, is a violation
+        self.ended_by_harness = False
+        self.exit_problems = []
 
     @property
     def client_address(self):
@@ -107,6 +111,7 @@ class Node:
     def start(self, binary, seeds, flags):
         assert not self.running(), f"{self.node_id} already runs"
         self.starts += 1
+        self.ended_by_harness = False
         cmd = [binary, "--node-id", self.node_id,
                "--listen", f"{self.client[0]}:{self.client[1]}",
                "--peer-listen", f"{self.peer_listen[0]}:{self.peer_listen[1]}",
@@ -140,8 +145,15 @@ class Node:
             except ProcessLookupError:
                 pass
 
+    def unexpected_exit(self):
+        """Why the process ended on its own (None while it runs or when the harness ended it)."""
+        if self.proc is None or self.ended_by_harness or self.proc.poll() is None:
+            return None
+        return f"{self.node_id} (start #{self.starts}) exited on its own with rc={self.proc.returncode}"
+
     def kill9(self):
         if self.running():
+            self.ended_by_harness = True
             self.signal(signal.SIGKILL)
             try:
                 self.proc.wait(timeout=5)
@@ -157,12 +169,16 @@ class Node:
         if self.paused:
             self.resume()
         t = time.monotonic()
+        self.ended_by_harness = True
         self.signal(signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=timeout)
+            if rc != 0:
+                self.exit_problems.append(f"{self.node_id} (start #{self.starts}) exited with rc={rc} after SIGTERM")
             return time.monotonic() - t, rc, False
         except subprocess.TimeoutExpired:
             self.kill9()
+            self.exit_problems.append(f"{self.node_id} (start #{self.starts}) did not exit within {timeout:.0f} s of SIGTERM")
             return time.monotonic() - t, None, True
 
     def pause(self):
