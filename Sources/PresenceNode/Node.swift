@@ -177,12 +177,7 @@ public final class Node: Sendable {
         // streams, so clients resume their sessions on other nodes
         let start = MonotonicClock.now()
         let step = { [logger] (what: String) in logger.debug("shutdown: \(what)", ["after_ms": String((MonotonicClock.now() - start) / 1_000_000)]) }
-        await core.leave(handoffTimeout: 2_000_000_000)
-        step("handed off and left the cluster")
-        await engine.endAllStreams()
-        step("client streams ended")
-        await engine.stop()
-        step("engine stopped")
+        await core.shutdown(step: step)
         await peerServer.shutdown(gracePeriod: 200_000_000)
         step("peer server stopped")
         await server.shutdown(gracePeriod: gracePeriod)

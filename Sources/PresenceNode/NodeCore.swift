@@ -93,6 +93,18 @@ public final class NodeCore: Sendable {
         ringChanges.finish()
     }
 
+    /// Graceful stop (SIGTERM), the node's own part: hands everything off and leaves, then ends
+    /// the client streams (their clients resume on other nodes), then stops the engine. `step`
+    /// hears each stage as it ends.
+    public func shutdown(step: (String) -> Void = { _ in }) async {
+        await leave(handoffTimeout: 2_000_000_000)
+        step("handed off and left the cluster")
+        await engine.endAllStreams()
+        step("client streams ended")
+        await engine.stop()
+        step("engine stopped")
+    }
+
     /// Stops without a word to anyone: what others see of a crash.
     public func halt() async {
         membership.halt()

@@ -13,6 +13,7 @@ final class HandClock: EngineClock {
     func advance(_ d: UInt64) { ns.add(d, ordering: .relaxed) }
     /// (a gateway shard never waits: its deadlines are read, not slept on)
     func sleep(nanoseconds: UInt64) async { Issue.record("a gateway shard slept") }
+    func randomBits() -> UInt64 { SystemClock().randomBits() }
 }
 
 @Suite struct GatewayShardTests {

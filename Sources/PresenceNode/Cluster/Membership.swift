@@ -35,12 +35,12 @@ public final class Membership: Sendable {
     /// Routing state shared with the engine; this shell keeps its ring current.
     public let topology: Topology
     /// Called with (old ring, new ring) after every ring change, in order.
-    private let ringObserver = Mutex<(@Sendable (HashRing, HashRing) -> Void)?>(nil)
+    private let ringObserver = ObserverSlot<(HashRing, HashRing)>()
     /// Called when this node refuted a suspicion or death of itself (others may have timed its
     /// sessions out meanwhile: its gateway re-announces them).
-    private let refuteObserver = Mutex<(@Sendable () -> Void)?>(nil)
-    private let deathObserver = Mutex<(@Sendable () -> Void)?>(nil)
-    private let aliveObserver = Mutex<(@Sendable (String) -> Void)?>(nil)
+    private let refuteObserver = ObserverSlot<Void>()
+    private let deathObserver = ObserverSlot<Void>()
+    private let aliveObserver = ObserverSlot<String>()
     /// Seeds that turned out to be this node under another name (a DNS seed list).
     private let selfSeeds = Mutex<Set<String>>([])
     /// How often seeds that are not live members are joined through again (`keepFindingSeeds`).
@@ -62,7 +62,7 @@ public final class Membership: Sendable {
             return
         }
         logger.warning("this node was declared dead and is back", ["incarnation": incarnation.map(String.init) ?? "-"])
-        deathObserver.withLock { $0 }?()
+        deathObserver(())
     }
     private let lastIncarnation = Atomic<UInt64>(0)
     /// The process each member was last known as (to tell a restart from a status change).
@@ -89,7 +89,7 @@ public final class Membership: Sendable {
         self.peerAuth = peerAuth
         let topology = topology ?? Topology(me: nodeID, replicationFactor: 1)
         self.topology = topology
-        swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: topology.boot))
+        swim = Mutex(SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: clock.randomBits(), boot: topology.boot))
     }
 
     /// Whether the cluster has a secret (peer calls must carry a `cluster-auth` signature).
@@ -128,22 +128,22 @@ public final class Membership: Sendable {
 
     /// Sets what runs after each ring change (the engine's handoff and anti-entropy).
     public func onRingChange(_ observer: @escaping @Sendable (HashRing, HashRing) -> Void) {
-        ringObserver.withLock { $0 = observer }
+        ringObserver.set { observer($0.0, $0.1) }
     }
 
     public func onRefute(_ observer: @escaping @Sendable () -> Void) {
-        refuteObserver.withLock { $0 = observer }
+        refuteObserver.set { observer() }
     }
 
     /// Sets what runs when this node learns it was declared dead (it refuted): the others took its
     /// keys over meanwhile.
     public func onDeclaredDead(_ observer: @escaping @Sendable () -> Void) {
-        deathObserver.withLock { $0 = observer }
+        deathObserver.set { observer() }
     }
 
     /// Sets what runs when another member is (again) believed alive.
     public func onMemberAlive(_ observer: @escaping @Sendable (String) -> Void) {
-        aliveObserver.withLock { $0 = observer }
+        aliveObserver.set(observer)
     }
 
     /// The peer address of a live member; nil for anyone else.
@@ -185,7 +185,7 @@ public final class Membership: Sendable {
                     guard let old = topology.update(ring: step) else { continue }
                     // the observer only queues the change; calling it under the lock keeps changes in order
                     counters.ringChanges.add()
-                    if let observer = ringObserver.withLock({ $0 }) { observer(old, step) }
+                    ringObserver((old, step))
                 }
             }
         }
@@ -207,7 +207,7 @@ public final class Membership: Sendable {
         // (port 0, which nobody could reach before) needs a new instance.
         swim.withLock { s in
             guard s.myself.address != peerAddress else { return }
-            s = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: UInt64(truncatingIfNeeded: nodeID.hashValue), boot: boot)
+            s = SWIM.Instance(id: nodeID, address: peerAddress, settings: settings, seed: clock.randomBits(), boot: boot)
         }
         running.store(true, ordering: .relaxed)
         scheduleTick()
@@ -316,7 +316,7 @@ public final class Membership: Sendable {
                 if lastIncarnation.exchange(incarnation, ordering: .relaxed) < incarnation {
                     logger.warning("refuted a suspicion of this node", ["incarnation": String(incarnation)])
                     counters.refutations.add()
-                    refuteObserver.withLock { $0 }?()
+                    refuteObserver(())
                 }
                 scheduleTick()
             }
@@ -386,7 +386,7 @@ public final class Membership: Sendable {
                     transport.forget(u.address)
                 }
                 updateRing()
-                if u.status == .alive && u.id != nodeID { aliveObserver.withLock { $0 }?(u.id) }
+                if u.status == .alive && u.id != nodeID { aliveObserver(u.id) }
             }
         }
     }

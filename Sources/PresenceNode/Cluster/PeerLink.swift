@@ -25,7 +25,7 @@ public final class PeerLink: Sendable {
     /// Told when pushes to a node were lost (shed from an overfull queue, given up after failing,
     /// or dropped with a queue to a process that left): its followers need fresh SNAPSHOTs, and,
     /// when copies were among them (`copies`), the keys it is a replica of need whole copies again.
-    private let lossObserver = Mutex<(@Sendable (String, Bool) -> Void)?>(nil)
+    private let lossObserver = ObserverSlot<(String, Bool)>()
 
     /// Items per Push at most; a batch also stops growing past `maxBatchBytes`.
     static let maxBatchItems = 2_000
@@ -56,11 +56,11 @@ public final class PeerLink: Sendable {
     public func canReach(_ node: String) -> Bool { addressOf(node) != nil }
 
     public func onLoss(_ observer: @escaping @Sendable (String, Bool) -> Void) {
-        lossObserver.withLock { $0 = observer }
+        lossObserver.set { observer($0.0, $0.1) }
     }
 
     private func lost(_ node: String, copies: Bool = false) {
-        lossObserver.withLock { $0 }?(node, copies)
+        lossObserver((node, copies))
     }
 
     /// What went to each peer since the start (for metrics): items queued, deliveries shed from an
@@ -255,7 +255,7 @@ public final class PeerLink: Sendable {
                 // every other attempt after the first goes through another member (the direct
                 // link may be cut while both ends are alive); the first one is given a short
                 // time, so a cut link costs less than the replication wait
-                let relay = attempt % 2 == 1 ? relays(q.node.id).randomElement() : nil
+                let relay = attempt % 2 == 1 ? clock.pick(relays(q.node.id)) : nil
                 var sent = batch
                 if relay != nil { sent.relayTo = q.node.id }
                 do {

@@ -18,7 +18,7 @@ final class LocalGateway: Sendable {
     let subscriptions = Subscriptions()
     private let clock: EngineClock
     /// Where requests for fresh SNAPSHOTs go (the engine routes them to the channels' owners).
-    private let resnapshotHandler = Mutex<(@Sendable ([Subscriptions.Resnapshot]) -> Void)?>(nil)
+    private let resnapshotHandler = ObserverSlot<[Subscriptions.Resnapshot]>()
 
     /// Debug logging (nil unless the node logs at debug).
     let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
@@ -42,12 +42,12 @@ final class LocalGateway: Sendable {
     func shard(_ id: SessionID) -> GatewayShard { shards[Int(id.raw % UInt64(shards.count))] }
 
     func onResnapshot(_ handler: @escaping @Sendable ([Subscriptions.Resnapshot]) -> Void) {
-        resnapshotHandler.withLock { $0 = handler }
+        resnapshotHandler.set(handler)
     }
 
     private func ask(_ asks: [Subscriptions.Resnapshot]) {
-        guard !asks.isEmpty, let handler = resnapshotHandler.withLock({ $0 }) else { return }
-        handler(asks)
+        guard !asks.isEmpty else { return }
+        resnapshotHandler(asks)
     }
 
     /// Hands a delivery that `from` pushed to this node's sessions.

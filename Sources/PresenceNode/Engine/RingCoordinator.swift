@@ -13,6 +13,8 @@ final class RingCoordinator: Sendable {
     let antiEntropy: AntiEntropy
     /// Nodes pushes to which were lost; their followers get fresh SNAPSHOTs once they are live.
     private let lossy = Mutex(LossyFollowers())
+    /// Replicas whose copies were lost while the link could not reach them (`lostPushes`).
+    private let copiesDue = Mutex<Set<String>>([])
     /// Whether a loop releasing held-back fresh starts runs (`releaseHeldBackSoon`).
     private let releasing = Atomic<Bool>(false)
     /// Whether a loop asking for missing handoffs runs (`askForHandoffsWhileWaiting`).
@@ -112,23 +114,37 @@ final class RingCoordinator: Sendable {
     }
 
     /// Pushes to `node` were lost (shed, given up, or dropped with a gone process's queue).
+    /// A replica that missed changes would take over from a stale copy: it gets whole ones, now
+    /// if the link reaches it, else when it is a live member again (`memberAlive`). Copies sent to
+    /// a node the link drops at once are lost too and come straight back here: resent at once,
+    /// they made a loop that took no time, and a node cut off in a minority (which keeps its ring)
+    /// spun on it for the whole partition.
     func lostPushes(to node: String, copies: Bool) {
         lossy.withLock { $0.lost(node) }
+        let resyncNow = copies && (core.link?.canReach(node) ?? false)
+        if copies && !resyncNow { copiesDue.withLock { _ = $0.insert(node) } }
         core.background.run { [self] in
             await restartLossyFollowers()
-            // a replica that missed changes would take over from a stale copy: it gets whole ones
-            if copies, core.topology.ring.members.contains(node) {
-                for s in core.channelShards { await s.resync(replica: node) }
-                for s in core.userHomes { await s.resync(replica: node) }
-            }
+            if resyncNow { await resync(replica: node) }
         }
     }
 
+    private func resync(replica node: String) async {
+        guard core.topology.ring.members.contains(node) else { return }
+        for s in core.channelShards { await s.resync(replica: node) }
+        for s in core.userHomes { await s.resync(replica: node) }
+    }
+
     /// Another member is believed alive again: followers there whose pushes were lost while it
-    /// was not (it stayed on the ring: this node kept its ring in a minority) get fresh SNAPSHOTs.
+    /// was not (it stayed on the ring: this node kept its ring in a minority) get fresh SNAPSHOTs,
+    /// and it gets the whole copies it missed meanwhile.
     func memberAlive(_ node: String) {
-        guard lossy.withLock({ $0.contains(node) }) else { return }
-        core.background.run { [self] in await restartLossyFollowers() }
+        let copies = copiesDue.withLock { $0.remove(node) != nil }
+        guard copies || lossy.withLock({ $0.contains(node) }) else { return }
+        core.background.run { [self] in
+            await restartLossyFollowers()
+            if copies { await resync(replica: node) }
+        }
     }
 
     /// Fresh SNAPSHOTs for everyone following an owned channel at a node whose pushes were lost,

@@ -83,7 +83,7 @@ struct Router: Sendable {
     /// attempt is to take a relay.
     private func target(_ owner: String, _ attempt: RoutingWindow.Attempt) -> String {
         guard attempt.throughRelay else { return owner }
-        return topology.routingRing.members.filter { $0 != owner && $0 != topology.me }.randomElement() ?? owner
+        return core.clock.pick(topology.routingRing.members.filter { $0 != owner && $0 != topology.me }) ?? owner
     }
 
     func homeCall(_ user: String, _ op: ClusterHomeOp, _ fill: (inout ClusterHomeCall) -> Void = { _ in }) async throws(PresenceError) -> ClusterHomeResult {

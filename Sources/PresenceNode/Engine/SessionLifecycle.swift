@@ -40,7 +40,7 @@ struct SessionLifecycle: Sendable {
         if core.gateway.sessionCount >= core.settings.maxSessions {
             throw PresenceError(.resourceExhausted, "NODE_SESSION_LIMIT", "this node holds its maximum of \(core.settings.maxSessions) sessions; open the session on another node")
         }
-        let id = SessionID.random()
+        let id = core.clock.newSessionID()
         let o = core.gatewayShard(id).create(id, user: user)
         guard let s = core.gatewayShard(id).held(id) else { throw PresenceError(.unavailable, "SESSION_LOST", "the session ended while opening") }
         do {

@@ -1,8 +1,11 @@
 import EventLoop
+import PresenceCore
 
 /// The clock seam (RELIABILITY.md, "Seams, not hooks"): every reading of time and every wait in
-/// the engine and the cluster code goes through it. Production: `SystemClock` (the monotonic
-/// clock, the wall clock, `Task.sleep`); the deterministic simulation plugs in virtual time.
+/// the engine and the cluster code goes through it, and so does every random draw (session ids,
+/// relay choices, SWIM's probe order), the other thing a simulation must replay from its seed.
+/// Production: `SystemClock` (the monotonic clock, the wall clock, `Task.sleep`, the system's
+/// random generator); the deterministic simulation plugs in virtual time and a seeded generator.
 public protocol EngineClock: Sendable {
     /// Monotonic nanoseconds (timeouts, deadlines, leases).
     func monotonicNanoseconds() -> UInt64
@@ -10,6 +13,18 @@ public protocol EngineClock: Sendable {
     func wallMilliseconds() -> Int64
     /// Suspends the calling task for `nanoseconds`, or until it is cancelled (then it returns early).
     func sleep(nanoseconds: UInt64) async
+    /// 64 random bits.
+    func randomBits() -> UInt64
+}
+
+extension EngineClock {
+    /// One of `items` drawn at random (nil when empty).
+    func pick<T>(_ items: [T]) -> T? {
+        items.isEmpty ? nil : items[Int(randomBits() % UInt64(items.count))]
+    }
+
+    /// A fresh session id drawn from this clock's randomness.
+    func newSessionID() -> SessionID { SessionID(hi: randomBits(), lo: randomBits() | 1) }
 }
 
 public struct SystemClock: EngineClock {
@@ -17,6 +32,10 @@ public struct SystemClock: EngineClock {
     public func monotonicNanoseconds() -> UInt64 { MonotonicClock.now() }
     public func wallMilliseconds() -> Int64 { WallClock.nowMilliseconds() }
     public func sleep(nanoseconds: UInt64) async { try? await Task.sleep(nanoseconds: nanoseconds) }
+    public func randomBits() -> UInt64 {
+        var g = SystemRandomNumberGenerator()
+        return g.next()
+    }
 }
 
 /// The executor seam for the tasks a node starts itself (background work, senders, probes):

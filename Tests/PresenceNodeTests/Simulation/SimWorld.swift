@@ -26,8 +26,29 @@ final class SimWorld: @unchecked Sendable {
     /// A hash of the whole history (which loop ran at what time), printed and compared by seed.
     private(set) var traceHash: UInt64 = 0xcbf2_9ce4_8422_2325
     private(set) var steps = 0
+    /// Loops that are not stepped (their node is paused, SIGSTOP): their work and timers wait.
+    private var paused: Set<ObjectIdentifier> = []
+    /// The readable trace (messages, faults, client calls), kept when asked for (a replay).
+    private(set) var traceLines: [String] = []
+    let keepsTrace: Bool
 
-    init(seed: UInt64) { rng = SplitMix64(seed: seed) }
+    init(seed: UInt64, keepsTrace: Bool = false) {
+        rng = SplitMix64(seed: seed)
+        self.keepsTrace = keepsTrace
+    }
+
+    func pause(_ loop: EventLoop) { paused.insert(ObjectIdentifier(loop)) }
+    func unpause(_ loop: EventLoop) { paused.remove(ObjectIdentifier(loop)) }
+    func isPaused(_ loop: EventLoop) -> Bool { paused.contains(ObjectIdentifier(loop)) }
+
+    /// One line of the history: hashed always, kept when the trace is asked for.
+    func log(_ line: @autoclosure () -> String) {
+        let text = line()
+        note(text)
+        if keepsTrace && traceLines.count < 200_000 {
+            traceLines.append(String(format: "%9.4f ", Double(now) / 1e9 - 1) + text)
+        }
+    }
 
     func makeLoop(_ name: String) -> EventLoop {
         let loop = EventLoop.stepped(name: name, clock: { [time] in time.now })
@@ -50,7 +71,7 @@ final class SimWorld: @unchecked Sendable {
     func run(for duration: UInt64) {
         let end = now + duration
         for _ in 0..<20_000_000 {
-            let ready = loops.filter { $0.hasWorkNow }
+            let ready = loops.filter { $0.hasWorkNow && !paused.contains(ObjectIdentifier($0)) }
             if !ready.isEmpty {
                 let loop = ready[Int(random(below: UInt64(ready.count)))]
                 note(loop.name)
@@ -58,7 +79,8 @@ final class SimWorld: @unchecked Sendable {
                 loop.step()
                 continue
             }
-            guard let next = loops.compactMap(\.nextTimerDeadline).min(), next <= end else {
+            guard let next = loops.filter({ !paused.contains(ObjectIdentifier($0)) }).compactMap(\.nextTimerDeadline).min(),
+                  next <= end else {
                 time.ns.store(end, ordering: .relaxed)
                 return
             }
@@ -81,6 +103,8 @@ final class OneShot<Value: Sendable>: Sendable {
         }
         waiter?.resume(returning: value)
     }
+
+    var isComplete: Bool { state.withLock { $0.value != nil } }
 
     var value: Value {
         get async {
@@ -109,6 +133,7 @@ struct SimClock: EngineClock {
     let loop: EventLoop
 
     func monotonicNanoseconds() -> UInt64 { world.now }
+    func randomBits() -> UInt64 { world.rng.next() }
     func wallMilliseconds() -> Int64 { 1_800_000_000_000 + Int64(world.now / 1_000_000) }
     func sleep(nanoseconds: UInt64) async {
         let woken = OneShot<Void>()
@@ -124,7 +149,8 @@ struct SimClock: EngineClock {
 
 /// The in-memory network: each request is delivered to the peer services of the node at its
 /// address after a delay drawn from the seed, and its answer comes back the same way; a node
-/// that is down or cut off answers nothing (the caller's timeout fires).
+/// that is down or cut off answers nothing (the caller's timeout fires). A node on a bad link
+/// (`slow`) gets 50 ms ± 20 ms per message, loses 5% of them and receives 2% twice.
 /// `@unchecked Sendable`: used from the driver's thread only (see `SimWorld`).
 final class SimNetwork: @unchecked Sendable {
     let world: SimWorld
@@ -132,11 +158,32 @@ final class SimNetwork: @unchecked Sendable {
     /// Addresses cut off from every other node (a partition), and single links cut.
     var isolated: Set<String> = []
     var cutLinks: Set<[String]> = []
+    /// Addresses on a bad link (delay, loss, duplication).
+    var slow: Set<String> = []
     private(set) var requests = 0
+    private(set) var lost = 0
+    private(set) var duplicated = 0
 
     init(world: SimWorld) { self.world = world }
 
-    func delay() -> UInt64 { 200_000 + world.random(below: 1_800_000) }
+    /// One message's delay between `a` and `b`.
+    func delay(_ a: String, _ b: String) -> UInt64 {
+        if slow.contains(a) || slow.contains(b) { return 30_000_000 + world.random(below: 40_000_000) }
+        return 200_000 + world.random(below: 1_800_000)
+    }
+
+    /// Whether one message between `a` and `b` is lost on a bad link.
+    func loses(_ a: String, _ b: String) -> Bool {
+        guard slow.contains(a) || slow.contains(b), world.random(below: 100) < 5 else { return false }
+        lost += 1
+        return true
+    }
+
+    func duplicates(_ a: String, _ b: String) -> Bool {
+        guard slow.contains(a) || slow.contains(b), world.random(below: 100) < 2 else { return false }
+        duplicated += 1
+        return true
+    }
 
     func reachable(_ a: String, _ b: String) -> Bool {
         !isolated.contains(a) && !isolated.contains(b) && !cutLinks.contains([a, b].sorted())
@@ -144,7 +191,7 @@ final class SimNetwork: @unchecked Sendable {
 
     func deliver(from: String, to address: String) -> (services: ServiceRegistry, loop: EventLoop)? {
         requests += 1
-        guard reachable(from, address) else { return nil }
+        guard reachable(from, address), !loses(from, address) else { return nil }
         return nodes[address]
     }
 }
@@ -159,20 +206,24 @@ struct SimTransport: PeerTransport {
         let answer = OneShot<Result<[UInt8], GRPCStatus>>()
         let (network, from, loop) = (self.network, self.from, self.loop)
         loop.after(timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "no answer from \(address)"))) }
+        network.world.log("\(from) -> \(address) \(method.path)")
         if let dest = network.deliver(from: from, to: address), let handler = dest.services.methods[method.path]?.asyncUnary {
             let bytes = request.serializedBytes()
             let deadline = network.world.now + timeout
-            let there = network.delay(), back = network.delay()
-            dest.loop.after(there) {
-                Task(executorPreference: dest.loop) {
-                    let result: Result<[UInt8], GRPCStatus>
-                    do {
-                        result = .success(try await handler(bytes, ServerContext(path: method.path, deadline: deadline, metadata: [])))
-                    } catch {
-                        result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
+            let copies = network.duplicates(from, address) ? 2 : 1
+            for _ in 0..<copies {
+                let there = network.delay(from, address)
+                dest.loop.after(there) {
+                    Task(executorPreference: dest.loop) {
+                        let result: Result<[UInt8], GRPCStatus>
+                        do {
+                            result = .success(try await handler(bytes, ServerContext(path: method.path, deadline: deadline, metadata: [])))
+                        } catch {
+                            result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
+                        }
+                        guard network.reachable(from, address), !network.loses(address, from) else { return }
+                        loop.after(network.delay(address, from)) { answer.complete(result) }
                     }
-                    guard network.reachable(from, address) else { return }
-                    loop.after(back) { answer.complete(result) }
                 }
             }
         }
@@ -184,34 +235,4 @@ struct SimTransport: PeerTransport {
     func preferredLoop(of address: String) -> EventLoop? { loop }
     func forget(_ address: String) {}
     func close() {}
-}
-
-/// A real node (`NodeCore`: membership, peer link, engine) on the simulation's seams.
-final class SimNode: Sendable {
-    let id: String
-    let address: String
-    let loop: EventLoop
-    let core: NodeCore
-
-    init(world: SimWorld, network: SimNetwork, id: String, seeds: [String], presenceTimeout: Double = 3) {
-        self.id = id
-        address = "\(id).sim:7401"
-        loop = world.makeLoop(id)
-        var settings = EngineSettings(nodeID: id, presenceTimeout: presenceTimeout, maxInstantEvents: 50, presenceInterval: 0.2)
-        settings.shards = 4
-        let seams = NodeCore.Seams(loops: [loop], transport: SimTransport(network: network, from: address, loop: loop),
-                                   clock: SimClock(world: world, loop: loop), placement: TaskPlacement(preferred: loop), peerAuth: nil)
-        core = NodeCore(settings: settings, replicationFactor: 2, peerAddress: address, clientAddress: "\(id).sim:7400",
-                        seeds: seeds.compactMap { HostPort(parsing: $0) }, boot: 1_000 + world.rng.next() % 1_000_000,
-                        seams: seams, logger: Logger(level: .error, format: .text))
-        network.nodes[address] = (core.peerServices, loop)
-        let (core, address) = (self.core, self.address)
-        loop.execute { core.start(peerAddress: address, clientAddress: "\(id).sim:7400") }
-    }
-
-    /// kill -9: the node's loop never runs again and nothing reaches it.
-    func kill(world: SimWorld, network: SimNetwork) {
-        world.remove(loop)
-        network.nodes[address] = nil
-    }
 }

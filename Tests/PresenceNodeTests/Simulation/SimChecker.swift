@@ -1,0 +1,239 @@
+import GRPCTransport
+import PresenceWire
+
+/// One broken promise of RELIABILITY.md, with what shows it.
+struct SimViolation: CustomStringConvertible {
+    let invariant: Int
+    let title: String
+    var detail: [String] = []
+    var description: String { "invariant \(invariant): \(title)" + detail.map { "\n      \($0)" }.joined() }
+}
+
+/// What one node answered to the final reads on the quiet cluster.
+struct SimNodeRead {
+    var listing: [String: [String: [String: String]]] = [:]
+    var channels: [String: Set<String>] = [:]
+    var statuses: [String: UserStatus] = [:]
+    var errors: [String] = []
+}
+
+/// The invariants of RELIABILITY.md checked on the simulation's records, with the definitions of
+/// `Cluster/chaos`'s checker (`Cluster/chaos.d/checker.py`). Where they differ: time is exact
+/// here (one virtual clock), so the margins are 50 ms instead of 0.5 s and a resume is held to the
+/// timeout without slack; invariant 8's event check (a join or state change for a user certainly
+/// out of the channel) is left to the final listings.
+struct SimChecker {
+    static let margin: UInt64 = 50_000_000
+    static let answerBound: UInt64 = 5_000_000_000
+    let clients: SimClients
+    let timeout: UInt64
+    private(set) var violations: [SimViolation] = []
+    private(set) var counts: [String: Int] = [:]
+
+    init(clients: SimClients) {
+        self.clients = clients
+        timeout = clients.timeout
+    }
+
+    /// A virtual time (the world starts at 1 s) and a duration, as text.
+    private static func s(_ t: UInt64) -> String { t == .max ? "end" : String(format: "%.3fs", Double(t) / 1e9 - 1) }
+    private static func d(_ ns: UInt64) -> String { String(format: "%.3fs", Double(ns) / 1e9) }
+    private mutating func add(_ inv: Int, _ title: String, _ detail: [String] = []) {
+        violations.append(SimViolation(invariant: inv, title: title, detail: detail))
+    }
+
+    // MARK: invariants 1 and 2: the final listings
+
+    /// The listing the model says every node must give (users with a live session).
+    func expectedListing() -> [String: [String: [String: String]]] {
+        var out: [String: [String: [String: String]]] = [:]
+        for u in clients.users where u.sid != nil {
+            for (ch, state) in u.channels { out[ch, default: [:]][u.name] = state }
+        }
+        return out
+    }
+
+    mutating func checkFinal(_ reads: [String: SimNodeRead]) {
+        let records = clients.records
+        let expected = expectedListing()
+        for (node, r) in reads.sorted(by: { $0.key < $1.key }) {
+            if !r.errors.isEmpty { add(7, "\(node) did not answer the final reads on the quiet cluster", r.errors) }
+            for ch in SimClients.channels {
+                let listed = r.listing[ch] ?? [:], want = expected[ch] ?? [:]
+                counts["listings compared", default: 0] += 1
+                for user in Set(listed.keys).union(want.keys).sorted() where !records.tainted.contains(user) {
+                    if listed[user] != want[user] {
+                        let live = clients.users.first { $0.name == user }?.sid != nil
+                        let inv = want[user] == nil ? (live ? 8 : 2) : 1
+                        add(inv, "\(node) lists \(user) in \(ch) as \(listed[user].map { "\($0)" } ?? "absent"), model: \(want[user].map { "\($0)" } ?? "absent")")
+                    }
+                }
+            }
+            for u in clients.users where !records.tainted.contains(u.name) {
+                let want = u.sid == nil ? Set<String>() : Set(u.channels.keys)
+                if let got = r.channels[u.name], got != want {
+                    add(u.sid == nil ? 2 : 1, "\(node) GetUserChannels(\(u.name)) = \(got.sorted()), model: \(want.sorted())")
+                }
+                let status = u.sid == nil ? UserStatus.offline : u.status
+                if let got = r.statuses[u.name], got != status {
+                    add(u.sid == nil ? 2 : 1, "\(node) GetUserStatuses(\(u.name)) = \(got), model: \(status)")
+                }
+            }
+        }
+    }
+
+    // MARK: invariants 3 and 5: the events every session received
+
+    mutating func checkEvents() {
+        let r = clients.records
+        var excused: [String: Int] = [:]
+        var view: [String: [String: [String: String]]] = [:]  // (sid ch) -> the subscriber's view
+        var pages: [String: [UserState]] = [:]
+        for e in r.received {
+            let ev = e.event, ch = ev.channelName
+            let ts = UInt64(max(0, ev.timestampMs - 1_800_000_000_000)) * 1_000_000
+            counts["events checked", default: 0] += 1
+            var gone: [(String, String)] = []
+            if ev.type == .remoteLeave || ev.type == .remoteTimeout { gone = [(ev.publisher, "\(ev.type)")] }
+            if ev.type == .interval, let iv = ev.interval {
+                gone = iv.leaveUserIDs.map { ($0, "INTERVAL(leave)") } + iv.timeoutUserIDs.map { ($0, "INTERVAL(timeout)") }
+            }
+            let key = "\(e.sid) \(ch)"
+            if ev.type == .snapshot {
+                pages[key, default: []] += ev.snapshot
+                if !ev.snapshotContinues {
+                    let listed = Set(pages[key]!.map(\.userID))
+                    for u in clients.users.map(\.name) where !listed.contains(u) { gone.append((u, "SNAPSHOT without the user")) }
+                    view[key] = Dictionary(pages[key]!.map { ($0.userID, Self.items($0.states)) }, uniquingKeysWith: { a, _ in a })
+                    pages[key] = nil
+                }
+            }
+            for (u, what) in gone where !r.tainted.contains(u) {
+                let sids = r.certainlyIn(u, ch, ts - Self.margin, ts + Self.margin)
+                guard !sids.isEmpty else { continue }
+                let stalls = sids.map { r.stall($0, at: ts, atLeast: timeout - Self.margin) }
+                if stalls.allSatisfy({ $0 != nil }) {
+                    // cut off past the timeout: one removal per subscriber, channel and cut
+                    let k = "\(e.sid) \(u) \(ch) \(stalls.compactMap { $0 })"
+                    excused[k, default: 0] += 1
+                    if excused[k]! > 1 && what != "SNAPSHOT without the user" {
+                        add(3, "a second \(what) for \(u) in \(ch) (seq \(ev.sequence)) for one cut, seen by \(e.sid.prefix(6)) at \(Self.s(e.t))")
+                    }
+                    continue
+                }
+                add(3, "\(what) for \(u) in \(ch) (seq \(ev.sequence)) while \(u) stayed in the channel",
+                    ["seen by session \(e.sid.prefix(6)) via \(e.node) at \(Self.s(e.t)) (server time \(Self.s(ts)))",
+                     "model: sessions \(sids.map { $0.prefix(6) }) certainly in \(ch) then"])
+            }
+            applyToView(&view[key], ev)
+        }
+        checkPeriods(view)
+    }
+
+    private static func items(_ states: [StateItem]) -> [String: String] {
+        Dictionary(states.map { ($0.key, $0.value) }, uniquingKeysWith: { _, b in b })
+    }
+
+    private func applyToView(_ view: inout [String: [String: String]]?, _ ev: PresenceEvent) {
+        guard view != nil else { return }
+        switch ev.type {
+        case .remoteJoin: view![ev.publisher] = [:]
+        case .remoteLeave, .remoteTimeout: view![ev.publisher] = nil
+        case .remoteStateChanged: view![ev.publisher] = Self.items(ev.states)
+        case .interval:
+            guard let iv = ev.interval else { return }
+            for u in iv.joinUserIDs { view![u] = [:] }
+            for u in iv.leaveUserIDs + iv.timeoutUserIDs { view![u] = nil }
+            for us in iv.userStates { view![us.userID] = Self.items(us.states) }
+        default: break
+        }
+    }
+
+    /// Invariant 5: per subscription, a SNAPSHOT first, sequences that only go up, and a final
+    /// view (SNAPSHOT + events) equal to the listing for a subscription still open at the end.
+    private mutating func checkPeriods(_ finalViews: [String: [String: [String: String]]]) {
+        let r = clients.records
+        let expected = expectedListing()
+        var bySub: [String: [SimRecords.Received]] = [:]
+        for e in r.received { bySub["\(e.sid) \(e.event.channelName)", default: []].append(e) }
+        for p in r.periods {
+            let evs = (bySub["\(p.sid) \(p.channel)"] ?? []).filter { e in
+                let ts = UInt64(max(0, e.event.timestampMs - 1_800_000_000_000)) * 1_000_000
+                return e.t >= p.start && e.t < p.end && ts + Self.margin >= p.start
+            }
+            guard let first = evs.first else { continue }
+            counts["subscriptions checked", default: 0] += 1
+            let label = "\(p.user) s=\(p.sid.prefix(6)) in \(p.channel)"
+            if first.event.type != .snapshot && !p.uncertain {
+                add(5, "\(label): first event after joining is \(first.event.type) seq \(first.event.sequence), not SNAPSHOT",
+                    ["joined at \(Self.s(p.start)); first event at \(Self.s(first.t)) via \(first.node)"])
+            }
+            var top: UInt64?
+            var backwards: [String] = []
+            var previousNode = first.node
+            for e in evs {
+                if let t = top, e.event.type == .snapshot ? e.event.sequence < t : e.event.sequence <= t {
+                    backwards.append("\(Self.s(e.t)) via \(e.node)\(e.node != previousNode ? " (moved from \(previousNode))" : ""): \(e.event.type) seq \(e.event.sequence) after \(t)")
+                }
+                top = max(top ?? 0, e.event.sequence)
+                previousNode = e.node
+            }
+            if !backwards.isEmpty { add(5, "\(label): \(backwards.count) event(s) out of sequence", Array(backwards.prefix(5))) }
+            guard p.end == .max, !p.uncertain, let u = clients.users.first(where: { $0.name == p.user }), u.sid == p.sid,
+                  u.channels[p.channel] != nil, let v = finalViews["\(p.sid) \(p.channel)"] else { continue }
+            counts["final views compared", default: 0] += 1
+            let want = expected[p.channel] ?? [:]
+            let differ = Set(v.keys).union(want.keys).sorted().filter { other in
+                guard !r.tainted.contains(other) else { return false }
+                if (v[other] == nil) != (want[other] == nil) { return true }
+                return other != p.user && v[other] != want[other]
+            }
+            if !differ.isEmpty {
+                add(5, "\(label): SNAPSHOT + events do not end as the listing",
+                    differ.prefix(6).map { "\($0): view \(v[$0].map { "\($0)" } ?? "absent"), listing \(want[$0].map { "\($0)" } ?? "absent")" })
+            }
+        }
+    }
+
+    // MARK: invariants 4 and 7
+
+    mutating func checkResumesAndCalls() {
+        let r = clients.records
+        for x in r.resumes {
+            counts["resumes", default: 0] += 1
+            guard x.outcome != .resumed else { continue }
+            let window = x.t0 - x.origin
+            if window < timeout {
+                add(4, "\(x.user) s=\(x.sid.prefix(6)): resume on \(x.node) \(x.outcome == .newSession ? "answered with a new session" : "refused (\(x.outcome))") \(Self.d(window)) after the stream stopped",
+                    ["stream stopped at \(Self.s(x.origin)); resume sent at \(Self.s(x.t0))"])
+            }
+        }
+        for l in r.losses {
+            add(4, "\(l.user) s=\(l.sid.prefix(6)): no node answered a resume within the presence timeout",
+                ["stream stopped at \(Self.s(l.origin)); given up at \(Self.s(l.t))"])
+        }
+        for c in r.calls {
+            counts["calls", default: 0] += 1
+            if c.attempts > 1 { counts["calls retried", default: 0] += 1 }
+            let what = "\(c.user) \(c.method)\(c.channel.map { " \($0)" } ?? "") at \(Self.s(c.t0))"
+            for n in c.notes where n.hasPrefix("vanished") { add(4, "\(what): session unknown to its gateway while its stream was up", [n]) }
+            switch c.outcome {
+            case .error(let code, let message) where !c.notes.contains(where: { $0.hasPrefix("vanished") }):
+                add(7, "\(what) failed with \(code) (not retryable) for a valid call", [message])
+            case .gaveUp:
+                add(7, "\(what) got no definite answer in \(Self.d(c.t1 - c.t0)) (client gave up)")
+            case .ok where c.t1 - c.t0 > Self.answerBound:
+                add(7, "\(what) took \(Self.d(c.t1 - c.t0)) to a definite answer (bound 5 s)", ["attempts: \(c.attempts)"])
+            default: break
+            }
+        }
+    }
+
+    /// Invariant 6: after a fault ended, one membership view within 3 s.
+    mutating func checkConvergence(_ label: String, took: UInt64?, views: [String: [String]]) {
+        counts["convergences measured", default: 0] += 1
+        if let took, took <= 3_000_000_000 { return }
+        add(6, "after \(label) membership converged \(took.map { "in \(Self.d($0))" } ?? "not within 10 s")",
+            views.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value.joined(separator: ","))" })
+    }
+}

@@ -1,0 +1,353 @@
+import EventLoop
+import GRPCTransport
+@testable import PresenceNode
+import PresenceWire
+
+/// A value a closure can change (used from the driver's thread only).
+final class Box<T>: @unchecked Sendable {
+    var value: T
+    init(_ value: T) { self.value = value }
+}
+
+/// Model clients that behave as `Cluster/chaos`'s do (RELIABILITY.md, "The fault model"): each
+/// user holds one session and its stream; on a broken stream it resumes the session on another
+/// node; a stream to a node it cannot reach is given up after 2.5 s (keepalive); a call is retried
+/// (2.5 s per attempt) once on the same node, then the session moves and the call is retried,
+/// until a definite answer or 30 s; a session that could not be resumed is recovered (new session,
+/// channels, state and status again). Every call, resume and event goes to `SimRecords`.
+/// `@unchecked Sendable`: used from the driver's thread only (see `SimWorld`).
+final class SimClients: @unchecked Sendable {
+    static let attemptDeadline: UInt64 = 2_500_000_000
+    /// A keepalive ping every second, answered within 1.5 s (as the chaos clients' channels).
+    static let keepaliveTime: UInt64 = 1_000_000_000
+    static let keepaliveTimeout: UInt64 = 1_500_000_000
+    static let callCap: UInt64 = 30_000_000_000
+    static let channels = (0..<5).map { "ch\($0)" }
+
+    final class User: @unchecked Sendable {
+        let name: String
+        var sid: String?
+        var node: String?
+        var stream: SimStream?
+        var connected = false
+        /// Bumped on every new stream.
+        var gen = 0
+        var resuming = false
+        var closing = false
+        /// Since when the stream's node has been unreachable, and when the keepalive gives up on it.
+        var stallSince: UInt64?
+        var stallDeadline: UInt64 = .max
+        /// What the server acknowledged (the SDK's view): channel -> state.
+        var channels: [String: [String: String]] = [:]
+        var status = UserStatus.online
+        var waiters: [OneShot<Void>] = []
+
+        init(name: String) { self.name = name }
+
+        func wake() {
+            let w = waiters
+            waiters = []
+            for x in w { x.complete(()) }
+        }
+    }
+
+    let cluster: SimCluster
+    let records = SimRecords()
+    let door: SimClientDoor
+    private(set) var users: [User]
+    var stopped = false
+    private var counter = 0
+    var timeout: UInt64 { UInt64(cluster.presenceTimeout * 1e9) }
+    var world: SimWorld { cluster.world }
+
+    init(cluster: SimCluster, count: Int) {
+        self.cluster = cluster
+        door = SimClientDoor(cluster: cluster)
+        users = (1...count).map { User(name: "u\($0)") }
+    }
+
+    // MARK: running
+
+    func start() {
+        for u in users {
+            let loop = cluster.clients
+            loop.execute { Task(executorPreference: loop) { await self.work(u) } }
+        }
+    }
+
+    func sleep(_ ns: UInt64) async {
+        let done = OneShot<Void>()
+        cluster.clients.after(ns) { done.complete(()) }
+        await done.value
+    }
+
+    private func random(_ n: UInt64) -> UInt64 { world.random(below: n) }
+
+    /// The keepalive, called by the driver every 50-250 ms: a stream whose node clients cannot
+    /// reach is given up when the next ping goes unanswered (1.5 to 2.5 s after the node stopped
+    /// answering), and the session resumed elsewhere.
+    func tick() {
+        for u in users where u.connected {
+            guard let node = u.node, !cluster.clientReachable(node) else { u.stallSince = nil; continue }
+            if u.stallSince == nil {
+                u.stallSince = world.now
+                u.stallDeadline = world.now + Self.keepaliveTimeout + random(Self.keepaliveTime)
+            }
+            if world.now >= u.stallDeadline { broke(u, origin: u.stallSince!, why: "keepalive") }
+        }
+    }
+
+    private func work(_ u: User) async {
+        await openFresh(u)
+        while !stopped {
+            await sleep(300_000_000 + random(1_200_000_000))
+            if stopped { break }
+            let r = random(100)
+            let joined = u.channels.keys.sorted()
+            if r < 35 || joined.isEmpty {
+                let ch = Self.channels[Int(random(UInt64(Self.channels.count)))]
+                if u.channels[ch] == nil { await join(u, ch) }
+            } else if r < 55 {
+                await leave(u, joined[Int(random(UInt64(joined.count)))])
+            } else if r < 85 {
+                counter += 1
+                await setState(u, joined[Int(random(UInt64(joined.count)))], key: "k\(random(3))", value: "v\(counter)")
+            } else if r < 96 {
+                await setStatus(u, [UserStatus.online, .away, .busy][Int(random(3))])
+            } else {
+                await close(u)
+                await sleep(500_000_000 + random(1_500_000_000))
+                if !stopped { await openFresh(u) }
+            }
+        }
+    }
+
+    // MARK: sessions and streams
+
+    enum Opened { case opened(sid: String, resumed: Bool), failed(GRPCStatus) }
+
+    /// Opens a stream on `node` (resuming `resume` when given); answers when `opened` arrives, the
+    /// stream fails, or the attempt's deadline passes.
+    private func openOn(_ u: User, _ node: String, resume: String, status: UserStatus) async -> Opened {
+        let first = OneShot<Opened>()
+        u.gen += 1
+        let gen = u.gen
+        var req = OpenSessionRequest(userID: u.name, resumeSessionID: resume)
+        req.initialStatus = status
+        let streamSid = Box<String?>(nil)
+        let stream = door.open(node, req, event: { [self] e in
+            switch e.event {
+            case .opened(let o)?:
+                streamSid.value = o.sessionID
+                first.complete(.opened(sid: o.sessionID, resumed: o.resumed))
+            case .presence(let p)?:
+                if u.gen == gen, let sid = streamSid.value { records.received.append(.init(t: world.now, sid: sid, node: node, event: p)) }
+            default: break
+            }
+        }, ended: { [self] status in
+            first.complete(.failed(status))
+            if u.gen == gen && u.connected && !u.closing { broke(u, origin: world.now, why: "stream ended: \(status.code)") }
+        })
+        cluster.clients.after(Self.attemptDeadline) { first.complete(.failed(GRPCStatus(.deadlineExceeded, "no opened"))) }
+        let outcome = await first.value
+        if case .opened(let sid, _) = outcome, u.gen == gen {
+            u.sid = sid
+            u.node = node
+            u.stream = stream
+            u.connected = true
+            u.stallSince = nil
+            records.attachments[sid, default: []].append((world.now, node))
+            u.wake()
+        } else {
+            stream.cancel()
+        }
+        return outcome
+    }
+
+    private func nodesInOrder(avoiding: String?) -> [String] {
+        var ids = cluster.ids
+        for i in stride(from: ids.count - 1, to: 0, by: -1) { ids.swapAt(i, Int(random(UInt64(i + 1)))) }
+        if let avoiding, let k = ids.firstIndex(of: avoiding) { ids.append(ids.remove(at: k)) }
+        return ids
+    }
+
+    /// A new session, on the first node that answers (retried until the call cap).
+    private func openFresh(_ u: User) async {
+        let t0 = world.now
+        let i = records.began(.init(user: u.name, sid: "", method: "OpenSession", channel: nil, t0: t0))
+        while world.now - t0 < Self.callCap {
+            for node in nodesInOrder(avoiding: nil) {
+                records.calls[i].attempts += 1
+                if case .opened(let sid, _) = await openOn(u, node, resume: "", status: u.status) {
+                    records.calls[i].outcome = .ok
+                    records.calls[i].t1 = world.now
+                    _ = sid
+                    return
+                }
+            }
+            await sleep(200_000_000)
+        }
+        records.calls[i].outcome = .gaveUp
+        records.calls[i].t1 = world.now
+        records.tainted.insert(u.name)
+    }
+
+    /// The stream of `u` stopped working at `origin`: resume the session elsewhere.
+    private func broke(_ u: User, origin: UInt64, why: String) {
+        guard u.connected else { return }
+        world.log("\(u.name) stream broke (\(why))")
+        u.connected = false
+        u.stream?.cancel()
+        u.wake()
+        guard !u.resuming else { return }
+        u.resuming = true
+        let loop = cluster.clients
+        loop.execute { Task(executorPreference: loop) { await self.resume(u, origin: origin) } }
+    }
+
+    private func resume(_ u: User, origin: UInt64) async {
+        defer { u.resuming = false }
+        guard let sid = u.sid else { return }
+        let from = u.node
+        await sleep(100_000_000)
+        while world.now - origin < timeout + 10_000_000_000 {
+            for node in nodesInOrder(avoiding: from) {
+                let t0 = world.now
+                switch await openOn(u, node, resume: sid, status: u.status) {
+                case .opened(let got, let resumed):
+                    records.resumes.append(.init(user: u.name, sid: sid, node: node, t0: t0, origin: origin, outcome: resumed ? .resumed : .newSession))
+                    if !resumed || got != sid { await recover(u, lost: sid, origin: origin, fresh: true) }
+                    return
+                case .failed(let status) where status.code == .notFound || status.code == .permissionDenied:
+                    records.resumes.append(.init(user: u.name, sid: sid, node: node, t0: t0, origin: origin, outcome: .refused(status.code)))
+                    await recover(u, lost: sid, origin: origin, fresh: false)
+                    return
+                case .failed:
+                    continue
+                }
+            }
+            await sleep(200_000_000)
+        }
+        records.losses.append((u.name, sid, origin, world.now))
+        await recover(u, lost: sid, origin: origin, fresh: false)
+    }
+
+    /// The session `lost` is gone: a new one (unless `fresh` is one already) with the same
+    /// channels, state and status, as an SDK restores them.
+    private func recover(_ u: User, lost: String, origin: UInt64, fresh: Bool) async {
+        records.left(lost, nil, at: origin, periodsAt: world.now)
+        if !fresh { await openFresh(u) }
+        let want = u.channels
+        u.channels = [:]
+        for (ch, state) in want.sorted(by: { $0.key < $1.key }) {
+            await join(u, ch)
+            for (k, v) in state.sorted(by: { $0.key < $1.key }) { await setState(u, ch, key: k, value: v) }
+        }
+        await setStatus(u, u.status)
+    }
+
+    /// Waits up to `ns` for `u` to be connected; its (sid, node, gen) then.
+    private func connected(_ u: User, within ns: UInt64) async -> (String, String, Int)? {
+        let deadline = world.now + ns
+        while !u.connected || u.sid == nil {
+            guard world.now < deadline else { return nil }
+            let w = OneShot<Void>()
+            u.waiters.append(w)
+            cluster.clients.after(deadline - world.now) { w.complete(()) }
+            await w.value
+        }
+        return (u.sid!, u.node!, u.gen)
+    }
+
+    // MARK: calls
+
+    /// One session call, retried to a definite answer (see the type's comment); its outcome.
+    private func call<Req: ProtoMessage, Resp: ProtoMessage>(_ u: User, _ method: MethodDescriptor<Req, Resp>, channel: String?,
+                                                             _ build: (String) -> Req) async -> SimRecords.Outcome {
+        let t0 = world.now
+        let sid0 = u.sid ?? ""
+        let name = String(method.path.split(separator: "/").last ?? "")
+        let i = records.began(.init(user: u.name, sid: sid0, method: name, channel: channel, t0: t0))
+        if name == "Join", let channel { records.joinStarted(u.name, sid0, channel, at: t0) }
+        if name == "Leave", let channel { records.left(sid0, channel, at: t0) }
+        var sameNodeFailures = 0
+        var lastNode: String?
+        var outcome = SimRecords.Outcome.pending
+        while outcome == .pending {
+            guard world.now - t0 < Self.callCap else { outcome = .gaveUp; break }
+            let got = await connected(u, within: 5_000_000_000)
+            if u.sid != sid0 { outcome = .sessionLost; break }
+            guard let (sid, node, gen) = got else { continue }
+            if node != lastNode { sameNodeFailures = 0; lastNode = node }
+            records.calls[i].attempts += 1
+            switch await door.unary(node, method, build(sid), timeout: Self.attemptDeadline) {
+            case .success:
+                outcome = .ok
+            case .failure(let s) where s.code == .unavailable || s.code == .deadlineExceeded:
+                if u.gen != gen { continue }
+                sameNodeFailures += 1
+                if sameNodeFailures >= 2 {
+                    broke(u, origin: u.stallSince ?? world.now, why: "calls fail: move")
+                    sameNodeFailures = 0
+                } else {
+                    await sleep(100_000_000)
+                }
+            case .failure(let s) where s.code == .notFound:
+                // the stream may be breaking (the node died and came back): wait for the resume
+                let before = u.gen
+                await sleep(1_000_000_000)
+                if u.gen != before || !u.connected { continue }
+                records.calls[i].notes.append("vanished: \(node) answered \(name) with \(s.message) while the stream was up")
+                outcome = .error(s.code, s.message)
+            case .failure(let s):
+                outcome = .error(s.code, s.message)
+            }
+        }
+        records.calls[i].outcome = outcome
+        records.calls[i].t1 = world.now
+        if outcome == .gaveUp { records.tainted.insert(u.name) }
+        return outcome
+    }
+
+    private func join(_ u: User, _ ch: String) async {
+        let o = await call(u, PresenceMethods.join, channel: ch) { JoinRequest(sessionID: $0, channelName: ch, channelType: .message, withPresence: true) }
+        if o == .ok, let sid = u.sid {
+            u.channels[ch] = u.channels[ch] ?? [:]
+            records.joined(u.name, sid, ch, at: world.now)
+        } else if o != .sessionLost {
+            records.periods.indices.filter { records.periods[$0].sid == u.sid && records.periods[$0].channel == ch }.forEach { records.periods[$0].uncertain = true }
+        }
+    }
+
+    private func leave(_ u: User, _ ch: String) async {
+        let o = await call(u, PresenceMethods.leave, channel: ch) { LeaveRequest(sessionID: $0, channelName: ch, channelType: .message) }
+        if o == .ok { u.channels[ch] = nil }
+    }
+
+    private func setState(_ u: User, _ ch: String, key: String, value: String) async {
+        let o = await call(u, PresenceMethods.setState, channel: ch) {
+            SetStateRequest(sessionID: $0, channelName: ch, channelType: .message, items: [StateItem(key: key, value: value)])
+        }
+        if o == .ok, u.channels[ch] != nil { u.channels[ch]![key] = value }
+    }
+
+    private func setStatus(_ u: User, _ status: UserStatus) async {
+        let o = await call(u, PresenceMethods.setStatus, channel: nil) { SetStatusRequest(sessionID: $0, status: status) }
+        if o == .ok { u.status = status }
+    }
+
+    private func close(_ u: User) async {
+        guard let sid = u.sid else { return }
+        records.left(sid, nil, at: world.now)
+        u.closing = true
+        defer { u.closing = false }
+        let o = await call(u, PresenceMethods.closeSession, channel: nil) { CloseSessionRequest(sessionID: $0) }
+        if o != .ok && o != .sessionLost { records.tainted.insert(u.name) }
+        u.connected = false
+        u.gen += 1
+        u.stream?.cancel()
+        u.sid = nil
+        u.node = nil
+        u.channels = [:]
+    }
+}

@@ -1,0 +1,242 @@
+import EventLoop
+import Foundation
+import GRPCTransport
+@testable import PresenceNode
+import PresenceCore
+import PresenceWire
+
+/// One seeded schedule (RELIABILITY.md, "The real node in a deterministic simulation"): real
+/// nodes form a cluster, model clients work on it, faults of the fault model drawn from the seed
+/// come one after another (two at once with replication factor 3), then every fault ends, the
+/// cluster goes quiet, every node is read, and the checker holds invariants 1-7 on the records.
+struct SimScenario {
+    enum FaultKind: String, CaseIterable {
+        case crash0, crash3, crashForever, rolling, pauseShort, pauseLong, partitionShort, partitionLong
+        case linkCutShort, linkCutLong, slow
+    }
+
+    struct Options {
+        var seed: UInt64
+        var nodes = 5
+        var users = 30
+        /// Seconds of faults under load.
+        var seconds = 60.0
+        var presenceTimeout = 4.0
+        var replicationFactor = 2
+        var kinds = FaultKind.allCases
+        var keepsTrace = false
+
+        /// The schedule's shape drawn from the seed: 3 to `maxNodes` nodes, replication factor 3
+        /// (two faults at once) for one seed in four.
+        static func drawn(seed: UInt64, maxNodes: Int = 20, seconds: Double = 60) -> Options {
+            var rng = SplitMix64(seed: seed ^ 0x5eed_5eed)
+            var o = Options(seed: seed)
+            o.nodes = 3 + Int(rng.next() % UInt64(maxNodes - 2))
+            o.replicationFactor = o.nodes >= 5 && rng.next() % 4 == 0 ? 3 : 2
+            o.seconds = seconds
+            return o
+        }
+    }
+
+    struct Report {
+        let options: Options
+        var traceHash: UInt64 = 0
+        var steps = 0
+        var faults: [String] = []
+        var counts: [String: Int] = [:]
+        var violations: [SimViolation] = []
+        var trace: [String] = []
+
+        var summary: String {
+            let o = options
+            return "seed \(o.seed): \(o.nodes) nodes, rf \(o.replicationFactor), \(o.users) users, \(Int(o.seconds)) s; "
+                + "faults \(faults.count), calls \(counts["calls"] ?? 0), messages \(counts["peer messages"] ?? 0), "
+                + "violations \(violations.count), trace \(String(traceHash, radix: 16))"
+        }
+    }
+
+    let options: Options
+    let world: SimWorld
+    let cluster: SimCluster
+    let clients: SimClients
+    private var checker: SimChecker
+    private var report: Report
+    /// Nodes down for good (crashForever) until a later fault or the end brings them back.
+    private var downForever: Set<String> = []
+    private var rng: SplitMix64
+
+    init(_ options: Options) {
+        self.options = options
+        world = SimWorld(seed: options.seed, keepsTrace: options.keepsTrace)
+        cluster = SimCluster(world: world, size: options.nodes, presenceTimeout: options.presenceTimeout,
+                             replicationFactor: options.replicationFactor)
+        clients = SimClients(cluster: cluster, count: options.users)
+        checker = SimChecker(clients: clients)
+        report = Report(options: options)
+        rng = SplitMix64(seed: options.seed &* UInt64(0x9e37_79b9_7f4a_7c15))
+    }
+
+    static func run(_ options: Options) -> Report {
+        var s = SimScenario(options)
+        return s.run()
+    }
+
+    /// Runs `ns` of virtual time, the clients' keepalive every 250 ms.
+    private func run(for ns: UInt64) {
+        var left = ns
+        while left > 0 {
+            let step = min(left, 250_000_000)
+            world.run(for: step)
+            clients.tick()
+            left -= step
+        }
+    }
+
+    /// Runs until one membership view (bounded by 10 s); how long that took (nil: not within).
+    private func converge() -> UInt64? {
+        let t0 = world.now
+        while world.now - t0 <= 10_000_000_000 {
+            if cluster.converged() { return world.now - t0 }
+            world.run(for: 50_000_000)
+            clients.tick()
+        }
+        return nil
+    }
+
+    private mutating func random(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
+
+    mutating func run() -> Report {
+        let t = UInt64(options.presenceTimeout * 1e9)
+        if converge() == nil { checker.checkConvergence("forming the cluster", took: nil, views: cluster.views()) }
+        clients.start()
+        run(for: 2_000_000_000)
+        let end = world.now + UInt64(options.seconds * 1e9)
+        while world.now < end {
+            run(for: 1_000_000_000 + UInt64(random(3_000)) * 1_000_000)
+            let count = options.replicationFactor >= 3 && random(2) == 0 ? 2 : 1
+            var chosen: [String] = []
+            var ends: [(at: UInt64, label: String, end: () -> Void)] = []
+            for _ in 0..<count {
+                guard let (label, duration, finish) = begin(avoiding: chosen) else { continue }
+                chosen.append(contentsOf: label.split(separator: " ").dropFirst().flatMap { $0.split(separator: ",") }.map(String.init))
+                report.faults.append(label)
+                ends.append((world.now + duration, label, finish))
+            }
+            for e in ends.sorted(by: { $0.at < $1.at }) {
+                if e.at > world.now { run(for: e.at - world.now) }
+                e.end()
+            }
+            let label = ends.map(\.label).joined(separator: " + ")
+            checker.checkConvergence(label, took: converge(), views: cluster.views())
+            _ = t
+        }
+        // every fault over, every node back (documented choice, as in chaos: so every node is read)
+        clients.stopped = true
+        for id in downForever.sorted() { cluster.start(id) }
+        downForever = []
+        checker.checkConvergence("the end (every node back)", took: converge(), views: cluster.views())
+        run(for: t + 4_000_000_000)
+        let reads = finalReads()
+        checker.checkFinal(reads)
+        checker.checkEvents()
+        checker.checkResumesAndCalls()
+        report.traceHash = world.traceHash
+        report.steps = world.steps
+        report.violations = checker.violations
+        report.counts = checker.counts
+        report.counts["peer messages"] = cluster.network.requests
+        report.counts["messages lost"] = cluster.network.lost
+        report.counts["messages duplicated"] = cluster.network.duplicated
+        report.trace = world.traceLines
+        return report
+    }
+
+    /// Starts a fault drawn from the seed on nodes not in `avoiding`: its label, how long it
+    /// lasts, and what ends it. Nil when none can start (too few nodes left).
+    private mutating func begin(avoiding: [String]) -> (String, UInt64, () -> Void)? {
+        let t = options.presenceTimeout
+        let cluster = self.cluster, clients = self.clients
+        let live = cluster.live.map(\.id).filter { !avoiding.contains($0) && !cluster.paused.contains($0) }
+        guard live.count >= 2 else { return nil }
+        var kinds = options.kinds
+        if !downForever.isEmpty || cluster.live.count < 4 { kinds.removeAll { $0 == .crashForever } }
+        let kind = kinds[random(kinds.count)]
+        let node = live[random(live.count)]
+        let ns = { (s: Double) in UInt64(s * 1e9) }
+        func unreachable(_ id: String) -> () -> Void {
+            clients.records.unreachable.append((id, cluster.world.now, .max))
+            let i = clients.records.unreachable.count - 1
+            return { clients.records.unreachable[i].to = cluster.world.now }
+        }
+        switch kind {
+        case .crash0, .crash3:
+            cluster.kill(node)
+            return ("\(kind) \(node)", kind == .crash0 ? ns(0.2) : ns(3), { cluster.start(node) })
+        case .crashForever:
+            cluster.kill(node)
+            downForever.insert(node)
+            return ("\(kind) \(node)", 0, {})
+        case .rolling:
+            let finished = cluster.terminate(node)
+            cluster.start(node)
+            return ("\(kind) \(node)\(finished ? "" : " (killed after 12 s)")", 0, {})
+        case .pauseShort, .pauseLong:
+            cluster.pause(node)
+            let reach = unreachable(node)
+            return ("\(kind) \(node)", kind == .pauseShort ? ns(1.5) : ns(t + 2), { cluster.unpause(node); reach() })
+        case .partitionShort, .partitionLong:
+            cluster.isolate(node, true)
+            let reach = unreachable(node)
+            return ("\(kind) \(node)", kind == .partitionShort ? ns(t / 2) : ns(t + 2), { cluster.isolate(node, false); reach() })
+        case .linkCutShort, .linkCutLong:
+            let others = live.filter { $0 != node }
+            let other = others[random(others.count)]
+            cluster.cut(node, other, true)
+            return ("\(kind) \(node),\(other)", kind == .linkCutShort ? ns(t / 2) : ns(t + 2), { cluster.cut(node, other, false) })
+        case .slow:
+            cluster.slow(node, true)
+            return ("\(kind) \(node)", ns(6), { cluster.slow(node, false) })
+        }
+    }
+
+    /// Every node read by a client on the quiet cluster: listings, user channels, statuses.
+    private func finalReads() -> [String: SimNodeRead] {
+        let out = Box<[String: SimNodeRead]>([:])
+        let done = Box(0)
+        let users = clients.users.map(\.name)
+        let door = clients.door
+        for node in cluster.live {
+            let id = node.id
+            let loop = cluster.clients
+            loop.execute {
+                Task(executorPreference: loop) {
+                    var r = SimNodeRead()
+                    for ch in SimClients.channels {
+                        var req = GetOnlineUsersRequest(channelName: ch, channelType: .message)
+                        req.includeState = true
+                        switch await door.unary(id, PresenceMethods.getOnlineUsers, req, timeout: 2_500_000_000) {
+                        case .success(let resp):
+                            r.listing[ch] = Dictionary(resp.users.map { ($0.userID, Dictionary($0.states.map { ($0.key, $0.value) }, uniquingKeysWith: { _, b in b })) },
+                                                       uniquingKeysWith: { a, _ in a })
+                        case .failure(let s): r.errors.append("GetOnlineUsers \(ch): \(s.code) \(s.message)")
+                        }
+                    }
+                    for u in users {
+                        switch await door.unary(id, PresenceMethods.getUserChannels, GetUserChannelsRequest(userID: u), timeout: 2_500_000_000) {
+                        case .success(let resp): r.channels[u] = Set(resp.channels.map(\.channelName))
+                        case .failure(let s): r.errors.append("GetUserChannels \(u): \(s.code) \(s.message)")
+                        }
+                    }
+                    switch await door.unary(id, PresenceMethods.getUserStatuses, GetUserStatusesRequest(userIDs: users), timeout: 2_500_000_000) {
+                    case .success(let resp): for e in resp.statuses { r.statuses[e.userID] = e.status }
+                    case .failure(let s): r.errors.append("GetUserStatuses: \(s.code) \(s.message)")
+                    }
+                    out.value[id] = r
+                    done.value += 1
+                }
+            }
+        }
+        for _ in 0..<200 where done.value < cluster.live.count { world.run(for: 100_000_000) }
+        return out.value
+    }
+}
