@@ -19,6 +19,7 @@ struct SimClientDoor {
         let answer = OneShot<Result<[UInt8], GRPCStatus>>()
         clients.after(timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "deadline exceeded"))) }
         cluster.world.log("client -> \(id) \(method.path)")
+        cluster.world.detail("  \(String(describing: request).prefix(160))")
         guard let node = cluster.node(id) else {
             return .failure(GRPCStatus(.unavailable, "connection refused"))
         }
@@ -41,6 +42,12 @@ struct SimClientDoor {
         }
         let result = await answer.value
         node.cancelOnKill(token)
+        if cluster.world.keepsTrace {
+            switch result {
+            case .failure(let s): cluster.world.detail("client <- \(id) \(method.path) \(s.code) \(s.message)")
+            case .success: cluster.world.detail("client <- \(id) \(method.path) ok")
+            }
+        }
         switch result {
         case .failure(let status): return .failure(status)
         case .success(let framed):

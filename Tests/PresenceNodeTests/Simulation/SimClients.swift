@@ -34,9 +34,6 @@ final class SimClients: @unchecked Sendable {
         var gen = 0
         var resuming = false
         var closing = false
-        /// Since when the stream's node has been unreachable, and when the keepalive gives up on it.
-        var stallSince: UInt64?
-        var stallDeadline: UInt64 = .max
         /// What the server acknowledged (the SDK's view): channel -> state.
         var channels: [String: [String: String]] = [:]
         var status = UserStatus.online
@@ -64,6 +61,7 @@ final class SimClients: @unchecked Sendable {
         self.cluster = cluster
         door = SimClientDoor(cluster: cluster)
         users = (1...count).map { User(name: "u\($0)") }
+        cluster.onUnreachable = { [unowned self] in unreachable($0) }
     }
 
     // MARK: running
@@ -83,17 +81,16 @@ final class SimClients: @unchecked Sendable {
 
     private func random(_ n: UInt64) -> UInt64 { world.random(below: n) }
 
-    /// The keepalive, called by the driver every 50-250 ms: a stream whose node clients cannot
-    /// reach is given up when the next ping goes unanswered (1.5 to 2.5 s after the node stopped
-    /// answering), and the session resumed elsewhere.
-    func tick() {
-        for u in users where u.connected {
-            guard let node = u.node, !cluster.clientReachable(node) else { u.stallSince = nil; continue }
-            if u.stallSince == nil {
-                u.stallSince = world.now
-                u.stallDeadline = world.now + Self.keepaliveTimeout + random(Self.keepaliveTime)
+    /// The keepalive: clients of a node that stopped answering give its stream up when the next
+    /// ping goes unanswered (1.5 to 2.5 s after), if it still does not answer, and resume elsewhere.
+    func unreachable(_ node: String) {
+        let since = world.now
+        for u in users where u.connected && u.node == node {
+            let gen = u.gen
+            cluster.clients.after(Self.keepaliveTimeout + random(Self.keepaliveTime)) { [self] in
+                guard u.gen == gen, u.connected, !cluster.clientReachable(node) else { return }
+                broke(u, origin: since, why: "keepalive")
             }
-            if world.now >= u.stallDeadline { broke(u, origin: u.stallSince!, why: "keepalive") }
         }
     }
 
@@ -150,12 +147,12 @@ final class SimClients: @unchecked Sendable {
         })
         cluster.clients.after(Self.attemptDeadline) { first.complete(.failed(GRPCStatus(.deadlineExceeded, "no opened"))) }
         let outcome = await first.value
+        world.detail("\(u.name) open on \(node) resume=\(resume.prefix(6)): \(outcome)")
         if case .opened(let sid, _) = outcome, u.gen == gen {
             u.sid = sid
             u.node = node
             u.stream = stream
             u.connected = true
-            u.stallSince = nil
             records.attachments[sid, default: []].append((world.now, node))
             u.wake()
         } else {
@@ -208,6 +205,14 @@ final class SimClients: @unchecked Sendable {
     private func resume(_ u: User, origin: UInt64) async {
         defer { u.resuming = false }
         guard let sid = u.sid else { return }
+        // (a CloseSession whose answer was lost may have ended the session: a refused resume then
+        // confirms the close, as an SDK takes it, and nothing is recovered)
+        func closedInDoubt() -> Bool {
+            guard u.closing else { return false }
+            u.sid = nil
+            u.wake()
+            return true
+        }
         let from = u.node
         await sleep(100_000_000)
         while world.now - origin < timeout + 10_000_000_000 {
@@ -219,6 +224,7 @@ final class SimClients: @unchecked Sendable {
                     if !resumed || got != sid { await recover(u, lost: sid, origin: origin, fresh: true) }
                     return
                 case .failed(let status) where status.code == .notFound || status.code == .permissionDenied:
+                    if closedInDoubt() { return }
                     records.resumes.append(.init(user: u.name, sid: sid, node: node, t0: t0, origin: origin, outcome: .refused(status.code)))
                     await recover(u, lost: sid, origin: origin, fresh: false)
                     return
@@ -228,6 +234,7 @@ final class SimClients: @unchecked Sendable {
             }
             await sleep(200_000_000)
         }
+        if closedInDoubt() { return }
         records.losses.append((u.name, sid, origin, world.now))
         await recover(u, lost: sid, origin: origin, fresh: false)
     }
@@ -287,7 +294,7 @@ final class SimClients: @unchecked Sendable {
                 if u.gen != gen { continue }
                 sameNodeFailures += 1
                 if sameNodeFailures >= 2 {
-                    broke(u, origin: u.stallSince ?? world.now, why: "calls fail: move")
+                    broke(u, origin: world.now, why: "calls fail: move")
                     sameNodeFailures = 0
                 } else {
                     await sleep(100_000_000)

@@ -75,6 +75,8 @@ final class SimCluster: @unchecked Sendable {
     /// The running process of each node id (absent: down).
     private(set) var running: [String: SimNode] = [:]
     private(set) var paused: Set<String> = []
+    /// Told when clients stop reaching a node (paused, cut off): their keepalives start then.
+    var onUnreachable: ((String) -> Void)?
 
     init(world: SimWorld, size: Int, presenceTimeout: Double, replicationFactor: Int) {
         self.world = world
@@ -134,6 +136,7 @@ final class SimCluster: @unchecked Sendable {
         world.log("pause \(id)")
         paused.insert(id)
         world.pause(node.loop)
+        onUnreachable?(id)
     }
 
     func unpause(_ id: String) {
@@ -145,6 +148,7 @@ final class SimCluster: @unchecked Sendable {
     func isolate(_ id: String, _ on: Bool) {
         world.log("\(on ? "isolate" : "heal") \(id)")
         if on { network.isolated.insert(address(of: id)) } else { network.isolated.remove(address(of: id)) }
+        if on { onUnreachable?(id) }
     }
 
     func cut(_ a: String, _ b: String, _ on: Bool) {

@@ -81,16 +81,7 @@ struct SimScenario {
         return s.run()
     }
 
-    /// Runs `ns` of virtual time, the clients' keepalive every 250 ms.
-    private func run(for ns: UInt64) {
-        var left = ns
-        while left > 0 {
-            let step = min(left, 250_000_000)
-            world.run(for: step)
-            clients.tick()
-            left -= step
-        }
-    }
+    private func run(for ns: UInt64) { world.run(for: ns) }
 
     /// Runs until one membership view (bounded by 10 s); how long that took (nil: not within).
     private func converge() -> UInt64? {
@@ -98,7 +89,6 @@ struct SimScenario {
         while world.now - t0 <= 10_000_000_000 {
             if cluster.converged() { return world.now - t0 }
             world.run(for: 50_000_000)
-            clients.tick()
         }
         return nil
     }

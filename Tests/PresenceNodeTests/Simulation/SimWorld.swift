@@ -41,6 +41,12 @@ final class SimWorld: @unchecked Sendable {
     func unpause(_ loop: EventLoop) { paused.remove(ObjectIdentifier(loop)) }
     func isPaused(_ loop: EventLoop) -> Bool { paused.contains(ObjectIdentifier(loop)) }
 
+    /// A line kept only when the trace is asked for (not hashed: a traced run has the same hash).
+    func detail(_ line: @autoclosure () -> String) {
+        guard keepsTrace && traceLines.count < 200_000 else { return }
+        traceLines.append(String(format: "%9.4f ", Double(now) / 1e9 - 1) + line())
+    }
+
     /// One line of the history: hashed always, kept when the trace is asked for.
     func log(_ line: @autoclosure () -> String) {
         let text = line()
@@ -222,14 +228,19 @@ struct SimTransport: PeerTransport {
                             result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
                         }
                         guard network.reachable(from, address), !network.loses(address, from) else { return }
-                        loop.after(network.delay(address, from)) { answer.complete(result) }
+                        loop.after(network.delay(address, from)) {
+                            if case .failure(let s) = result { network.world.detail("\(from) <- \(address) \(method.path) \(s.code) \(s.message)") }
+                            answer.complete(result)
+                        }
                     }
                 }
             }
         }
         // (handlers answer with a gRPC-framed message: a 5-byte header, then the protobuf bytes)
         let framed = try await answer.value.get()
-        return try Resp(serializedBytes: Array(framed.dropFirst(5)))
+        let resp = try Resp(serializedBytes: Array(framed.dropFirst(5)))
+        if network.world.keepsTrace { network.world.detail("\(from) <- \(address) \(method.path) \(String(describing: resp).prefix(300))") }
+        return resp
     }
 
     func preferredLoop(of address: String) -> EventLoop? { loop }
