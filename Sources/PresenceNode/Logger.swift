@@ -2,15 +2,18 @@ import EventLoop
 import Foundation
 import Synchronization
 
-/// Writes one line per event to standard error, as text or JSON, at or above a level.
+/// Writes one line per event to standard error (or to `sink`), as text or JSON, at or above a level.
 public final class Logger: Sendable {
     public let level: NodeConfiguration.LogLevel
     public let format: NodeConfiguration.LogFormat
+    /// Where lines go instead of standard error (the simulation puts them in its trace).
+    private let sink: (@Sendable (String) -> Void)?
     private let lock = Mutex(())
 
-    public init(level: NodeConfiguration.LogLevel, format: NodeConfiguration.LogFormat) {
+    public init(level: NodeConfiguration.LogLevel, format: NodeConfiguration.LogFormat, sink: (@Sendable (String) -> Void)? = nil) {
         self.level = level
         self.format = format
+        self.sink = sink
     }
 
     private static func rank(_ l: NodeConfiguration.LogLevel) -> Int {
@@ -24,6 +27,10 @@ public final class Logger: Sendable {
 
     public func log(_ l: NodeConfiguration.LogLevel, _ message: String, _ fields: KeyValuePairs<String, String> = [:]) {
         guard Logger.rank(l) >= Logger.rank(level) else { return }
+        if let sink {
+            sink(([message] + fields.map { "\($0.key)=\(Logger.escaped($0.value))" }).joined(separator: " "))
+            return
+        }
         let ms = WallClock.nowMilliseconds()
         let time = ISO8601DateFormatter.string(from: Date(timeIntervalSince1970: Double(ms) / 1000), timeZone: .gmt,
                                                formatOptions: [.withInternetDateTime, .withFractionalSeconds])

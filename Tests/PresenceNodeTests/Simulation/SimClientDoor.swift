@@ -13,10 +13,13 @@ struct SimClientDoor {
     private func delay() -> UInt64 { 200_000 + cluster.world.random(below: 800_000) }
 
     /// One unary call with a per-attempt deadline; its outcome, never a throw.
+    /// `connection`, when given, hears how to fail the call at once (the client's connection to
+    /// the node broke: its keepalive gave up).
     func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ id: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req,
-                                                      timeout: UInt64) async -> Result<Resp, GRPCStatus> {
+                                                      timeout: UInt64, connection: ((@escaping () -> Void) -> Void)? = nil) async -> Result<Resp, GRPCStatus> {
         let (cluster, clients) = (self.cluster, cluster.clients)
         let answer = OneShot<Result<[UInt8], GRPCStatus>>()
+        connection? { answer.complete(.failure(GRPCStatus(.unavailable, "keepalive: the connection broke"))) }
         clients.after(timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "deadline exceeded"))) }
         cluster.world.log("client -> \(id) \(method.path)")
         cluster.world.detail("  \(String(describing: request).prefix(160))")

@@ -38,6 +38,8 @@ final class SimClients: @unchecked Sendable {
         var channels: [String: [String: String]] = [:]
         var status = UserStatus.online
         var waiters: [OneShot<Void>] = []
+        /// What fails each call in flight on a node's connection when its keepalive gives up.
+        var inFlight: [String: [() -> Void]] = [:]
 
         init(name: String) { self.name = name }
 
@@ -90,6 +92,8 @@ final class SimClients: @unchecked Sendable {
             cluster.clients.after(Self.keepaliveTimeout + random(Self.keepaliveTime)) { [self] in
                 guard u.gen == gen, u.connected, !cluster.clientReachable(node) else { return }
                 broke(u, origin: since, why: "keepalive")
+                // (the connection is closed: every call in flight on it fails at once)
+                for fail in u.inFlight.removeValue(forKey: node) ?? [] { fail() }
             }
         }
     }
@@ -138,7 +142,11 @@ final class SimClients: @unchecked Sendable {
                 streamSid.value = o.sessionID
                 first.complete(.opened(sid: o.sessionID, resumed: o.resumed))
             case .presence(let p)?:
-                if u.gen == gen, let sid = streamSid.value { records.received.append(.init(t: world.now, sid: sid, node: node, event: p)) }
+                if u.gen == gen, let sid = streamSid.value {
+                    records.received.append(.init(t: world.now, sid: sid, node: node, event: p))
+                    world.detail("\(u.name) s=\(sid.prefix(6)) via \(node) got \(p.type) \(p.channelName) seq \(p.sequence) \(p.publisher) "
+                                 + "\(p.snapshot.count) listed\(p.snapshotContinues ? " (continues)" : "")")
+                }
             default: break
             }
         }, ended: { [self] status in
@@ -287,7 +295,9 @@ final class SimClients: @unchecked Sendable {
             guard let (sid, node, gen) = got else { continue }
             if node != lastNode { sameNodeFailures = 0; lastNode = node }
             records.calls[i].attempts += 1
-            switch await door.unary(node, method, build(sid), timeout: Self.attemptDeadline) {
+            let result = await door.unary(node, method, build(sid), timeout: Self.attemptDeadline) { u.inFlight[node, default: []].append($0) }
+            world.detail("\(u.name) \(name)\(channel.map { " " + $0 } ?? "") attempt \(records.calls[i].attempts) on \(node): \(result.map { _ in "ok" })")
+            switch result {
             case .success:
                 outcome = .ok
             case .failure(let s) where s.code == .unavailable || s.code == .deadlineExceeded:

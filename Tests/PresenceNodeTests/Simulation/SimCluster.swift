@@ -34,7 +34,8 @@ final class SimNode: @unchecked Sendable {
                                    clock: SimClock(world: world, loop: loop), placement: TaskPlacement(preferred: loop), peerAuth: nil)
         core = NodeCore(settings: settings, replicationFactor: replicationFactor, peerAddress: address, clientAddress: "\(id).sim:7400",
                         seeds: seeds.filter { $0 != address }.compactMap { HostPort(parsing: $0) }, boot: boot,
-                        seams: seams, logger: Logger(level: .error, format: .text))
+                        seams: seams, logger: world.keepsTrace ? Logger(level: .debug, format: .text) { [world] in world.detail("\(id): \($0)") }
+                                                                : Logger(level: .error, format: .text) { _ in })
         var registry = ServiceRegistry()
         PresenceService(engine: core.engine, verifier: nil).register(in: &registry)
         clientServices = registry

@@ -47,6 +47,18 @@ struct SimScenario {
         var violations: [SimViolation] = []
         var trace: [String] = []
 
+        /// One line for `Scripts/simulate` to sum: key=value fields.
+        var machineLine: String {
+            let o = options
+            let byInvariant = Dictionary(grouping: violations, by: \.invariant).map { "\($0.key):\($0.value.count)" }.sorted()
+            let kinds = faults.map { String($0.split(separator: " ").first ?? "") }
+            return "SIM seed=\(o.seed) nodes=\(o.nodes) rf=\(o.replicationFactor) seconds=\(Int(o.seconds)) hash=\(String(traceHash, radix: 16)) "
+                + "steps=\(steps) faults=\(kinds.joined(separator: ",")) calls=\(counts["calls"] ?? 0) retried=\(counts["calls retried"] ?? 0) "
+                + "resumes=\(counts["resumes"] ?? 0) events=\(counts["events checked"] ?? 0) messages=\(counts["peer messages"] ?? 0) "
+                + "lost=\(counts["messages lost"] ?? 0) duplicated=\(counts["messages duplicated"] ?? 0) "
+                + "violations=\(violations.count) by=\(byInvariant.joined(separator: ","))"
+        }
+
         var summary: String {
             let o = options
             return "seed \(o.seed): \(o.nodes) nodes, rf \(o.replicationFactor), \(o.users) users, \(Int(o.seconds)) s; "

@@ -2,25 +2,52 @@ import Foundation
 import Testing
 
 /// Seeded fault schedules on real nodes, every invariant checked (RELIABILITY.md, "The real node
-/// in a deterministic simulation"). `PRESENCED_SIM_SEEDS=FROM-TO` picks the seeds (default: the
-/// CI set); `PRESENCED_SIM_TRACE=1` prints the trace of a failing seed.
+/// in a deterministic simulation"). Environment: `PRESENCED_SIM_SEEDS=FROM-TO` (default: the CI
+/// set), `PRESENCED_SIM_SECONDS` (of faults per schedule), `PRESENCED_SIM_MAX_NODES` (3 to it,
+/// drawn by the seed), `PRESENCED_SIM_TRACE=1` (print a failing seed's trace). `Scripts/simulate`
+/// runs long sweeps of it and sums the `SIM` lines it prints.
 @Suite struct SimulationScheduleTests {
+    static let environment = ProcessInfo.processInfo.environment
+
     static func seeds(default range: ClosedRange<UInt64>) -> ClosedRange<UInt64> {
-        let parts = ProcessInfo.processInfo.environment["PRESENCED_SIM_SEEDS"].map { $0.split(separator: "-").compactMap { UInt64($0) } }
+        let parts = environment["PRESENCED_SIM_SEEDS"].map { $0.split(separator: "-").compactMap { UInt64($0) } }
         return parts.flatMap { $0.count == 2 && $0[0] <= $0[1] ? $0[0]...$0[1] : ($0.count == 1 ? $0[0]...$0[0] : nil) } ?? range
     }
 
+    static func options(seed: UInt64) -> SimScenario.Options {
+        let seconds = environment["PRESENCED_SIM_SECONDS"].flatMap(Double.init) ?? 20
+        let maxNodes = environment["PRESENCED_SIM_MAX_NODES"].flatMap(Int.init) ?? 6
+        var o = SimScenario.Options.drawn(seed: seed, maxNodes: max(3, min(20, maxNodes)), seconds: seconds)
+        o.keepsTrace = environment["PRESENCED_SIM_TRACE"] == "1"
+        return o
+    }
+
+    /// The CI set: seeds 1-9 of 20-second schedules on 3 to 6 nodes. (Not yet the 200 issue 36
+    /// asks for: of seeds 1-200, 24 still break an invariant; `Scripts/simulate --seeds 200
+    /// --seconds 20 --max-nodes 6` lists them, and each is an open finding of issue 36 until it
+    /// is fixed and its seed joins this set.)
     @Test func seededFaultSchedulesHoldEveryInvariant() {
-        let trace = ProcessInfo.processInfo.environment["PRESENCED_SIM_TRACE"] == "1"
-        for seed in Self.seeds(default: 1...3) {
-            var o = SimScenario.Options.drawn(seed: seed, maxNodes: 8, seconds: 30)
-            o.keepsTrace = trace
-            let r = SimScenario.run(o)
-            print(r.summary)
-            print("  faults: \(r.faults.joined(separator: "; "))")
-            print("  counts: \(r.counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
-            if trace && !r.violations.isEmpty { for line in r.trace { print(line) } }
-            #expect(r.violations.isEmpty, "\(r.summary)\n\(r.violations.prefix(20).map { "  \($0)" }.joined(separator: "\n"))")
+        for seed in Self.seeds(default: 1...9) {
+            let r = SimScenario.run(Self.options(seed: seed))
+            print(r.machineLine)
+            if r.options.keepsTrace && !r.violations.isEmpty { for line in r.trace { print(line) } }
+            #expect(r.violations.isEmpty, """
+                \(r.summary)
+                  faults: \(r.faults.joined(separator: "; "))
+                \(r.violations.prefix(20).map { "  \($0)" }.joined(separator: "\n"))
+                  replay: PRESENCED_SIM_SEEDS=\(seed) PRESENCED_SIM_SECONDS=\(Int(r.options.seconds)) PRESENCED_SIM_TRACE=1 \
+                swift test --filter SimulationScheduleTests
+                """)
+        }
+    }
+
+    /// RELIABILITY.md, "Deterministic": a whole schedule, run twice, gives the same history.
+    @Test func aScheduleRunTwiceGivesTheSameTraceHash() {
+        for seed: UInt64 in [4, 11] {
+            let first = SimScenario.run(Self.options(seed: seed))
+            let second = SimScenario.run(Self.options(seed: seed))
+            #expect(first.traceHash == second.traceHash && first.steps == second.steps,
+                    "seed \(seed): \(String(first.traceHash, radix: 16)) (\(first.steps) steps) vs \(String(second.traceHash, radix: 16)) (\(second.steps))")
         }
     }
 }
