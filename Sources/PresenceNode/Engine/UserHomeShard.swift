@@ -39,7 +39,8 @@ actor UserHomeShard {
             switch e {
             case .send(let copy, let node, let replica, let gone):
                 if copy.handoff, let trace = fabric.trace {
-                    trace("home handoff", ["user": copy.record.userID, "to": node, "sessions": String(copy.record.sessions.count)])
+                    trace("home handoff", ["user": copy.record.userID, "to": node, "sessions": String(copy.record.sessions.count),
+                                           "status": "\(copy.record.chosen)@\(copy.record.chosenVersion)"])
                 }
                 if let t = fabric.send(copy, to: node, gone: gone), replica { replicaTickets.append(t) }
             case .askForCopy(let user, let node):
@@ -281,7 +282,9 @@ actor UserHomeShard {
                 space.received(copy, from: sender, gone: gone, now: now, wall: wall)
             })
             trace("home handoff received", ["user": copy.record.userID, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
-                                            "owned": before ? "merged" : (space[owned: copy.record.userID] != nil ? "took over" : "not owner")])
+                                            "owned": before ? "merged" : (space[owned: copy.record.userID] != nil ? "took over" : "not owner"),
+                                            "status": "\(copy.record.chosen)@\(copy.record.chosenVersion)",
+                                            "now": space[owned: copy.record.userID].map { "\($0.chosen)@\($0.chosenVersion)" } ?? "-"])
         } else if let trace = fabric.trace {
             let user = copy.record.userID
             let before = (space.copies[user]?.sessions.count, space[owned: user]?.sessions.count)

@@ -38,6 +38,8 @@ struct SimChecker {
     /// A virtual time (the world starts at 1 s) and a duration, as text.
     private static func s(_ t: UInt64) -> String { t == .max ? "end" : String(format: "%.3fs", Double(t) / 1e9 - 1) }
     private static func d(_ ns: UInt64) -> String { String(format: "%.3fs", Double(ns) / 1e9) }
+    mutating func record(_ inv: Int, _ title: String, _ detail: [String] = []) { add(inv, title, detail) }
+
     private mutating func add(_ inv: Int, _ title: String, _ detail: [String] = []) {
         violations.append(SimViolation(invariant: inv, title: title, detail: detail))
     }

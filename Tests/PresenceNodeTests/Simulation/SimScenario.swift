@@ -76,6 +76,8 @@ struct SimScenario {
     /// Nodes down for good (crashForever) until a later fault or the end brings them back.
     private var downForever: Set<String> = []
     private var rng: SplitMix64
+    /// Set when a second of virtual time took a million steps (see `run(for:)`).
+    private let spinning = Box(false)
 
     init(_ options: Options) {
         self.options = options
@@ -93,14 +95,29 @@ struct SimScenario {
         return s.run()
     }
 
-    private func run(for ns: UInt64) { world.run(for: ns) }
+    /// (No second of a schedule takes a million steps: more is work that takes no virtual time,
+    /// a node spinning. The schedule then stops there, with that as its violation.)
+    private func run(for ns: UInt64) {
+        var left = ns
+        while left > 0 && !spinning.value {
+            let chunk = min(left, 1_000_000_000)
+            guard world.run(for: chunk, maxSteps: 1_000_000, recordsIssue: false) else {
+                spinning.value = true
+                return
+            }
+            left -= chunk
+        }
+    }
 
     /// Runs until one membership view (bounded by 10 s); how long that took (nil: not within).
     private func converge() -> UInt64? {
         let t0 = world.now
         while world.now - t0 <= 10_000_000_000 {
             if cluster.converged() { return world.now - t0 }
-            world.run(for: 50_000_000)
+            guard world.run(for: 50_000_000, maxSteps: 1_000_000, recordsIssue: false) else {
+                spinning.value = true
+                return nil
+            }
         }
         return nil
     }
@@ -113,7 +130,7 @@ struct SimScenario {
         clients.start()
         run(for: 2_000_000_000)
         let end = world.now + UInt64(options.seconds * 1e9)
-        while world.now < end {
+        while world.now < end && !spinning.value {
             run(for: 1_000_000_000 + UInt64(random(3_000)) * 1_000_000)
             let count = options.replicationFactor >= 3 && random(2) == 0 ? 2 : 1
             var chosen: [String] = []
@@ -132,6 +149,11 @@ struct SimScenario {
             checker.checkConvergence(label, took: converge(), views: cluster.views())
             _ = t
         }
+        if spinning.value {
+            checker.record(7, "a million steps without a second of virtual time passing at \(String(format: "%.3f", Double(world.now) / 1e9 - 1)) s: a node spins",
+                           ["the schedule stopped there; its faults so far: \(report.faults.joined(separator: "; "))"])
+            return finish()
+        }
         // every fault over, every node back (documented choice, as in chaos: so every node is read)
         clients.stopped = true
         for id in downForever.sorted() { cluster.start(id) }
@@ -142,6 +164,10 @@ struct SimScenario {
         checker.checkFinal(reads)
         checker.checkEvents()
         checker.checkResumesAndCalls()
+        return finish()
+    }
+
+    private mutating func finish() -> Report {
         report.traceHash = world.traceHash
         report.steps = world.steps
         report.violations = checker.violations
