@@ -21,7 +21,12 @@ public struct SessionID: Hashable, Sendable, Comparable, CustomStringConvertible
     /// principle, 128 are not).
     public static func random() -> SessionID {
         var g = SystemRandomNumberGenerator()
-        return SessionID(hi: g.next(), lo: g.next() | 1)  // never 0
+        return random(bits: { g.next() })
+    }
+
+    /// 128 bits from `bits` (a seeded source replays the same ids).
+    public static func random(bits: () -> UInt64) -> SessionID {
+        SessionID(hi: bits(), lo: bits() | 1)  // never 0
     }
 
     /// Parses the 32-hex-digit text form (or the 16-digit form of 64-bit ids), lower-case; nil for

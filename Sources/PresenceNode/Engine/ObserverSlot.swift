@@ -23,6 +23,4 @@ final class ObserverSlot<Argument: Sendable>: Sendable {
     func callAsFunction(_ argument: Argument) {
         slot.withLock { $0 }?.call(argument)
     }
-
-    var isSet: Bool { slot.withLock { $0 != nil } }
 }

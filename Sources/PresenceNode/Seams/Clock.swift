@@ -24,7 +24,7 @@ extension EngineClock {
     }
 
     /// A fresh session id drawn from this clock's randomness.
-    func newSessionID() -> SessionID { SessionID(hi: randomBits(), lo: randomBits() | 1) }
+    func newSessionID() -> SessionID { SessionID.random(bits: randomBits) }
 }
 
 public struct SystemClock: EngineClock {

@@ -147,7 +147,6 @@ struct SimScenario {
             }
             let label = ends.map(\.label).joined(separator: " + ")
             checker.checkConvergence(label, took: converge(), views: cluster.views())
-            _ = t
         }
         if spinning.value {
             checker.record(7, "a million steps without a second of virtual time passing at \(String(format: "%.3f", Double(world.now) / 1e9 - 1)) s: a node spins",
