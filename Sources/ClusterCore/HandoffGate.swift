@@ -2,12 +2,18 @@
 /// When the ring changes, a key this node now owns may still have its state at the key's previous
 /// owner. If that node is alive, it hands the state off and then says it is done; until it does
 /// (or `limit` passes), calls for its keys must get a retryable error rather than an answer from
-/// empty state. Keys whose previous owner died are served at once, from the replica copies.
+/// empty state. A key whose previous owner left the ring (died) is served from the replicas'
+/// copies: each live replica sends the new owner its copy before it says "done" (`Keyspace`), so
+/// the key waits for those of its previous replicas still waited for. The new owner may hold no
+/// copy of its own: it was restarted after the previous owner last reached it.
 /// A plain value: rings, "done" messages and clock readings in; answers out.
 public struct HandoffGate: Sendable {
     public let me: String
     /// How long to wait for a previous owner's handoff before serving anyway (it may be stuck).
     public let limit: UInt64
+    /// How many nodes hold each key (its owner and replicas): the replicas of a key whose owner
+    /// left are waited for.
+    public let copies: Int
     /// The rings before each change not handed off yet, oldest first: a key waits while its owner
     /// on any of them is a member that has not said it is done. A ring change that comes while an
     /// earlier one is still being handed off adds to them (found by Cluster/chaos: a node back
@@ -33,9 +39,10 @@ public struct HandoffGate: Sendable {
     /// back from death asks at once).
     private var askedAt: UInt64 = 0
 
-    public init(me: String, limit: UInt64) {
+    public init(me: String, limit: UInt64, copies: Int = 1) {
         self.me = me
         self.limit = limit
+        self.copies = max(1, copies)
     }
 
     /// Members this node waits for since it came back from death, whether on its ring or not: its
@@ -156,7 +163,12 @@ public struct HandoffGate: Sendable {
         guard isWaiting(now: now) else { return true }
         let waiting = waitingOnRing
         for base in bases {
-            if let before = base.owner(ofHash: keyHash), waiting.contains(before) { return false }
+            let holders = base.owners(ofHash: keyHash, count: copies)
+            guard let before = holders.first else { continue }
+            if waiting.contains(before) { return false }
+            // (an owner gone from the ring hands nothing off: its replicas send their copies)
+            if let current, !current.members.contains(before),
+               holders.dropFirst().contains(where: { $0 != me && waiting.contains($0) }) { return false }
         }
         return true
     }

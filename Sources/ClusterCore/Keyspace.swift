@@ -456,8 +456,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 settled(key)
                 out += takeOver(key, from: v, stale: stale, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
             case .keep:
-                break
+                out += toOwnerAfterDeath(key, v, from: old, now: now)
             case .drop:
+                out += toOwnerAfterDeath(key, v, from: old, now: now)
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 retire(key, v, wall: wall)
@@ -466,6 +467,21 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         out += ringCameBack(mayServe: mayServe, now: now, wall: wall, skipping: Set(copies.keys))
         findOrphans(now: now)
         return out
+    }
+
+    /// The copy this node kept as a replica of a key whose owner left the ring (died: it hands
+    /// nothing off) goes to the key's new owner, which merges it, before this node says it is
+    /// done with the ring change (`HandoffGate` waits for that). Not a copy the dead owner did not
+    /// keep up to date here (this node was no replica of it, or restored it unconfirmed): merged,
+    /// its older word would count. The new owner may hold no copy of its own or an older one:
+    /// restarted after the dead owner last reached it, it lost what it held, and would serve the
+    /// key empty while a live replica holds its sessions.
+    private func toOwnerAfterDeath(_ key: V.Key, _ v: V, from old: HashRing, now: UInt64) -> [Effect] {
+        let h = V.ringHash(of: key)
+        let holders = old.owners(ofHash: h, count: replicationFactor)
+        guard unconfirmed[key] == nil, holders.dropFirst().contains(me), let before = holders.first,
+              !ring.isLive(before, boot: old.boot(of: before)), let owner = ring.owner(ofHash: h), owner != me else { return [] }
+        return sendAll(v, to: owner, handoff: true, now: now)
     }
 
     /// This node owns `key` now, from a copy: a new lineage, a fresh start for its followers (held

@@ -44,6 +44,23 @@ import Testing
         let h = (0..<100_000).map { StableHash.of("k\($0)") }.first { HashRing(members: ["a", "b", "c"]).owner(ofHash: $0) == "a" }!
         #expect(g.mayServe(keyHash: h, now: 1))
     }
+
+    /// With replicas, a dead owner's keys wait for the live replicas' "done" (each sends its copy
+    /// first): the new owner may hold no copy, restarted after the dead owner last reached it.
+    @Test func keysOfADeadOwnerWaitForTheirLiveReplicas() {
+        let before = HashRing(members: ["a", "b", "c", "d"]), after = before.removing("a")
+        var g = HandoffGate(me: "b", limit: 3_000, copies: 3)
+        g.ringChanged(from: before, to: after, alive: Set(after.members), now: 0)
+        let hashes = (0..<100_000).map { StableHash.of("k\($0)") }
+        let withC = hashes.first { before.owners(ofHash: $0, count: 3) == ["a", "b", "c"] }!
+        let withD = hashes.first { before.owners(ofHash: $0, count: 3) == ["a", "b", "d"] }!
+        let ownedByB = hashes.first { before.owner(ofHash: $0) == "b" }!
+        #expect(!g.mayServe(keyHash: withC, now: 1) && !g.mayServe(keyHash: withD, now: 1))
+        #expect(g.mayServe(keyHash: ownedByB, now: 1))  // no owner changed: nothing to wait for
+        g.handoffDone(from: "c", fingerprint: after.fingerprint, now: 2)
+        #expect(g.mayServe(keyHash: withC, now: 3) && !g.mayServe(keyHash: withD, now: 3))
+        #expect(g.mayServe(keyHash: withD, now: 3_000))  // the limit holds
+    }
 }
 
 /// A node still joining learns the members one by one, one ring change each, while each of them

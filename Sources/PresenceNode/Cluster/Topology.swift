@@ -45,13 +45,19 @@ public final class Topology: Sendable {
         self.clock = clock
         self.replicationFactor = max(1, replicationFactor)
         let ring = HashRing(members: [me], boots: [me: boot])
-        state = Mutex(State(boot: boot, ring: ring, gate: HandoffGate(me: me, limit: handoffLimit), ready: ready, routing: ring,
+        state = Mutex(State(boot: boot, ring: ring, gate: HandoffGate(me: me, limit: handoffLimit, copies: max(1, replicationFactor)), ready: ready, routing: ring,
                                  lease: ServingLease(duration: lease), cutOffAfter: cutOffAfter))
     }
 
     /// A fresh process instance: the wall clock in ns (a restart on the same host is always
     /// later), which SWIM raises further if the cluster already knows a later one for this id.
-    public static func newBoot() -> UInt64 { UInt64(max(1, WallClock.nowMilliseconds())) &* 1_000_000 &+ UInt64.random(in: 0..<1_000_000) }
+    public static func newBoot() -> UInt64 { newBoot(wallMilliseconds: WallClock.nowMilliseconds(), random: UInt64.random(in: 0..<1_000_000)) }
+
+    /// The boot of a process started at `wallMilliseconds`, with `random` (below a million) apart
+    /// processes started in the same millisecond.
+    public static func newBoot(wallMilliseconds: Int64, random: UInt64) -> UInt64 {
+        UInt64(max(1, wallMilliseconds)) &* 1_000_000 &+ random % 1_000_000
+    }
 
     public var ring: HashRing { state.withLock { $0.ring } }
     public var isReady: Bool { state.withLock { $0.ready } }

@@ -1,0 +1,73 @@
+import ClusterCore
+import PresenceCore
+import Testing
+
+/// A key whose owner dies is served by its next replica from the copies its replicas hold
+/// (ARCHITECTURE.md, "Failover"). The new owner may hold nothing: restarted after the dead owner
+/// last reached it, it lost its copy. The other live replicas send theirs.
+@Suite struct KeyspaceFailoverTests {
+    typealias Home = HomeRecord<NodeInstance>
+    let gateway = NodeInstance("g", boot: 7)
+    let before = HashRing(members: ["a", "b", "c", "d"], boots: ["a": 1, "b": 2, "c": 1, "d": 1])
+
+    /// A user whose home is `a`, with `b` then `c` as its replicas.
+    var user: String {
+        (0..<10_000).map { "u\($0)" }.first { before.homes(ofUser: $0, count: 3) == ["a", "b", "c"] }!
+    }
+
+    func replica(_ me: String, holding record: Home?) -> Keyspace<Home> {
+        var space = Keyspace<Home>(me: me, replicationFactor: 3, presenceTimeout: 5_000_000_000, ring: before) { Home(userID: $0) }
+        if let record { _ = space.received(HomeCopy(record: record, handoff: false), from: "a", now: 1, wall: 1_000) }
+        return space
+    }
+
+    var record: Home {
+        var r = Home(userID: user)
+        r.startLineage(now: 1_000)
+        _ = r.sessionOpened(session: SessionID(raw: 42), sink: gateway, version: 1, initial: .away)
+        return r
+    }
+
+    @Test func aReplicaSendsItsCopyToTheNewOwnerWhenTheOwnerDied() throws {
+        var c = replica("c", holding: record)
+        let after = before.removing("a")
+        let sent = c.ringChanged(to: after, now: 2, wall: 2_000).compactMap { effect -> (HomeCopy, String)? in
+            if case .send(let copy, let to, _, _) = effect { return (copy, to) }
+            return nil
+        }
+        #expect(after.home(ofUser: user) == "b")
+        #expect(sent.count == 1 && sent.first?.1 == "b" && sent.first?.0.record.sessions.count == 1)
+
+        // the new owner, restarted since and holding nothing, takes the user over from that copy
+        var b = replica("b", holding: nil)
+        _ = b.ringChanged(to: after, now: 2, wall: 2_000)
+        #expect(!b.hasOwned(user))
+        _ = b.received(try #require(sent.first?.0), from: "c", now: 3, wall: 3_000)
+        let owned = try #require(b.owned[user])
+        #expect(owned.sessions.keys.contains(SessionID(raw: 42)) && owned.chosen == .away)
+    }
+
+    @Test func noCopyMovesWhileTheOwnerLivesOrHandsOff() {
+        // the owner lives: its replicas keep their copies to themselves
+        var c = replica("c", holding: record)
+        let grown = HashRing(members: ["a", "b", "c", "d", "e"], boots: ["a": 1, "b": 2, "c": 1, "d": 1, "e": 1])
+        let toOthers = c.ringChanged(to: grown, now: 2, wall: 2_000).filter {
+            if case .send(_, let to, _, _) = $0 { return to != "c" }
+            return false
+        }
+        #expect(toOthers.isEmpty)
+    }
+
+    @Test func aCopyTheDeadOwnerDidNotKeepUpToDateStaysHere() {
+        // `d` holds a copy although it was none of the key's replicas (a relayed handoff, say):
+        // the dead owner did not keep it up to date, and its older word must not be merged
+        var d = Keyspace<Home>(me: "d", replicationFactor: 3, presenceTimeout: 5_000_000_000, ring: before) { Home(userID: $0) }
+        _ = d.received(HomeCopy(record: record, handoff: false), from: "a", now: 1, wall: 1_000)
+        let sent = d.ringChanged(to: before.removing("a"), now: 2, wall: 2_000).filter {
+            if case .send = $0 { return true }
+            return false
+        }
+        #expect(d.copies[user] != nil || d.retired[user] != nil)
+        #expect(sent.isEmpty)
+    }
+}
