@@ -446,6 +446,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             for node in back.sorted() { restarted += owned.modify(key) { $0.restart(followersAt: node, now: wall) } ?? [] }
         }
         if !restarted.isEmpty { out.append(.deliver(restarted)) }
+        let died = Set(old.members.filter { !new.isLive($0, boot: old.boot(of: $0)) })
         for (key, v) in copies.sorted(by: { $0.key < $1.key }) {
             switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .takeOver(_, let newReplicas):
@@ -456,9 +457,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 settled(key)
                 out += takeOver(key, from: v, stale: stale, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
             case .keep:
-                out += toOwnerAfterDeath(key, v, from: old, now: now)
+                out += toOwnerAfterDeath(key, v, from: old, died: died, now: now)
             case .drop:
-                out += toOwnerAfterDeath(key, v, from: old, now: now)
+                out += toOwnerAfterDeath(key, v, from: old, died: died, now: now)
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 retire(key, v, wall: wall)
@@ -469,18 +470,20 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return out
     }
 
-    /// The copy this node kept as a replica of a key whose owner left the ring (died: it hands
-    /// nothing off) goes to the key's new owner, which merges it, before this node says it is
-    /// done with the ring change (`HandoffGate` waits for that). Not a copy the dead owner did not
-    /// keep up to date here (this node was no replica of it, or restored it unconfirmed): merged,
-    /// its older word would count. The new owner may hold no copy of its own or an older one:
-    /// restarted after the dead owner last reached it, it lost what it held, and would serve the
-    /// key empty while a live replica holds its sessions.
-    private func toOwnerAfterDeath(_ key: V.Key, _ v: V, from old: HashRing, now: UInt64) -> [Effect] {
+    /// The copy this node kept as a replica of a key that another of its holders left the ring
+    /// with (died: it hands nothing off) goes to the key's owner, which merges it, before this node
+    /// says it is done with the ring change (`HandoffGate` waits for that). The owner may hold no
+    /// copy of its own, or an older one: restarted after the dead holder last reached it (as its
+    /// owner, or as the owner in between that was to hand it back), it would serve the key empty
+    /// while a live replica holds its sessions. Not a copy no dead holder kept up to date here
+    /// (this node was no holder of it, or restored it unconfirmed): merged, its older word would
+    /// count. `died`: the members of `old` not live on the new ring.
+    private func toOwnerAfterDeath(_ key: V.Key, _ v: V, from old: HashRing, died: Set<String>, now: UInt64) -> [Effect] {
+        guard !died.isEmpty, unconfirmed[key] == nil else { return [] }
         let h = V.ringHash(of: key)
         let holders = old.owners(ofHash: h, count: replicationFactor)
-        guard unconfirmed[key] == nil, holders.dropFirst().contains(me), let before = holders.first,
-              !ring.isLive(before, boot: old.boot(of: before)), let owner = ring.owner(ofHash: h), owner != me else { return [] }
+        guard holders.contains(me), holders.contains(where: died.contains),
+              let owner = ring.owner(ofHash: h), owner != me else { return [] }
         return sendAll(v, to: owner, handoff: true, now: now)
     }
 

@@ -47,6 +47,18 @@ import Testing
         #expect(owned.sessions.keys.contains(SessionID(raw: 42)) && owned.chosen == .away)
     }
 
+    /// The owner restarted (a new process, holding nothing) and the node that was to hand the key
+    /// back to it died first: the replicas send it their copies on each of those deaths.
+    @Test func aReplicaSendsItsCopyToARestartedOwnerWhenTheOneThatWasToHandItBackDied() {
+        var c = replica("c", holding: record)
+        let restarted = HashRing(members: ["a", "b", "c", "d"], boots: ["a": 9, "b": 2, "c": 1, "d": 1])
+        func sentTo(_ effects: [Keyspace<Home>.Effect]) -> [String] {
+            effects.compactMap { if case .send(_, let to, _, _) = $0 { return to } else { return nil } }
+        }
+        #expect(sentTo(c.ringChanged(to: restarted, now: 2, wall: 2_000)) == ["a"])  // its old process died
+        #expect(sentTo(c.ringChanged(to: restarted.removing("b"), now: 3, wall: 3_000)) == ["a"])  // and then b
+    }
+
     @Test func noCopyMovesWhileTheOwnerLivesOrHandsOff() {
         // the owner lives: its replicas keep their copies to themselves
         var c = replica("c", holding: record)

@@ -26,8 +26,9 @@ final class SimNode: @unchecked Sendable {
         self.id = id
         let address = "\(id).sim:7401"
         self.address = address
-        boot = 1_000 + world.rng.next() % 1_000_000_000
         loop = world.makeLoop(id)
+        // (as a process's boot is drawn: from the wall clock, so a restart's is later)
+        boot = Topology.newBoot(wallMilliseconds: SimClock(world: world, loop: loop).wallMilliseconds(), random: world.rng.next())
         var settings = EngineSettings(nodeID: id, presenceTimeout: presenceTimeout, maxInstantEvents: 50, presenceInterval: 0.2)
         settings.shards = 4
         let seams = NodeCore.Seams(loops: [loop], transport: SimTransport(network: network, from: address, loop: loop),

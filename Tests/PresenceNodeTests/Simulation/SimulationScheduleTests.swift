@@ -50,9 +50,12 @@ import Testing
     /// thunks until the stack overflowed (`ObserverSlot`). Seed 48 of 20-second schedules on up
     /// to 6 nodes (replication factor 3): a user's home paused past the timeout while one of its
     /// replicas restarted; the restarted replica became the new home, holding nothing, and refused
-    /// the user's resume NOT_FOUND while the other replica held the session.
+    /// the user's resume NOT_FOUND while the other replica held the session. Seeds 66 and 92 of
+    /// the same: a user's home restarted and the node that was to hand the record back died
+    /// first; the restarted home served the user from nothing (a status lost, SNAPSHOTs without
+    /// members) while a live replica held it.
     @Test func regressionSeedsHoldEveryInvariant() {
-        for (seed, seconds, maxNodes) in [(UInt64(1), 30.0, 8), (48, 20, 6)] {
+        for (seed, seconds, maxNodes) in [(UInt64(1), 30.0, 8), (48, 20, 6), (66, 20, 6), (92, 20, 6)] {
             let r = SimScenario.run(SimScenario.Options.drawn(seed: seed, maxNodes: maxNodes, seconds: seconds))
             #expect(r.violations.isEmpty, "\(r.summary)\n\(r.violations.prefix(10).map { "  \($0)" }.joined(separator: "\n"))")
         }
