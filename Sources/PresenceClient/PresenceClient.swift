@@ -40,7 +40,7 @@ public final class PresenceClient: Sendable {
     private let ownGroup: EventLoopGroup?
     private let driver: Driver
     /// The node the session lives on now (calls naming the session must go there).
-    private var grpc: GRPCClient { driver.current }
+    var grpc: GRPCClient { driver.current }
 
     /// The session's events. One consumer.
     public let events: AsyncStream<PresenceClientEvent>
@@ -106,16 +106,6 @@ public final class PresenceClient: Sendable {
     /// Ends the session (CloseSession: others see REMOTE_LEAVE) and stops reconnecting.
     public func close() async {
         await driver.stop(grpc: grpc)
-    }
-
-    /// Drops the connection as a network failure would (tests use it to exercise reconnects).
-    public func _dropConnectionForTesting() { grpc.close() }
-
-    /// Moves to the next server and drops the connection, as if the current node died (tests).
-    public func _failOverForTesting() {
-        let old = grpc
-        driver.advance()
-        old.close()
     }
 
     /// How many times the session stream was reopened after a break.

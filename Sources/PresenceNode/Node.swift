@@ -18,7 +18,7 @@ public final class Node: Sendable {
     private let server: GRPCServer
     private let peerServer: GRPCServer
     /// The HTTP/1.1 front door (nil when `--http-listen none`).
-    private let httpServer: HTTPServer?
+    let httpServer: HTTPServer?
     /// What `/metrics` serves.
     public let metrics: NodeMetrics
     private let clientTLS: TLSContextSource?
@@ -30,7 +30,10 @@ public final class Node: Sendable {
     public let core: NodeCore
 
     /// Builds the node; throws when a secret, certificate or key file cannot be used.
-    public init(configuration: NodeConfiguration, logger: Logger? = nil) throws {
+    /// `peerTransport`: the transport to other nodes, given production's (the peer transport seam:
+    /// a test wraps it to hold or delay what goes to a peer).
+    public init(configuration: NodeConfiguration, logger: Logger? = nil,
+                peerTransport: (any PeerTransport) -> any PeerTransport = { $0 }) throws {
         self.configuration = configuration
         self.logger = logger ?? Logger(level: configuration.logLevel, format: configuration.logFormat)
         let metrics = NodeMetrics()
@@ -60,7 +63,8 @@ public final class Node: Sendable {
         let core = NodeCore(settings: settings, replicationFactor: configuration.replicationFactor,
                             peerAddress: (configuration.peerAdvertise ?? configuration.peerListen).description,
                             clientAddress: configuration.listen.description, seeds: configuration.seeds,
-                            seams: NodeCore.Seams(loops: group.loops, transport: transport, clock: clock, placement: .pool, peerAuth: peerAuth),
+                            seams: NodeCore.Seams(loops: group.loops, transport: peerTransport(transport), clock: clock, placement: .pool,
+                                                  peerAuth: peerAuth),
                             logger: self.logger)
         self.core = core
         let membership = core.membership, engine = core.engine, topology = core.topology, link = core.link
@@ -184,15 +188,5 @@ public final class Node: Sendable {
         await httpServer?.shutdown()
         group.shutdown()
         logger.info("stopped", ["node_id": configuration.nodeID])
-    }
-}
-
-extension Node {
-    /// Stops serving without leaving the cluster or draining anything: what others see of a crash.
-    /// (Tests use it; the process would normally just die.)
-    public func crashForTesting() async {
-        await core.halt()
-        await httpServer?.shutdown(gracePeriod: 0)
-        group.shutdown()
     }
 }

@@ -48,7 +48,7 @@ import Testing
         let bobSession = try #require(bob.sessionID.flatMap(SessionID.init(text:)))
         let owner = try #require(nodes.first { $0.node.configuration.nodeID == nodes[0].node.engine.topology.owner(of: channel) })
         let lost = MonotonicClock.now()
-        await owner.node.engine.core.channelShard(channel).loseForTesting(bobSession, in: channel)
+        await owner.node.engine.core.channelShard(channel).lose(bobSession, in: channel)
         try await inbox.waitFor(.remoteLeave, publisher: "bob")
         // bob's gateway still holds him: anti-entropy brings him back, with his state, everywhere
         try await inbox.waitFor(.remoteJoin, publisher: "bob", count: 2, within: 4)
@@ -117,7 +117,7 @@ import Testing
                 let owner = try #require(nodes.first { $0.node.configuration.nodeID == nodes[0].node.engine.topology.owner(of: channel) })
                 let joins = inbox.presence.filter { $0.type == .remoteJoin && $0.publisher == "bob" }.count
                 let t0 = MonotonicClock.now()
-                await owner.node.engine.core.channelShard(channel).loseForTesting(bobSession, in: channel)
+                await owner.node.engine.core.channelShard(channel).lose(bobSession, in: channel)
                 try await inbox.waitFor(.remoteJoin, publisher: "bob", count: joins + 1, within: 10)
                 lostToBack.append(Double(MonotonicClock.now() - t0) / 1e9)
             } else {

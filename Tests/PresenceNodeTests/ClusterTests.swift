@@ -124,17 +124,16 @@ import Testing
         let ring = nodes[0].node.engine.topology.routingRing
         let placed = ring.owners(ofHash: StableHash.of(key), count: 2)
         let owner = try #require(nodes.first { $0.node.configuration.nodeID == placed[0] })
-        let link = try #require(owner.node.engine.core.link)
         let ann = owner.client("ann")
         try await ann.connect()
         try await ann.join(key.name, withPresence: false)
-        link.holdPushesForTesting(to: placed[1], true)
+        owner.faults.holdPushes(to: placed[1], at: try #require(owner.peerAddress(of: placed[1])), true)
         let t0 = MonotonicClock.now()
         try await ann.setState(key.name, ["mic": "on"])
         let waited = MonotonicClock.now() - t0
         let wait = owner.node.engine.settings.timings.replicationWait
         #expect(waited >= wait - wait / 10, "answered after \(waited / 1_000_000) ms, before the replica had it (wait \(wait / 1_000_000) ms)")
-        link.holdPushesForTesting(to: placed[1], false)
+        owner.faults.holdPushes(to: placed[1], at: try #require(owner.peerAddress(of: placed[1])), false)
         // and with the replica answering again, writes are answered well within the wait
         let t1 = MonotonicClock.now()
         try await ann.setState(key.name, ["mic": "off"])
@@ -146,7 +145,7 @@ import Testing
         let bob = gateway.client("bob")
         try await bob.connect()
         try await bob.join(key.name, withPresence: false)
-        link.holdPushesForTesting(to: placed[1], true)
+        owner.faults.holdPushes(to: placed[1], at: try #require(owner.peerAddress(of: placed[1])), true)
         let t2 = MonotonicClock.now()
         try await bob.setState(key.name, ["cam": "on"])
         let waitedThrough = MonotonicClock.now() - t2
@@ -154,7 +153,7 @@ import Testing
         let attempt = timings.routingWindow.firstAttempt - timings.answerMargin
         #expect(waitedThrough >= attempt - attempt / 10 && waitedThrough < timings.routingWindow.firstAttempt,
                 "answered through \(gateway.node.configuration.nodeID) after \(waitedThrough / 1_000_000) ms (the owner may wait \(attempt / 1_000_000) ms)")
-        link.holdPushesForTesting(to: placed[1], false)
+        owner.faults.holdPushes(to: placed[1], at: try #require(owner.peerAddress(of: placed[1])), false)
         await bob.close()
         await ann.close()
         for n in nodes { await n.stop() }
@@ -170,11 +169,10 @@ import Testing
         let placed = ring.owners(ofHash: StableHash.of(key), count: 2)
         let owner = try #require(nodes.first { $0.node.configuration.nodeID == placed[0] })
         let relay = try #require(nodes.first { !placed.contains($0.node.configuration.nodeID) })
-        let link = try #require(owner.node.engine.core.link)
         let warm = relay.client("warm")  // (through the gateway's retries: the owner serves the channel by now)
         try await warm.connect()
         try await warm.join(key.name, withPresence: false)
-        link.holdPushesForTesting(to: placed[1], true)
+        owner.faults.holdPushes(to: placed[1], at: try #require(owner.peerAddress(of: placed[1])), true)
         let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: relay.node.peerPort), group: relay.group)
         let session = ClusterSessionRef(sessionID: "00000000000000a1", userID: "ann", gateway: relay.node.configuration.nodeID,
                                         gatewayBoot: relay.node.engine.core.me.boot, version: SessionVersion.make(epoch: 1, counter: 1))
@@ -187,7 +185,7 @@ import Testing
         // (it waited for the replica as long as the attempt left it: the hold was in effect)
         let bound = attempt - 2 * owner.node.engine.settings.timings.answerMargin
         #expect(took >= bound - bound / 10 && took < attempt, "answered after \(took / 1_000_000) ms")
-        link.holdPushesForTesting(to: placed[1], false)
+        owner.faults.holdPushes(to: placed[1], at: try #require(owner.peerAddress(of: placed[1])), false)
         peer.close()
         await warm.close()
         for n in nodes { await n.stop() }
@@ -206,12 +204,12 @@ import Testing
         try await ann.connect()
         try await ann.join(key.name, withPresence: false)
         for i in 0..<3 { try await ann.setState(key.name, ["n": "\(i)"]) }  // each replicated before its answer
-        let loops = link.senderLoopsForTesting(to: placed[1])
+        let loops = link.senderLoops(to: placed[1])
         let sender = try #require(loops.sender)
         #expect(sender === loops.connection)
         // each write's copy starts a sender (the queue is idle between writes): none looks it up again
         for i in 0..<5 { try await ann.setState(key.name, ["m": "\(i)"]) }
-        #expect(link.senderLoopsForTesting(to: placed[1]).lookups == loops.lookups)
+        #expect(link.senderLoops(to: placed[1]).lookups == loops.lookups)
         await ann.close()
         for n in nodes { await n.stop() }
     }
@@ -243,8 +241,7 @@ import Testing
         }
         _ = try await ann.watch(watched)
         try await inbox.waitFor(.remoteJoin, publisher: user, count: rooms.count)
-        let link = try #require(nodes[0].node.engine.core.link)
-        link.delayCallsForTesting(to: far, by: .max)
+        nodes[0].faults.delayCalls(to: try #require(nodes[0].peerAddress(of: far)), by: .max)
         let t0 = MonotonicClock.now()
         _ = try await nodes[0].raw().unary(PresenceMethods.closeSession, CloseSessionRequest(sessionID: try #require(ann.sessionID)))
         let took = MonotonicClock.now() - t0
@@ -253,7 +250,7 @@ import Testing
         #expect(took < attempt * 2, "CloseSession took \(took / 1_000_000) ms; one unanswered attempt is \(attempt / 1_000_000) ms")
         print("CloseSession across the cut link: \(took / 1_000_000) ms")
         try await inbox.waitFor(.remoteLeave, publisher: user, count: rooms.count, within: 2)
-        link.delayCallsForTesting(to: far, by: nil)
+        nodes[0].faults.delayCalls(to: try #require(nodes[0].peerAddress(of: far)), by: nil)
         #expect(try await bob.userChannels(user).isEmpty)
         await ann.close()
         await bob.close()
@@ -275,14 +272,13 @@ import Testing
         try await ann.connect()
         let homesBefore = await nodes[2].node.engine.homeCounts().owned
         // (the watcher's own home answers only through another member, after one unanswered attempt)
-        let link = try #require(nodes[0].node.engine.core.link)
-        link.delayCallsForTesting(to: far, by: .max)
+        nodes[0].faults.delayCalls(to: try #require(nodes[0].peerAddress(of: far)), by: .max)
         let answer = Task { try await ann.watch([watched]) }
         try await waitUntil("the watched user's home registers the watcher") { await nodes[2].node.engine.homeCounts().owned > homesBefore }
         try await vic.connect()
         try await inbox.waitForStatus(watched, .online)
         let statuses = try await answer.value
-        link.delayCallsForTesting(to: far, by: nil)
+        nodes[0].faults.delayCalls(to: try #require(nodes[0].peerAddress(of: far)), by: nil)
         #expect(statuses.map(\.status) == [.online], "the answer \(statuses) is older than the event the stream was sent")
         await ann.close()
         await vic.close()
@@ -299,7 +295,7 @@ import Testing
         let ann = nodes[0].client("ann")
         try await ann.connect()
         try await ann.join(room, withPresence: false)
-        for n in [nodes[0], nodes[2]] { try #require(n.node.engine.core.link).delayCallsForTesting(to: far, by: .max) }
+        for n in [nodes[0], nodes[2]] { n.faults.delayCalls(to: try #require(n.peerAddress(of: far)), by: .max) }
         let timings = nodes[0].node.engine.settings.timings
         let t0 = MonotonicClock.now()
         await expectError(.unavailable) { try await ann.setState(room, ["mic": "on"]) }
@@ -309,7 +305,7 @@ import Testing
         // it is cut to what is left of the window)
         let bound = timings.routingWindow.answerBound
         #expect(took < bound + 150_000_000, "answered after \(took / 1_000_000) ms; the bound is \(bound / 1_000_000) ms")
-        for n in [nodes[0], nodes[2]] { try #require(n.node.engine.core.link).delayCallsForTesting(to: far, by: nil) }
+        for n in [nodes[0], nodes[2]] { n.faults.delayCalls(to: try #require(n.peerAddress(of: far)), by: nil) }
         await ann.close()
         for n in nodes { await n.stop() }
     }
@@ -349,7 +345,7 @@ import Testing
         }
         try await inbox.waitFor(.remoteJoin, publisher: "cy", count: Self.channels.count)
         let killedAt = MonotonicClock.now()
-        await nodes[2].node.crashForTesting()
+        await nodes[2].node.crash()
         // cy's session lived on the dead node: it times out everywhere, once
         try await inbox.waitFor(.remoteTimeout, publisher: "cy", count: Self.channels.count, within: 1.5 + 4)
         let took = Double(MonotonicClock.now() - killedAt) / 1e9
@@ -377,7 +373,7 @@ import Testing
         }
         _ = try await onC.unary(PresenceMethods.watch, WatchRequest(sessionID: o.sessionID, userIDs: ["ann"]))
         try await inbox.waitFor(.remoteStateChanged, publisher: "dave", count: Self.channels.count)
-        await nodes[2].node.crashForTesting()
+        await nodes[2].node.crash()
         first.cancel()
         onC.close()
         try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.ring.members.contains("n2") }
@@ -423,7 +419,7 @@ import Testing
             try await cy.join(ch, withPresence: false)
         }
         try await inbox.waitFor(.remoteJoin, publisher: "cy", count: Self.channels.count)
-        await nodes[2].node.crashForTesting()
+        await nodes[2].node.crash()
         try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.ring.members.contains("n2") }
         // the same node id comes back (a fresh process: it knows nothing of cy's session)
         let seed = HostPort(host: "127.0.0.1", port: nodes[0].node.peerPort)
@@ -447,7 +443,7 @@ import Testing
         try await ann.connect()
         try await dora.setStatus(.away)
         try await waitUntil("\(user) reads AWAY") { try await ann.statuses([user]).first?.status == .away }
-        await nodes[2].node.crashForTesting()
+        await nodes[2].node.crash()
         try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.ring.members.contains("n2") }
         try await waitUntil("\(user) reads OFFLINE at its new home", within: 6) {
             try await ann.statuses([user]).first?.status == .offline
@@ -470,7 +466,7 @@ import Testing
             try await eve.setState(ch, ["typing": "no"])
         }
         try await inbox.waitFor(.remoteStateChanged, publisher: "eve", count: Self.channels.count)
-        await nodes[2].node.crashForTesting()
+        await nodes[2].node.crash()
         try await waitUntil("eve resumed on n1", within: 8) {
             eve.connectionState == .connected && eve.server == nodes[1].address && eve._reconnects > 0
         }

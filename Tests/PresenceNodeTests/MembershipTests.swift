@@ -38,7 +38,7 @@ import Testing
         #expect(ring.channelOwners.count == 2 && ring.ringMembers == ["a", "b", "c"] && !ring.userHome.isEmpty)
         // c crashes: a and b confirm it dead
         let t0 = MonotonicClock.now()
-        await c.node.crashForTesting()
+        await c.node.crash()
         try await waitUntil("c confirmed dead", within: 6) {
             statuses(a)["c"] == .dead && statuses(b)["c"] == .dead
         }

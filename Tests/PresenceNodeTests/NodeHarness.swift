@@ -12,6 +12,8 @@ import Testing
 /// A node on a loopback port with short timers, plus clients for it.
 final class TestNode: Sendable {
     let node: Node
+    /// What the test does to this node's traffic to its peers.
+    let faults: PeerFaults
     let group = EventLoopGroup(count: 1, name: "test-clients")
     var address: HostPort { HostPort(host: "127.0.0.1", port: node.clientPort) }
 
@@ -32,7 +34,13 @@ final class TestNode: Sendable {
         c.authSecretFile = authSecretFile
         c.threads = threads
         c.logLevel = .error
-        node = try Node(configuration: c)
+        var wrapped: PeerFaults?
+        node = try Node(configuration: c) { production in
+            let faults = PeerFaults(production)
+            wrapped = faults
+            return faults
+        }
+        faults = wrapped!
         try node.start()
     }
 

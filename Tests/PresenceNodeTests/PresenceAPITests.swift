@@ -367,7 +367,7 @@ import Testing
         try await inbox.waitFor(.remoteJoin, publisher: "tony")
         let id = tony.sessionID
         let states = Task { var seen: [ConnectionState] = []; for await s in tony.connectionStates { seen.append(s); if seen.count >= 5 { break } }; return seen }
-        tony._dropConnectionForTesting()
+        tony.dropConnection()
         try await waitUntil("tony reconnected") { tony.connectionState == .connected && tony.sessionID == id && tony._reconnects > 0 }
         try await tony.setState("lobby", ["back": "yes"])
         try await inbox.waitFor(.remoteStateChanged, publisher: "tony")

@@ -71,40 +71,6 @@ public final class PeerLink: Sendable {
         public var failedBatches = 0
     }
     private let counts = Mutex<[String: PeerCounts]>([:])
-    /// (tests) Nodes whose pushes wait in their queue, unsent, as if the node were slow to answer.
-    private let heldForTesting = Mutex<Set<String>>([])
-    private let anyHeldForTesting = Atomic<Bool>(false)
-
-    /// (tests) Holds the pushes to `node` in their queue until called again with `false`.
-    public func holdPushesForTesting(to node: String, _ hold: Bool) {
-        heldForTesting.withLock { held in
-            if hold { held.insert(node) } else { held.remove(node) }
-            anyHeldForTesting.store(!held.isEmpty, ordering: .relaxed)
-        }
-    }
-
-    /// (tests) Nodes whose channel and home calls are slow or get no answer, as over a slow or cut
-    /// link: each call waits its delay (or its timeout, when shorter, and then fails unsent).
-    /// Pushes, SWIM and anti-entropy are untouched.
-    private let delayedForTesting = Mutex<[String: UInt64]>([:])
-    private let anyDelayedForTesting = Atomic<Bool>(false)
-
-    /// (tests) Delays the channel and home calls to `node` by `delay` ns (`.max`: never answered,
-    /// a cut link), or ends the delay with nil.
-    public func delayCallsForTesting(to node: String, by delay: UInt64?) {
-        delayedForTesting.withLock { delays in
-            delays[node] = delay
-            anyDelayedForTesting.store(!delays.isEmpty, ordering: .relaxed)
-        }
-    }
-
-    private func delayIfSlowForTesting(_ node: String, timeout: UInt64?) async throws(PresenceError) {
-        guard anyDelayedForTesting.load(ordering: .relaxed), let delay = delayedForTesting.withLock({ $0[node] }) else { return }
-        let timeout = timeout ?? timings.peerCallTimeout
-        await clock.sleep(nanoseconds: min(delay, timeout))
-        if delay > timeout { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "node \(node) did not answer (delayed for a test)") }
-    }
-
     /// Counts by peer, with each peer's queue now (items and bytes waiting to be sent).
     public func peerStats() -> [(peer: String, counts: PeerCounts, queuedItems: Int, queuedBytes: Int)] {
         let depths = queues.withLock { qs in qs.map { ($0.key.id, $0.value.depth) } }
@@ -119,14 +85,12 @@ public final class PeerLink: Sendable {
     // MARK: Calls
 
     public func channel(_ node: String, _ call: ClusterChannelCall, timeout: UInt64? = nil) async throws(PresenceError) -> ClusterChannelResult {
-        try await delayIfSlowForTesting(node, timeout: timeout)
         let r = try await unary(node, PeerPresenceMethods.channel, call, timeout: timeout)
         if let e = r.error { throw PresenceError(wire: e) }
         return r
     }
 
     public func home(_ node: String, _ call: ClusterHomeCall, timeout: UInt64? = nil) async throws(PresenceError) -> ClusterHomeResult {
-        try await delayIfSlowForTesting(node, timeout: timeout)
         let r = try await unary(node, PeerPresenceMethods.home, call, timeout: timeout)
         if let e = r.error { throw PresenceError(wire: e) }
         return r
@@ -150,8 +114,8 @@ public final class PeerLink: Sendable {
     // MARK: Pushes
 
     /// The loop the senders of the queue to `node` start on (nil until one looked it up), the
-    /// loop of the connection to `node`, and how many senders started by looking it up (tests).
-    func senderLoopsForTesting(to node: String) -> (sender: EventLoop?, connection: EventLoop?, lookups: Int) {
+    /// loop of the connection to `node`, and how many senders started by looking it up.
+    func senderLoops(to node: String) -> (sender: EventLoop?, connection: EventLoop?, lookups: Int) {
         let q = queues.withLock { $0.first { $0.key.id == node }?.value }
         return (q?.senderLoop, addressOf(node).flatMap(transport.preferredLoop(of:)), q?.lookups.load(ordering: .relaxed) ?? 0)
     }
@@ -241,9 +205,6 @@ public final class PeerLink: Sendable {
 
     private func send(_ q: PushQueue) async {
         while true {
-            while anyHeldForTesting.load(ordering: .relaxed), heldForTesting.withLock({ $0.contains(q.node.id) }), !q.isCleared {
-                await clock.sleep(nanoseconds: 5_000_000)
-            }
             guard let (batch, last) = q.take(me: me) else { break }
             var attempt = 0
             var delivered = false

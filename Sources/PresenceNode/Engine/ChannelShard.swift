@@ -41,7 +41,7 @@ actor ChannelShard {
         }
     }
 
-    private var wall: Int64 { clock.wallMilliseconds() }
+    var wall: Int64 { clock.wallMilliseconds() }
     private var now: UInt64 { clock.monotonicNanoseconds() }
 
     // MARK: Carrying out
@@ -63,7 +63,7 @@ actor ChannelShard {
     private var cause = "call"
 
     /// Sends each event to the gateways it is routed to, encoded once.
-    private func deliver(_ routed: [RoutedDelivery<NodeInstance>]) {
+    func deliver(_ routed: [RoutedDelivery<NodeInstance>]) {
         var encoded: (key: ChannelKey, sequence: UInt64, bytes: [UInt8])? = nil
         for d in routed {
             let key = ChannelKey(name: d.event.channelName, type: d.event.channelType)
@@ -161,7 +161,7 @@ actor ChannelShard {
     /// Runs `body` on an owned value (`Keyspace.withOwnedValue`: created when `create`, dropped
     /// once empty); nil when it does not exist. (Here for the same reason as `readOwned` below:
     /// `R` specialised at each call, and the direct call picks the pre-specialisation.)
-    private func withOwned<R>(_ key: ChannelKey, create: Bool, now: Int64,
+    func withOwned<R>(_ key: ChannelKey, create: Bool, now: Int64,
                               _ body: (inout Machine) throws(PresenceError) -> R) throws(PresenceError) -> R? {
         var result: R? = nil
         _ = try space.withOwnedValue(key, create: create, now: now) { (v: inout Machine) throws(PresenceError) in result = try body(&v) }
@@ -513,17 +513,6 @@ actor ChannelShard {
             return false
         }
         return true
-    }
-
-    /// Drops a session from an owned channel as if this owner had lost it (a copy that missed it),
-    /// with the events that makes. For tests of anti-entropy only.
-    func loseForTesting(_ session: SessionID, in key: ChannelKey) {
-        var routed: [RoutedDelivery<NodeInstance>] = []
-        _ = try? withOwned(key, create: false, now: wall) { m in
-            guard let user = m.user(of: session) else { return }
-            routed = m.routing { $0.leave(user: user, session: session, byGateway: false, now: wall) }
-        }
-        deliver(routed)
     }
 
     // MARK: Counters

@@ -1,0 +1,107 @@
+import ClusterCore
+import EventLoop
+import GRPCTransport
+import PresenceCore
+@testable import PresenceClient
+@testable import PresenceNode
+import PresenceWire
+import Synchronization
+
+/// What a test does to one node's traffic to its peers, through the peer transport seam (`Node`'s
+/// `peerTransport:` wraps production's transport in it): pushes to a peer held unanswered, as if
+/// that node were slow (also those relayed to it through another member); channel and home calls
+/// to a peer delayed, or never answered (a cut link). SWIM and anti-entropy pass untouched. A
+/// held or delayed request keeps its timeout: past it, it fails as an unanswered one does.
+final class PeerFaults: PeerTransport {
+    private let inner: any PeerTransport
+    private struct State {
+        /// Held pushes, by the held node's peer address and id.
+        var heldAddresses: Set<String> = []
+        var heldNodes: Set<String> = []
+        var callDelays: [String: UInt64] = [:]
+    }
+    private let state = Mutex(State())
+    /// How often a held push looks whether it was let go.
+    private static let poll: UInt64 = 5_000_000
+
+    init(_ inner: any PeerTransport) { self.inner = inner }
+
+    /// Holds the pushes to node `id` (at peer address `address`) until called again with `false`.
+    func holdPushes(to id: String, at address: String, _ hold: Bool) {
+        state.withLock { s in
+            if hold {
+                s.heldAddresses.insert(address)
+                s.heldNodes.insert(id)
+            } else {
+                s.heldAddresses.remove(address)
+                s.heldNodes.remove(id)
+            }
+        }
+    }
+
+    /// Delays the channel and home calls to `address` by `delay` ns (`.max`: never answered), or
+    /// ends the delay with nil.
+    func delayCalls(to address: String, by delay: UInt64?) {
+        state.withLock { $0.callDelays[address] = delay }
+    }
+
+    private func isHeld(_ address: String, _ request: some ProtoMessage) -> Bool {
+        state.withLock { s in
+            s.heldAddresses.contains(address) || (request as? ClusterPushBatch).map { !$0.relayTo.isEmpty && s.heldNodes.contains($0.relayTo) } == true
+        }
+    }
+
+    func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ address: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req,
+                                                      timeout: UInt64) async throws -> Resp {
+        let start = MonotonicClock.now()
+        if method.path == PeerPresenceMethods.push.path {
+            while isHeld(address, request) {
+                guard MonotonicClock.now() - start < timeout else { throw GRPCStatus(.deadlineExceeded, "held by the test") }
+                try await Task.sleep(nanoseconds: Self.poll)
+            }
+        } else if method.path == PeerPresenceMethods.channel.path || method.path == PeerPresenceMethods.home.path,
+                  let delay = state.withLock({ $0.callDelays[address] }) {
+            try await Task.sleep(nanoseconds: min(delay, timeout))
+            if delay > timeout { throw GRPCStatus(.deadlineExceeded, "delayed by the test past its timeout") }
+        }
+        let left = timeout - min(timeout, MonotonicClock.now() - start)
+        return try await inner.unary(address, method, request, timeout: max(1, left))
+    }
+
+    func preferredLoop(of address: String) -> EventLoop? { inner.preferredLoop(of: address) }
+    func forget(_ address: String) { inner.forget(address) }
+    func close() { inner.close() }
+}
+
+extension Node {
+    /// Stops serving without leaving the cluster or draining anything: what others see of a
+    /// crash (the process would just die).
+    func crash() async {
+        await core.halt()
+        await httpServer?.shutdown(gracePeriod: 0)
+        group.shutdown()
+    }
+}
+
+extension ChannelShard {
+    /// Drops a session from an owned channel as if this owner had lost it (a copy that missed
+    /// it), with the events that makes: what anti-entropy repairs.
+    func lose(_ session: SessionID, in key: ChannelKey) {
+        var routed: [RoutedDelivery<NodeInstance>] = []
+        _ = try? withOwned(key, create: false, now: wall) { m in
+            guard let user = m.user(of: session) else { return }
+            routed = m.routing { $0.leave(user: user, session: session, byGateway: false, now: wall) }
+        }
+        deliver(routed)
+    }
+}
+
+extension PresenceClient {
+    /// Drops the connection as a network failure would.
+    func dropConnection() { grpc.close() }
+}
+
+extension TestNode {
+    /// This node's peer address as the cluster knows it, by `nodes[0]`'s membership.
+    func peerAddress(of id: String) -> String? { node.core.membership.peerAddress(of: id) }
+}
