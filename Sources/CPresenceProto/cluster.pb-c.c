@@ -1492,7 +1492,7 @@ void   presence__cluster__v1__confirm_response__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__confirm_response__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__field_descriptors[7] =
 {
   {
     "node_id",
@@ -1566,8 +1566,21 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__member_update__fiel
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "accuser",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__MemberUpdate, accuser),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__member_update__field_indices_by_name[] = {
+  6,   /* field[6] = accuser */
   1,   /* field[1] = address */
   5,   /* field[5] = boot */
   4,   /* field[4] = client_address */
@@ -1578,7 +1591,7 @@ static const unsigned presence__cluster__v1__member_update__field_indices_by_nam
 static const ProtobufCIntRange presence__cluster__v1__member_update__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__member_update__descriptor =
 {
@@ -1588,7 +1601,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__member_update__descripto
   "Presence__Cluster__V1__MemberUpdate",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__MemberUpdate),
-  6,
+  7,
   presence__cluster__v1__member_update__field_descriptors,
   presence__cluster__v1__member_update__field_indices_by_name,
   1,  presence__cluster__v1__member_update__number_ranges,

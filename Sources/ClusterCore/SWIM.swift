@@ -33,14 +33,23 @@ public enum SWIM {
         /// process start is a new member incarnation"), so a restart is told apart from the
         /// process before it however fast it happens, and whatever was last believed of that one.
         public var boot: UInt64
+        /// For a suspicion: the member whose own probe failed ("" when not known). Lifeguard
+        /// shortens a suspicion for each other member that suspects independently; one that only
+        /// passes a suspicion on (or echoes it back to its accuser) confirms nothing.
+        public var accuser: String
 
-        public init(id: String, address: String, status: Status, incarnation: UInt64, boot: UInt64 = 0) {
+        public init(id: String, address: String, status: Status, incarnation: UInt64, boot: UInt64 = 0, accuser: String = "") {
             self.id = id
             self.address = address
             self.status = status
             self.incarnation = incarnation
             self.boot = boot
+            self.accuser = accuser
         }
+
+        /// Who vouches for this suspicion: its accuser, or (from a node that does not name one)
+        /// the member that sent it.
+        func witness(sentBy from: String?) -> String? { accuser.isEmpty ? from : accuser }
 
         /// The SWIM precedence rules: does `self` override `old` (about the same member)?
         /// A later boot beats anything said of an earlier one (a restarted member is admitted
@@ -132,6 +141,8 @@ public enum SWIM {
         /// isolation. Forgotten once it sees a majority again.
         private var isolatedVerdicts = Set<String>()
         private var gossip: [String: (update: Update, sent: Int)] = [:]
+        /// A death learnt or a refutation made since the last spread (`spreadIfDue`).
+        private var spreadPending = false
         private var rng: SplitMix64
 
         struct Probe: Sendable {
@@ -200,6 +211,7 @@ public enum SWIM {
                 if senderHeldDead, u.id != from, u.id != myself.id, u.status == .suspect || u.status == .dead { continue }
                 apply(u, from: from, now: now, into: &out, accuserHeldDead: senderHeldDead)
             }
+            spreadIfDue(into: &out)
             return out
         }
 
@@ -267,7 +279,8 @@ public enum SWIM {
                         reconnectAll = true
                         forgetOwnAccusations(into: &out)
                     }
-                    if u.incarnation >= myself.incarnation {
+                    let refutes = u.incarnation >= myself.incarnation
+                    if refutes {
                         // (an incarnation at the top of the range cannot be refuted by counting
                         // up; a new boot can: this process takes one, as if it had restarted)
                         if u.incarnation == .max {
@@ -282,6 +295,7 @@ public enum SWIM {
                     // refute, or repeat an earlier refutation to a node that missed it (its
                     // gossip may have been lost with a connection): our reply carries it
                     enqueue(myself)
+                    if refutes { spreadPending = true }
                 }
                 return
             }
@@ -293,9 +307,12 @@ public enum SWIM {
                 out.append(.memberChanged(u))
                 return
             }
-            if u.status == .suspect, old.status == .suspect, u.incarnation == old.incarnation, let from {
-                // another node independently suspects it: Lifeguard shortens the timeout
-                if suspicions[u.id]?.confirmations.insert(from).inserted == true {
+            if u.status == .suspect, old.status == .suspect, u.incarnation == old.incarnation {
+                // another node independently suspects it: Lifeguard shortens the timeout, and the
+                // confirmation is passed on (the member's first accuser is not one)
+                if let witness = u.witness(sentBy: from), witness != myself.id,
+                   suspicions[u.id]?.confirmations.insert(witness).inserted == true {
+                    enqueue(u)
                     out.append(.scheduleSuspicionCheck(at: suspicionDeadline(u.id)))
                 }
                 return
@@ -316,13 +333,14 @@ public enum SWIM {
                 startSuspicion(u, from: from, now: now, into: &out)
             case .dead, .left:
                 suspicions[u.id] = nil
+                if u.status == .dead && old.status != .dead { spreadPending = true }
             }
             if old.status != u.status || old.address != u.address || old.boot != u.boot { out.append(.memberChanged(u)) }
         }
 
         private mutating func startSuspicion(_ u: Update, from: String?, now: UInt64, into out: inout [Directive]) {
             var s = Suspicion(since: now, incarnation: u.incarnation, confirmations: [])
-            if let from, from != myself.id { s.confirmations.insert(from) }
+            if let witness = u.witness(sentBy: from), witness != myself.id { s.confirmations.insert(witness) }
             suspicions[u.id] = s
             out.append(.scheduleSuspicionCheck(at: suspicionDeadline(u.id)))
         }
@@ -357,8 +375,24 @@ public enum SWIM {
                 members[id] = m
                 enqueue(m)
                 out.append(.memberChanged(m))
+                spreadPending = true
             }
+            spreadIfDue(into: &out)
             return out
+        }
+
+        /// Sends what is queued to be gossiped to a few live members now, not only on the next
+        /// probes: a death and a refutation are news every member needs at once (a refutation
+        /// races the suspicion timers of the members that heard the accusation). Their acks
+        /// answer no probe.
+        private mutating func spreadIfDue(into out: inout [Directive]) {
+            guard spreadPending else { return }
+            spreadPending = false
+            let targets = liveMembers.filter { $0.status == .alive }.shuffled(using: &rng).prefix(settings.indirectProbes)
+            for t in targets {
+                sequence += 1
+                out.append(.sendPing(to: t.id, address: t.address, sequence: sequence, gossip: takeGossip()))
+            }
         }
 
         private mutating func addToProbeOrder(_ id: String) {
@@ -434,7 +468,16 @@ public enum SWIM {
             if target.status == .alive {
                 var s = target
                 s.status = .suspect
+                s.accuser = myself.id
                 apply(s, from: nil, now: now, into: &out)
+            } else if target.status == .suspect, target.accuser != myself.id,
+                      suspicions[target.id]?.confirmations.insert(myself.id).inserted == true {
+                // suspected already by another: this probe's failure is an independent confirmation,
+                // here and (passed on under this node's name) everywhere
+                var s = target
+                s.accuser = myself.id
+                enqueue(s)
+                out.append(.scheduleSuspicionCheck(at: suspicionDeadline(target.id)))
             }
             return out
         }

@@ -571,7 +571,49 @@ struct Simulation {
         #expect(confirmed < alone)
         #expect(confirmed >= inst.settings.suspicionMin)
         #expect(inst.suspicionsDue(now: confirmed - 1).isEmpty)
-        #expect(inst.suspicionsDue(now: confirmed) == [.memberChanged(U(id: "e", address: "e", status: .dead, incarnation: 0))])
+        let due = inst.suspicionsDue(now: confirmed)
+        #expect(due.filter { if case .memberChanged = $0 { true } else { false } } == [.memberChanged(U(id: "e", address: "e", status: .dead, incarnation: 0))])
+        // the death goes out at once to a few live members, not only with the next probes
+        let told = due.compactMap { d -> String? in
+            if case .sendPing(let to, _, _, let gossip) = d, gossip.contains(where: { $0.id == "e" && $0.status == .dead }) { return to }
+            return nil
+        }
+        #expect(told.count == 3 && !told.contains("e"))
+    }
+
+    /// Lifeguard counts independent suspicions: one accuser's suspicion passed on by others (or
+    /// echoed back to it) does not shorten anyone's timeout; another member whose own probe failed does.
+    @Test func aSuspicionPassedOnConfirmsNothingAnIndependentOneDoes() {
+        var inst = SWIM.Instance(id: "a", address: "a")
+        for o in ["b", "c", "d", "e"] { _ = inst.receivedJoin(U(id: o, address: o, status: .alive, incarnation: 0), now: 0) }
+        _ = inst.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0, accuser: "b")], from: "b", now: 0)
+        let heard = inst.suspicionDeadline("e")
+        _ = inst.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0, accuser: "b")], from: "c", now: 10)
+        _ = inst.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0, accuser: "b")], from: "d", now: 20)
+        #expect(inst.suspicionDeadline("e") == heard)
+        _ = inst.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0, accuser: "c")], from: "d", now: 30)
+        #expect(inst.suspicionDeadline("e") < heard)
+
+        // the accuser's own suspicion, echoed back by the others, stays at the longest timeout
+        var accuser = SWIM.Instance(id: "b", address: "b")
+        for o in ["a", "c", "d", "e"] { _ = accuser.receivedJoin(U(id: o, address: o, status: .alive, incarnation: 0), now: 0) }
+        _ = accuser.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0, accuser: "b")], from: "c", now: 0)
+        let own = accuser.suspicionDeadline("e")
+        _ = accuser.merge([U(id: "e", address: "e", status: .suspect, incarnation: 0, accuser: "b")], from: "d", now: 10)
+        #expect(accuser.suspicionDeadline("e") == own && own == accuser.settings.suspicionMax)
+    }
+
+    /// A refutation races the suspicion timers of every member that heard the accusation: it goes
+    /// out at once to a few live members.
+    @Test func aRefutationGoesOutAtOnce() {
+        var inst = SWIM.Instance(id: "a", address: "a")
+        for o in ["b", "c", "d", "e"] { _ = inst.receivedJoin(U(id: o, address: o, status: .alive, incarnation: 0), now: 0) }
+        let ds = inst.merge([U(id: "a", address: "a", status: .suspect, incarnation: 0, accuser: "b")], from: "b", now: 0)
+        let told = ds.compactMap { d -> String? in
+            if case .sendPing(let to, _, _, let gossip) = d, gossip.contains(where: { $0.id == "a" && $0.status == .alive && $0.incarnation == 1 }) { return to }
+            return nil
+        }
+        #expect(told.count == 3)
     }
 
     @Test func localHealthStretchesTimeoutsAfterFailedProbes() {

@@ -239,6 +239,23 @@ import Testing
         await a.stop()
     }
 
+    /// A suspicion keeps its accuser on the wire (Lifeguard counts accusers, not the members
+    /// that pass a suspicion on); an accuser that is no node id is bad input and the update is
+    /// dropped; other statuses carry none.
+    @Test func aSuspicionsAccuserCrossesTheWire() async throws {
+        let a = try TestNode(nodeID: "a")
+        let m = a.node.membership
+        let suspect = SWIM.Update(id: "x", address: "127.0.0.1:1", status: .suspect, incarnation: 3, boot: 9, accuser: "b")
+        #expect(m.update(m.wire(suspect)) == suspect)
+        var bad = m.wire(suspect)
+        bad.accuser = "not an id"
+        #expect(m.update(bad) == nil)
+        var alive = m.wire(suspect)
+        alive.status = .alive
+        #expect(m.update(alive)?.accuser == "")
+        await a.stop()
+    }
+
     @Test func badPeerInputGetsAClearErrorAndChangesNothing() async throws {
         let a = try TestNode(nodeID: "a")
         let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)

@@ -133,10 +133,16 @@ struct  Presence__Cluster__V1__MemberUpdate
    * an earlier one (a restarted node is admitted whatever was last believed of its id).
    */
   uint64_t boot;
+  /*
+   * For a suspicion: the node whose own probe of the member failed. Lifeguard shortens a
+   * suspicion's timeout for each other node that suspects the member independently; a node that
+   * only passes a suspicion on confirms nothing. Empty from nodes that predate this field.
+   */
+  char *accuser;
 };
 #define PRESENCE__CLUSTER__V1__MEMBER_UPDATE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__member_update__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED, 0, (char *)protobuf_c_empty_string, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, PRESENCE__CLUSTER__V1__MEMBER_STATUS__MEMBER_STATUS_UNSPECIFIED, 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string }
 
 
 struct  Presence__Cluster__V1__PingRequest

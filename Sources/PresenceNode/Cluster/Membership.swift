@@ -465,7 +465,7 @@ public final class Membership: Sendable {
         case .left: status = .left
         }
         return ClusterMemberUpdate(nodeID: u.id, address: u.address, status: status, incarnation: u.incarnation,
-                                   clientAddress: clientAddress(of: u.id), boot: u.boot)
+                                   clientAddress: clientAddress(of: u.id), boot: u.boot, accuser: u.accuser)
     }
 
     /// Reads a gossiped update, remembering the member's client address (for admin tools).
@@ -481,8 +481,9 @@ public final class Membership: Sendable {
         case .left: status = .left
         default: return nil
         }
-        guard Validate.isIdentifier(m.nodeID), !m.address.isEmpty else { return nil }
-        return SWIM.Update(id: m.nodeID, address: m.address, status: status, incarnation: m.incarnation, boot: m.boot)
+        guard Validate.isIdentifier(m.nodeID), !m.address.isEmpty, m.accuser.isEmpty || Validate.isIdentifier(m.accuser) else { return nil }
+        return SWIM.Update(id: m.nodeID, address: m.address, status: status, incarnation: m.incarnation, boot: m.boot,
+                           accuser: status == .suspect ? m.accuser : "")
     }
 }
 

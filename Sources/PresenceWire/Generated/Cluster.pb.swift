@@ -148,16 +148,18 @@ public struct ClusterMemberUpdate: ProtoMessage, Sendable, Hashable {
     public var incarnation: UInt64 = 0
     public var clientAddress: String = ""
     public var boot: UInt64 = 0
+    public var accuser: String = ""
 
     public init() {}
 
-    public init(nodeID: String = "", address: String = "", status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0), incarnation: UInt64 = 0, clientAddress: String = "", boot: UInt64 = 0) {
+    public init(nodeID: String = "", address: String = "", status: ClusterMemberStatus = ClusterMemberStatus(rawValue: 0), incarnation: UInt64 = 0, clientAddress: String = "", boot: UInt64 = 0, accuser: String = "") {
         self.nodeID = nodeID
         self.address = address
         self.status = status
         self.incarnation = incarnation
         self.clientAddress = clientAddress
         self.boot = boot
+        self.accuser = accuser
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -185,6 +187,7 @@ extension ClusterMemberUpdate: CMessageBridge {
         self.incarnation = c.pointee.incarnation
         self.clientAddress = try WireCodec.readString(c.pointee.client_address)
         self.boot = c.pointee.boot
+        self.accuser = try WireCodec.readString(c.pointee.accuser)
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -195,6 +198,7 @@ extension ClusterMemberUpdate: CMessageBridge {
         c.pointee.incarnation = self.incarnation
         if !self.clientAddress.isEmpty { c.pointee.client_address = arena.cString(self.clientAddress) }
         c.pointee.boot = self.boot
+        if !self.accuser.isEmpty { c.pointee.accuser = arena.cString(self.accuser) }
     }
 }
 

@@ -219,12 +219,15 @@ struct SimChecker {
             if c.attempts > 1 { counts["calls retried", default: 0] += 1 }
             let what = "\(c.user) \(c.method)\(c.channel.map { " \($0)" } ?? "") at \(Self.s(c.t0))"
             for n in c.notes where n.hasPrefix("vanished") { add(4, "\(what): session unknown to its gateway while its stream was up", [n]) }
+            // (RELIABILITY.md, invariant 7: the bound holds during a single fault)
+            let twoFaults = r.twoFaults.contains { c.t0 >= $0.from && c.t0 < $0.to }
+            if twoFaults { counts["calls during two faults", default: 0] += 1 }
             switch c.outcome {
             case .error(let code, let message) where !c.notes.contains(where: { $0.hasPrefix("vanished") }):
                 add(7, "\(what) failed with \(code) (not retryable) for a valid call", [message])
-            case .gaveUp:
+            case .gaveUp where !twoFaults:
                 add(7, "\(what) got no definite answer in \(Self.d(c.t1 - c.t0)) (client gave up)")
-            case .ok where c.t1 - c.t0 > Self.answerBound:
+            case .ok where c.t1 - c.t0 > Self.answerBound && !twoFaults:
                 add(7, "\(what) took \(Self.d(c.t1 - c.t0)) to a definite answer (bound 5 s)", ["attempts: \(c.attempts)"])
             default: break
             }

@@ -141,6 +141,7 @@ struct SimScenario {
                 report.faults.append(label)
                 ends.append((world.now + duration, label, finish))
             }
+            if ends.count == 2, let first = ends.map(\.at).min() { clients.records.twoFaults.append((world.now, first)) }
             for e in ends.sorted(by: { $0.at < $1.at }) {
                 if e.at > world.now { run(for: e.at - world.now) }
                 e.end()
