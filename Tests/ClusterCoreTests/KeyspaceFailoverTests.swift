@@ -82,4 +82,53 @@ import Testing
         #expect(d.copies[user] != nil || d.retired[user] != nil)
         #expect(sent.isEmpty)
     }
+
+    /// ARCHITECTURE.md, "Ring": a key's replicas are the next replication factor − 1 distinct
+    /// nodes after its owner.
+    @Test func aKeysReplicasAreTheNextNodesAfterItsOwner() {
+        let space = Keyspace<Home>(me: "a", replicationFactor: 3, presenceTimeout: 5_000_000_000, ring: before) { Home(userID: $0) }
+        #expect(space.replicas(of: user) == ["b", "c"])
+    }
+
+    /// RELIABILITY.md, invariant 5: a replica that takes a channel over (its owner died) gives
+    /// every subscriber a fresh SNAPSHOT before any further event.
+    @Test func aReplicaThatTakesAChannelOverSendsEverySubscriberASnapshot() throws {
+        let ring = HashRing(members: ["a", "b", "c"], boots: ["a": 1, "b": 1, "c": 1])
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }
+            .first { ring.owners(of: $0, count: 2) == ["a", "b"] })
+        var owner = ChannelMachine<NodeInstance>(key: key, maxInstantEvents: 100)
+        owner.startLineage(now: 1_000)
+        _ = owner.join(user: "ann", session: SessionID(raw: 1), withPresence: true, sink: gateway, version: 1, now: 1_000)
+        _ = owner.join(user: "bob", session: SessionID(raw: 2), withPresence: true, sink: gateway, version: 1, now: 1_000)
+        var b = Keyspace<ChannelMachine<NodeInstance>>(me: "b", replicationFactor: 2, presenceTimeout: 5_000_000_000, ring: ring) {
+            ChannelMachine(key: $0, maxInstantEvents: 100)
+        }
+        for c in owner.fullCopies(handoff: false) { _ = b.received(c, from: "a", now: 1, wall: 1_000) }
+        let effects = b.ringChanged(to: ring.removing("a"), now: 2, wall: 2_000)
+        let delivered = effects.flatMap { e -> [RoutedDelivery<NodeInstance>] in
+            if case .deliver(let d) = e { return d }
+            return []
+        }
+        #expect(b.hasOwned(key))
+        #expect(!delivered.isEmpty && delivered.allSatisfy(\.isSnapshot) && Set(delivered.map(\.sink)) == [gateway])
+    }
+}
+
+/// What a gateway answers an owner that places one of its sessions in a channel the gateway did
+/// not mention (anti-entropy, RELIABILITY.md invariant 2): owners drop what no live gateway holds.
+@Suite struct GatewayVerdictTests {
+    @Test func aSessionHeldHereButNoLongerInTheChannelIsGoneAsOfItsVersion() throws {
+        var table = SessionTable(resumeWindow: 1_000)
+        let id = SessionID(raw: 7)
+        let lobby = ChannelKey(name: "lobby", type: .message), other = ChannelKey(name: "other", type: .message)
+        _ = table.open(user: "ann", resume: nil, newID: id, now: 0)
+        _ = try table.joined(id, channel: lobby, withPresence: true)
+        _ = try table.joined(id, channel: other, withPresence: true)
+        _ = table.left(id, channel: lobby)
+        let held = try #require(table[id])
+        #expect(GatewayFacts.verdict(channel: other, user: nil, placedAt: 1, held: held, movedTo: nil) == .held)
+        #expect(GatewayFacts.verdict(channel: lobby, user: nil, placedAt: 1, held: held, movedTo: nil) == .gone(version: held.version))
+        // one this gateway does not hold at all is gone as of where the owner placed it
+        #expect(GatewayFacts.verdict(channel: lobby, user: nil, placedAt: 3, held: nil, movedTo: nil) == .gone(version: 3))
+    }
 }

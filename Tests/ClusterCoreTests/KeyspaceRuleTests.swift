@@ -1,100 +1,14 @@
-// What the keyspace simulation (KeyspaceSimulation.swift) found in the cores, each reduced to a
-// plain-value test that failed before its fix:
-//
-//   1. ChannelMachine.removeGone recorded "not held there at all" (the maximum) as the session's
-//      departure version: every later epoch of the session was refused as superseded for good.
-//   2. Keyspace.sweep dropped a timeout that made no event for anyone (nobody there follows
-//      presence): the session stayed, and its key was no orphan any more.
-//   3. Keyspace.ringChanged gave no fresh SNAPSHOT to followers at a process that was thought
-//      gone and came back (paused, cut off): events sent meanwhile were skipped.
-//   4. SessionTable.adopt kept the channels of a session this gateway held from before it was
-//      held elsewhere (the client came back): what it joined and left meanwhile was lost.
-//   5. ChannelMachine.join gave a user's fresh state no version: after a leave and a re-join,
-//      a merge brought the state of before back.
-//   6. ChannelMachine.leave remembered nothing of a session the owner's version did not hold: a
-//      merge of another version brought it back.
-//   7. ChannelMachine.announce numbered the SNAPSHOT of a session from another gateway (or a
-//      later epoch) in its own lineage: after following a later one (the other side of a
-//      partition) the session saw sequences go back, or got no SNAPSHOT at all.
-//   8. Keyspace dropped a value once it held nobody, departures and all: a stale version merged
-//      later brought the sessions that left back.
-//   9. Keyspace installed a handoff that reached a non-owner as its replica copy and went no
-//      further: the other side's version never reached the owner, and its higher lineage made
-//      that replica drop the owner's copies for good.
-//  10. ChannelMachine.moved placed a session where it went under its later epoch: in a merge, a
-//      membership that had ended meanwhile elsewhere outranked its departure (a ghost).
-//  11. (found by Cluster/chaos, netns partition-long) Keyspace.restart(followersAt:) sent fresh
-//      SNAPSHOTs of every owned key, also of keys this node waited to be handed back (back from a
-//      partition, its copy is stale): users who had left were listed again until the handoff.
-//  12. (found by Cluster/chaos, netns seed 46: a session lost) Keyspace.ringChanged forgot a
-//      replica copy as soon as the node's own ring said it was no longer a replica — also when
-//      that ring was a passing one (the members it saw come back one at a time after a heal)
-//      while the owner's ring never changed: nobody sent the copy again, and when the owner
-//      crashed the replica took over from nothing. Copies dropped are now kept a while, and
-//      restored (asking the owner for a whole copy) or taken over from if the ring comes back.
-//  13. (found by Cluster/chaos, netns seed 50) A replica installed a change (ChannelMachine) or a
-//      whole copy (Keyspace: home records are always whole) that arrived after a later one of the
-//      same lineage: a user who had left came back on the replica, and in its SNAPSHOT once it
-//      took over. Older changes and whole copies are now skipped.
-//  14. (found by Cluster/chaos, netns seed 52: a session lost) A node cut off by a partition
-//      declared the others dead (before it saw it was the minority) and counted how long their
-//      processes had been gone from then on. Back from the partition, it took the handoff of a
-//      key whose session lived at one of them, and timed it out at once — "gone" for longer than
-//      the presence timeout by its own stale count — before it heard that process was alive. A
-//      node back from death now starts every such count again.
-//  15. (found by Cluster/chaos, netns seed 52: a session lost) A home record's counter, which
-//      orders its copies, went up only on some changes (a status choice), not on a session
-//      opened: a whole copy from before the session opened, delayed on the way, was not seen as
-//      older than the one that had it, replaced it on the replica, and the replica took over
-//      from it when the home was cut off. Every change now takes the counter up.
-//  16. (found by Cluster/chaos, netns seed 2, in CI: a flap) After a heal, a node whose ring
-//      briefly lost a channel's owner and its replica came to own the channel, and took it over
-//      from the copy it had dropped four seconds before (a passing replica): its SNAPSHOT left out
-//      everyone who had joined since, and the owner's handoff brought them back as REMOTE_JOINs.
-//      A key taken over from a dropped or unconfirmed copy now gets no SNAPSHOT and answers no
-//      call until another node's version is merged or `staleHold` passes (anti-entropy's time).
-//  17. (found reading the path of a flap in Cluster/chaos netns seed 93, whose followers got
-//      SNAPSHOTs without members at a heal; not shown to be that run's cause) A node cut off by a partition took a
-//      channel over from its replica copy (in its view everyone else was gone) and, at the heal,
-//      gave the followers at the processes that came back a fresh SNAPSHOT of its version of it —
-//      in the very ring change that handed the channel back to its owner. Its version had
-//      dropped members whose gateways it could not see: they vanished from those followers'
-//      listings until the owner's events listed them again. Followers at a process that came back
-//      now get a fresh start only from the keys this node keeps; a key it hands off is the new
-//      owner's to restart.
-//  18. (found by the simulation while reproducing 17) ChannelMachine's `merge` as a replicated
-//      value (`route(merge(...))`) routed the merge's events by the channel as it was before the
-//      merge — Swift reads `self` for `route` before it runs the argument — so the SNAPSHOT owed to
-//      a session the other version brought found no place and was dropped, and events missed the
-//      gateways new in the merge: a follower on the other side of a healed partition kept that
-//      side's listing until the channel's next event. The same pattern routed timeouts and
-//      removals by the channel before the leave. Every change is now made, then routed.
-//
-// Outside the cores (PresenceNode, left as it is; the simulation models them, reports what they
-// cause apart as `knownGaps`, and KeyspaceSimulationKnownIssueTests reproduces two):
-//   - PeerInbound.exchange does not consult the handoff gate (calls do): a restarted node builds
-//     a channel from one gateway's facts before its handoff, and its whole copy of that partial
-//     value replaces a replica's complete one (acknowledged state lost).
-//   - AntiEntropy.apply forgets where a superseded session went: its gateway then says it does not
-//     hold it at all, and an owner its new gateway could not reach yet drops it (a flap).
-//   - SessionLifecycle.superseded / sessionCall drop a session on SESSION_MOVED whatever its
-//     epoch (version .max): an older epoch's call still retried after a second claim on the same
-//     gateway drops the current session.
-//   - LocalGateway keeps a session's subscriptions across a claim: back at a gateway it left,
-//     what was queued for it there passes (duplicates) until the owner's SNAPSHOT.
-//   - Fabric.deliver skips events for a process its ring does not have, and notes no loss: made up
-//     for in the core (3).
-//   - A paused process answers the calls that waited in its socket, from its stale view, until
-//     SWIM tells it it was dropped: a stale owner's events reach whoever follows it (and with 7,
-//     its SNAPSHOT is numbered above the new owner's), and an answer it gives before the merge
-//     may be undone by it.
+// The replicated keyspace's rules (`Keyspace`, `ChannelMachine`, `HomeRecord`, `SessionTable`) as
+// plain values: copies, merges, departures, ring changes, timeouts and handoffs, each tested with
+// inputs and clock readings only. Distributed behaviour on the real nodes is the deterministic
+// simulation's (`Tests/PresenceNodeTests/Simulation`).
 
 import ClusterCore
 import PresenceCore
 import PresenceWire
 import Testing
 
-@Suite struct KeyspaceSimulationFindingsTests {
+@Suite struct KeyspaceRuleTests {
     typealias Machine = ChannelMachine<NodeInstance>
     let key = ChannelKey(name: "room", type: .message)
     let s = SessionID(raw: 7)
@@ -131,7 +45,7 @@ import Testing
         }
     }
 
-    /// (1)
+    /// A session's departure is recorded as of its own version, not "not held anywhere": a later epoch of it is still taken.
     @Test func aSessionGoneFromOneGatewayIsNotRefusedAtTheNext() {
         var m = Machine(key: key, maxInstantEvents: 100)
         _ = m.join(user: "u", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1)
@@ -143,7 +57,7 @@ import Testing
         #expect(m.supersedingVersion(of: s, v(1, 5)) != nil)
     }
 
-    /// (2)
+    /// A timeout removes the session even when it makes no event for anyone (nobody there follows presence).
     @Test func aTimeoutThatMakesNoEventStillRemovesTheSession() {
         let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
         let key = key(ownedBy: "a", on: ring)
@@ -158,7 +72,7 @@ import Testing
         #expect(ks.orphanKeys.isEmpty)
     }
 
-    /// (3)
+    /// Followers at a process thought gone that comes back (paused, cut off) get a fresh SNAPSHOT: events sent meanwhile were skipped.
     @Test func followersAtAProcessThatComesBackGetAFreshSnapshot() {
         let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
         let key = key(ownedBy: "a", on: ring)
@@ -172,7 +86,8 @@ import Testing
         #expect(snapshots.map(\.sink) == [g] && snapshots.first?.sessions == [s])
     }
 
-    /// (12)
+    /// A replica copy dropped by a passing ring is kept a while, restored (asking the owner for a whole copy) or taken over from if the
+    /// ring comes back.
     @Test func aReplicaWhoseRingPassesThroughAnotherKeepsItsCopyForWhenItComesBack() throws {
         let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
         let r1 = r0.adding("y", boot: 1)   // y comes back first: for a moment it is the replica
@@ -194,7 +109,7 @@ import Testing
         #expect(replica[owned: key]?.contains(user: "u") == true)
     }
 
-    /// (12) A copy dropped and never wanted back is forgotten after a while; one whose key this
+    /// A copy dropped and never wanted back is forgotten after a while; one whose key this
     /// node comes to own meanwhile is taken over from.
     @Test func aDroppedCopyIsForgottenLaterOrTakenOverFrom() throws {
         let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
@@ -217,7 +132,7 @@ import Testing
         #expect(other.copies[key] == nil)
     }
 
-    /// (12) A restored copy is not trusted for long: the owner's whole copy replaces it whatever
+    /// A restored copy is not trusted for long: the owner's whole copy replaces it whatever
     /// lineage it held (it may come from the far side of a partition), and one the owner never
     /// confirms (it does not count this node as a replica) goes a presence timeout after its drop.
     @Test func aRestoredCopyTakesTheOwnersWholeCopyOrGoes() throws {
@@ -247,7 +162,8 @@ import Testing
         #expect(lonely.copies[key] == nil && lonely.unconfirmed.isEmpty)
     }
 
-    /// (16)
+    /// A key taken over from a dropped or unconfirmed copy answers no call and sends no SNAPSHOT until another node's version is merged
+    /// or `staleHold` passes.
     @Test func aKeyTakenOverFromADroppedCopyIsNotServedUntilBroughtUpToDate() throws {
         let r0 = HashRing(members: ["o", "r", "x"], boots: ["o": 1, "r": 1, "x": 1])
         let r1 = r0.adding("y", boot: 1)
@@ -287,7 +203,7 @@ import Testing
         #expect(!lone.isStale(key, now: t0 + second) && lone.staleUntil.isEmpty)
     }
 
-    /// (13)
+    /// A replica skips a change or whole copy older than the one it holds, of the same lineage.
     @Test func aWholeCopyOlderThanTheOneHeldIsSkipped() {
         let ring = HashRing(members: ["o", "r"], boots: ["o": 1, "r": 1])
         let key = key(ownedBy: "o", on: ring)
@@ -304,7 +220,7 @@ import Testing
         #expect(replica.copies[key]?.contains(user: "u") == false && replica.copies[key]?.contains(user: "w") == true)
     }
 
-    /// (11)
+    /// Fresh starts of keys this node waits to be handed back are held until it may serve them.
     @Test func followersOfAKeyWaitingForItsHandoffGetTheirSnapshotOnlyOnceItMayServe() {
         let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
         let key = key(ownedBy: "a", on: ring)
@@ -319,7 +235,8 @@ import Testing
         #expect(ks.heldBack.isEmpty)
     }
 
-    /// (17)
+    /// Followers at a process that comes back get a fresh start only from the keys this node keeps; a key it hands off is the new owner's
+    /// to restart.
     @Test func aKeyHandedOffInTheRingChangeThatBringsItsFollowersBackSendsThemNoSnapshot() throws {
         let full = HashRing(members: ["a", "b", "g"], boots: ["a": 1, "b": 1, "g": 1])
         let alone = HashRing(members: ["a"], boots: ["a": 1])
@@ -349,7 +266,8 @@ import Testing
         #expect(snapshots.isEmpty)
     }
 
-    /// (18)
+    /// Every change is made, then routed by the channel as it is after it (a merge's SNAPSHOTs and events reach the sessions and gateways
+    /// the merge brought).
     @Test func aSessionAMergeBringsGetsItsSnapshotAndTheGatewaysNewInTheMergeGetItsEvents() {
         var owner = Machine(key: key, maxInstantEvents: 100)
         owner.startLineage(now: 1_000)
@@ -371,7 +289,7 @@ import Testing
         #expect(Set(routed.filter { $0.event.type == .remoteJoin }.map(\.sink)) == [b, g])
     }
 
-    /// (18) A timeout is routed by the channel after the leave: a gateway whose last follower
+    /// A timeout is routed by the channel after the leave: a gateway whose last follower
     /// timed out gets no event for it.
     @Test func aTimeoutIsRoutedByTheChannelAfterTheLeave() {
         var m = Machine(key: key, maxInstantEvents: 100)
@@ -382,7 +300,7 @@ import Testing
         #expect(routed.map(\.sink) == [b] && routed.allSatisfy { $0.event.type == .remoteTimeout })
     }
 
-    /// (11) The same for followers at a process that comes back, while the handoff is awaited.
+    /// The same for followers at a process that comes back, while the handoff is awaited.
     @Test func followersAtAProcessThatComesBackWaitForTheHandoffToo() {
         let ring = HashRing(members: ["a", "g"], boots: ["a": 1, "g": 1])
         let key = key(ownedBy: "a", on: ring)
@@ -396,7 +314,7 @@ import Testing
         #expect(ks.heldBack == [key])
     }
 
-    /// (11) The same for a key taken over from a copy while its handoff is awaited.
+    /// The same for a key taken over from a copy while its handoff is awaited.
     @Test func aKeyTakenOverFromAStaleCopyWaitsForItsHandoffBeforeAnySnapshot() {
         let two = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
         let key = key(ownedBy: "b", on: two)
@@ -411,7 +329,7 @@ import Testing
         #expect(snapshots(in: ks.releaseHeldBack(now: 4, wall: 3_000, mayServe: { _ in true })).map(\.sink) == [g])
     }
 
-    /// (4)
+    /// A session back at a gateway it left takes its channels from its home record, not from what this gateway held before.
     @Test func aSessionBackAtAGatewayItLeftTakesItsChannelsFromItsHome() throws {
         let k1 = ChannelKey(name: "one", type: .message), k2 = ChannelKey(name: "two", type: .message)
         let k3 = ChannelKey(name: "three", type: .message)
@@ -428,7 +346,7 @@ import Testing
         #expect(t[s]?.channels.keys.sorted() == [k3, k2].sorted())
     }
 
-    /// (5)
+    /// A user's fresh state after a leave and a re-join carries a version: a merge does not bring the state of before back.
     @Test func aUsersStateOfBeforeItsLeaveDoesNotComeBackWithAMerge() throws {
         var m = Machine(key: key, maxInstantEvents: 100)
         m.startLineage(now: 1_000)
@@ -448,7 +366,7 @@ import Testing
         #expect(m.state(of: "u") == [item("mood", "new")])
     }
 
-    /// (6)
+    /// A leave of a session this version does not hold is remembered: a merge of another version does not bring it back.
     @Test func aLeaveOfASessionThisVersionDoesNotHoldIsRemembered() {
         var mine = Machine(key: key, maxInstantEvents: 100)
         var theirs = Machine(key: key, maxInstantEvents: 100)
@@ -461,7 +379,7 @@ import Testing
         #expect(mine.contains(user: "u", session: s))
     }
 
-    /// (7)
+    /// A session's SNAPSHOT is numbered above any lineage started before (a resume from another gateway or epoch).
     @Test func aResumedSessionsSnapshotIsAboveAnyLineageStartedBefore() {
         var m = Machine(key: key, maxInstantEvents: 100)
         m.startLineage(now: 1_000)
@@ -478,7 +396,7 @@ import Testing
         #expect(m.announce(user: "u", session: s, withPresence: true, sink: b, version: v(3, 0), now: 43_000).deliveries.isEmpty)
     }
 
-    /// (8)
+    /// A value that holds nobody keeps its departures for a while: a stale version merged later brings no one back.
     @Test func anEmptiedChannelRemembersWhoLeftForAWhile() {
         let ring = HashRing(members: ["a"], boots: ["a": 1])
         var ks = space("a", ring)
@@ -495,7 +413,7 @@ import Testing
         #expect(ks.owned[key] == nil)
     }
 
-    /// (9)
+    /// A handoff that reaches a node that does not own the key goes on to the owner it knows.
     @Test func aHandoffThatReachesANonOwnerGoesOnToTheOwner() throws {
         let ring = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
         let key = key(ownedBy: "a", on: ring)
@@ -528,7 +446,7 @@ import Testing
         #expect(replica.copies[key]?.contains(user: "u3") == true)
     }
 
-    /// (14)
+    /// A node back from death counts how long others' processes have been gone from its return, not from what it counted while cut off.
     @Test func aNodeBackFromDeathDoesNotTimeOutSessionsByWhatItCountedWhileCutOff() {
         let five = HashRing(members: ["a", "b", "c", "d", "e"], boots: ["a": 1, "b": 1, "c": 1, "d": 1, "e": 1])
         let key = key(ownedBy: "e", on: five)
@@ -558,7 +476,7 @@ import Testing
         #expect(other[owned: key]?.contains(user: "u") != true)
     }
 
-    /// (15)
+    /// Every change to a home record moves its counter up, so an older whole copy is seen as older.
     @Test func aReplicaSkipsAnOlderWholeHomeCopyThatArrivesLate() throws {
         typealias Record = HomeRecord<NodeInstance>
         let ring = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
@@ -594,7 +512,7 @@ import Testing
         }
     }
 
-    /// (10)
+    /// A session placed where it moved does not outrank its departure elsewhere in a merge (no ghost).
     @Test func aSessionPlacedWhereItMovedDoesNotOutrankItsDepartureElsewhere() {
         var stale = Machine(key: key, maxInstantEvents: 100), current = Machine(key: key, maxInstantEvents: 100)
         for m in [0, 1] {
