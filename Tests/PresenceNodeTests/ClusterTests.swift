@@ -159,6 +159,30 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// A push lost on the way (a lossy link) holds the replica's copies only as long as its bytes
+    /// need, then goes again: with a whole push timeout per attempt, the replica lacked the write
+    /// for over 5 s, long past the replication wait after which the write was answered anyway.
+    @Test func aLostPushIsSentAgainWithinTheReplicationWait() async throws {
+        let nodes = try await cluster(2)
+        let key = ChannelKey(name: "room-lossy", type: .message)
+        let placed = nodes[0].node.engine.topology.routingRing.owners(ofHash: StableHash.of(key), count: 2)
+        let owner = try #require(nodes.first { $0.node.configuration.nodeID == placed[0] })
+        let replica = try #require(nodes.first { $0.node.configuration.nodeID == placed[1] })
+        let ann = owner.client("ann")
+        try await ann.connect()
+        try await ann.join(key.name, withPresence: false)
+        owner.faults.losePushes(to: placed[1], at: try #require(owner.peerAddress(of: placed[1])), count: 2)
+        try await ann.setState(key.name, ["mic": "on"])
+        let timings = owner.node.engine.settings.timings
+        // (two attempts lost, each after its own timeout, then the third delivers)
+        let bound = Double(2 * (timings.pushAttemptTimeout(bytes: 64 * 2) + timings.pushRetryPause)) / 1e9 + 0.5
+        try await waitUntil("the replica has the write", within: bound) {
+            await replica.node.engine.core.channelShard(key).copyState(of: "ann", in: key) == [StateItem(key: "mic", value: "on")]
+        }
+        await ann.close()
+        for n in nodes { await n.stop() }
+    }
+
     /// A node that passes a call on to the owner for another (a relay: the caller could not reach
     /// the owner) gives it what is left of the caller's attempt, not a whole peer call's timeout:
     /// the owner, waiting for a slow replica, answers within it, and the answer comes back in time.

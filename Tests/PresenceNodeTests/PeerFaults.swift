@@ -19,6 +19,8 @@ final class PeerFaults: PeerTransport {
         var heldAddresses: Set<String> = []
         var heldNodes: Set<String> = []
         var callDelays: [String: UInt64] = [:]
+        /// Push attempts still to lose, by node id (sent to it, or relayed to it).
+        var toLose: [String: Int] = [:]
     }
     private let state = Mutex(State())
     /// How often a held push looks whether it was let go.
@@ -39,6 +41,27 @@ final class PeerFaults: PeerTransport {
         }
     }
 
+    /// Loses the next `count` push attempts to node `id` (at `address`), direct or relayed: each
+    /// goes unanswered for its whole timeout, as a message lost on a lossy link.
+    func losePushes(to id: String, at address: String, count: Int) {
+        state.withLock { s in
+            s.toLose[id] = count
+            s.heldAddresses.remove(address)
+        }
+        lossAddresses.withLock { $0[address] = id }
+    }
+    private let lossAddresses = Mutex<[String: String]>([:])
+
+    /// Whether this push attempt is one to lose (and counts it).
+    private func loses(_ address: String, _ request: some ProtoMessage) -> Bool {
+        let id = lossAddresses.withLock { $0[address] } ?? (request as? ClusterPushBatch).map(\.relayTo) ?? ""
+        return state.withLock { s in
+            guard let left = s.toLose[id], left > 0 else { return false }
+            s.toLose[id] = left - 1
+            return true
+        }
+    }
+
     /// Delays the channel and home calls to `address` by `delay` ns (`.max`: never answered), or
     /// ends the delay with nil.
     func delayCalls(to address: String, by delay: UInt64?) {
@@ -55,6 +78,10 @@ final class PeerFaults: PeerTransport {
                                                       timeout: UInt64) async throws -> Resp {
         let start = MonotonicClock.now()
         if method.path == PeerPresenceMethods.push.path {
+            if loses(address, request) {
+                try await Task.sleep(nanoseconds: timeout)
+                throw GRPCStatus(.deadlineExceeded, "lost by the test")
+            }
             while isHeld(address, request) {
                 guard MonotonicClock.now() - start < timeout else { throw GRPCStatus(.deadlineExceeded, "held by the test") }
                 try await Task.sleep(nanoseconds: Self.poll)
@@ -93,6 +120,13 @@ extension ChannelShard {
             routed = m.routing { $0.leave(user: user, session: session, byGateway: false, now: wall) }
         }
         deliver(routed)
+    }
+}
+
+extension ChannelShard {
+    /// The state of `user` in this node's replica copy of `key` (nil: no copy, or not there).
+    func copyState(of user: String, in key: ChannelKey) -> [StateItem]? {
+        space.copies[key].flatMap { $0.state(of: user) }
     }
 }
 

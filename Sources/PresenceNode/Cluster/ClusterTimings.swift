@@ -28,14 +28,19 @@ public struct ClusterTimings: Sendable, Equatable {
     /// when it runs out; the gateway keeps the acknowledged state (it is the authority on its
     /// sessions), and anti-entropy gives it to a new owner should this one fail first.
     public var answerMargin: UInt64
-    /// Timeout of one push to another node, and the pause between its attempts (5 s, 50 ms); after
-    /// `pushAttempts` failures the push is given up (the receiver's followers get fresh SNAPSHOTs).
+    /// The longest one attempt of a push to another node may take (5 s: the largest batch at the
+    /// slowest link we allow for; see `pushAttemptTimeout`), and the pause between attempts
+    /// (50 ms); after `pushAttempts` failures the push is given up (the receiver's followers get
+    /// fresh SNAPSHOTs).
     public var pushTimeout: UInt64
-    /// The first attempt of a push gets less (0.7 s, within the replication wait): after it, the
-    /// push also tries through another member.
+    /// An attempt of a small push (0.7 s, within the replication wait, so a cut link or a lost
+    /// message costs less than the wait): after the first, every other attempt goes through
+    /// another member. Also the first attempt of a call another node routes (`routingWindow`).
     public var firstPushTimeout: UInt64
     public var pushRetryPause: UInt64
     public var pushAttempts: Int
+    /// The slowest transfer a push attempt allows for, in bytes per second (2 MB/s).
+    public var pushFloorBytesPerSecond: UInt64
     /// Bytes queued for one node at most before its oldest deliveries are shed (64 MiB).
     public var pushQueueBytes: Int
     /// How often each gateway sends each owner a digest of what it holds (1 s, at most a fifth of
@@ -94,6 +99,7 @@ public struct ClusterTimings: Sendable, Equatable {
         firstPushTimeout = max(700_000_000, probeInterval * 7 / 2)
         pushRetryPause = 50_000_000
         pushAttempts = 40
+        pushFloorBytesPerSecond = 2_000_000
         pushQueueBytes = 64 << 20
         antiEntropyInterval = max(100_000_000, min(1_000_000_000, presenceTimeout / 5))
         antiEntropyAfterRingChange = max(300_000_000, probeInterval * 3 / 2)
@@ -107,6 +113,17 @@ public struct ClusterTimings: Sendable, Equatable {
         movedMemory = presenceTimeout * 10
         endRetryPause = 1_000_000_000
         endRetryAttempts = 10
+    }
+
+    /// Timeout of one attempt of a push of about `bytes`: the first attempt's time plus what the
+    /// bytes take at `pushFloorBytesPerSecond`, at most `pushTimeout` (0.7 s for a small batch,
+    /// 1.75 s for the largest, 2 MiB). A message lost on a lossy link holds the queue behind it
+    /// only this long: with a whole `pushTimeout` per attempt, one loss held a replica's copies
+    /// past the replication wait, and the writes answered meanwhile were lost with their owner.
+    public func pushAttemptTimeout(bytes: Int) -> UInt64 {
+        let (scaled, overflow) = UInt64(max(0, bytes)).multipliedReportingOverflow(by: 1_000_000_000)
+        guard !overflow else { return pushTimeout }
+        return min(pushTimeout, firstPushTimeout &+ min(pushTimeout, scaled / max(1, pushFloorBytesPerSecond)))
     }
 
     /// How a gateway retries one call (`RoutingWindow`).

@@ -178,7 +178,10 @@ public final class PeerLink: Sendable {
         guard let address = addressOf(batch.relayTo) else { throw PresenceError(.unavailable, "NODE_UNAVAILABLE", "not a live member") }
         var b = batch
         b.relayTo = ""
-        _ = try await transport.unary(address, PeerPresenceMethods.push, b, timeout: timings.pushTimeout)
+        // (within the sender's attempt, which allowed about 64 bytes an item, so that it hears
+        // of a failure here before it gives the attempt up)
+        let attempt = timings.pushAttemptTimeout(bytes: batch.itemCount * 64)
+        _ = try await transport.unary(address, PeerPresenceMethods.push, b, timeout: attempt - min(attempt / 2, timings.answerMargin))
     }
 
     private func startSending(_ q: PushQueue) {
@@ -205,7 +208,7 @@ public final class PeerLink: Sendable {
 
     private func send(_ q: PushQueue) async {
         while true {
-            guard let (batch, last) = q.take(me: me) else { break }
+            guard let (batch, last, bytes) = q.take(me: me) else { break }
             var attempt = 0
             var delivered = false
             while true {
@@ -214,8 +217,8 @@ public final class PeerLink: Sendable {
                     break
                 }
                 // every other attempt after the first goes through another member (the direct
-                // link may be cut while both ends are alive); the first one is given a short
-                // time, so a cut link costs less than the replication wait
+                // link may be cut while both ends are alive); each is given the time its bytes
+                // need, so a cut link or a lost message costs less than the replication wait
                 let relay = attempt % 2 == 1 ? clock.pick(relays(q.node.id)) : nil
                 var sent = batch
                 if relay != nil { sent.relayTo = q.node.id }
@@ -224,7 +227,7 @@ public final class PeerLink: Sendable {
                     // (noted for the next senders; a new one when the node's client was replaced,
                     // after the node was declared dead and came back)
                     if relay == nil, let loop = transport.preferredLoop(of: address), loop !== q.senderLoop { q.senderLoop = loop }
-                    let timeout = attempt == 0 ? timings.firstPushTimeout : timings.pushTimeout
+                    let timeout = timings.pushAttemptTimeout(bytes: bytes)
                     _ = try await transport.unary(address, PeerPresenceMethods.push, sent, timeout: timeout)
                     delivered = true
                     break
@@ -333,7 +336,9 @@ final class PushQueue: Sendable {
     }
 
     /// The next batch to send and its last item, or nil (and the sender stops) when nothing is pending.
-    func take(me: NodeInstance) -> (ClusterPushBatch, UInt64)? {
+    /// The next batch, the sequence number of its last item, and its size in bytes (as estimated
+    /// when its items were queued).
+    func take(me: NodeInstance) -> (ClusterPushBatch, UInt64, Int)? {
         state.withLock { s in
             guard !s.batches.isEmpty else {
                 s.sending = false
@@ -354,7 +359,7 @@ final class PushQueue: Sendable {
             batch.fromNodeID = me.id
             batch.fromBoot = me.boot
             batch.toBoot = node.boot
-            return (batch, last)
+            return (batch, last, bytes)
         }
     }
 

@@ -13,7 +13,7 @@ actor ChannelShard {
     typealias Machine = ChannelMachine<NodeInstance>
     nonisolated let loop: EventLoop
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-    private var space: Keyspace<Machine>
+    private(set) var space: Keyspace<Machine>
     private let intervalNanoseconds: UInt64
     private let clock: EngineClock
     private let fabric: Fabric

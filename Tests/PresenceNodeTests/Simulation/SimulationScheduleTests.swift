@@ -22,16 +22,16 @@ import Testing
         return o
     }
 
-    /// The CI set: seeds 1-9 of 20-second schedules on 3 to 6 nodes. (Not yet the 200 issue 36
-    /// asks for: of seeds 1-200, 24 still break an invariant; `Scripts/simulate --seeds 200
-    /// --seconds 20 --max-nodes 6` lists them, and each is an open finding of issue 36 until it
-    /// is fixed and its seed joins this set.)
+    /// Seeds 1-9 of 20-second schedules on 3 to 6 nodes by default. CI runs this suite from the
+    /// optimized build (`Scripts/simulate --seeds 30 --seconds 20 --max-nodes 6 --regressions`):
+    /// a debug build schedules the nodes' tasks differently (the optimizer drops executor hops),
+    /// so a seed there is another history than the one a sweep found.
     @Test func seededFaultSchedulesHoldEveryInvariant() {
         for seed in Self.seeds(default: 1...9) {
             let r = SimScenario.run(Self.options(seed: seed))
             print(r.machineLine)
             fflush(nil)
-            if r.options.keepsTrace && !r.violations.isEmpty { for line in r.trace { print(line) } }
+            if r.options.keepsTrace { for line in r.trace { print(line) } }
             #expect(r.violations.isEmpty, """
                 \(r.summary)
                   faults: \(r.faults.joined(separator: "; "))
