@@ -34,6 +34,12 @@ public struct HandoffGate: Sendable {
     private var done: [UInt64: [String: UInt64]] = [:]
     /// (a bound on the bases kept; a ring that changes this often is past any handoff limit anyway)
     private static let maxBases = 16
+    /// Set while a wait that began as this node joined lasts: it serves no key until every member
+    /// it waits for is done. Its view of who owned what before it came is the ring without it,
+    /// but the cluster may have been mid-change itself (a member restarted at the same moment, a
+    /// key's owner died and another took it over), so the owner by that ring may not be the one
+    /// that holds the key.
+    private var joinWait = false
     /// When the members still waited for were last asked whether they handed off (`membersToAsk`):
     /// a wait's start counts (after a ring change each member says "done" on its own, and a node
     /// back from death asks at once).
@@ -62,6 +68,9 @@ public struct HandoffGate: Sendable {
     /// its ring or one waited for since its return from death).
     public func isWaiting(now: UInt64) -> Bool { now < deadline && !waitingOnRing.isEmpty }
 
+    /// Whether a wait that began as this node joined still holds every key (`joinWait`).
+    private func holdsEveryKey(now: UInt64) -> Bool { joinWait && isWaiting(now: now) }
+
     /// The ring changed from `old` to `new`; `alive` are members that can still hand off. Each
     /// member hands off by every ring it carries out, in order, and says "done" for the newest:
     /// so a "done" for `new` covers the earlier changes too. `joining`: this node has not joined
@@ -73,6 +82,9 @@ public struct HandoffGate: Sendable {
         if earlier.isEmpty {
             bases = []
             sinceReturn = []
+            joinWait = joining
+        } else if joining {
+            joinWait = true
         }
         bases.append(old)
         if bases.count > Self.maxBases { bases.removeFirst(bases.count - Self.maxBases) }
@@ -161,6 +173,7 @@ public struct HandoffGate: Sendable {
     /// May this node answer for a key with this hash (which it owns under the current ring)?
     public func mayServe(keyHash: UInt64, now: UInt64) -> Bool {
         guard isWaiting(now: now) else { return true }
+        if holdsEveryKey(now: now) { return false }
         let waiting = waitingOnRing
         for base in bases {
             let holders = base.owners(ofHash: keyHash, count: copies)
