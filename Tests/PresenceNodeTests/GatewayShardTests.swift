@@ -57,6 +57,23 @@ final class HandClock: EngineClock {
     }
 }
 
+/// RELIABILITY.md, invariant 7: a retried call is idempotent. A CloseSession whose answer was
+/// lost (its node paused as it answered) and that the client retries finds the session closed,
+/// not unknown, for a resume window; after it, a close of an unknown session is NOT_FOUND.
+@Suite struct GatewayCloseTests {
+    @Test func aCloseRetriedWithinTheResumeWindowFindsTheSessionClosed() {
+        let clock = HandClock()
+        let g = GatewayShard(resumeWindow: 4_000_000_000, clock: clock, movedMemory: 10_000_000_000)
+        let id = SessionID(raw: 44)
+        _ = g.create(id, user: "ann")
+        guard case .closed? = g.close(id) else { Issue.record("the first close did not close"); return }
+        guard case .alreadyClosed? = g.close(id) else { Issue.record("a retried close did not find it closed"); return }
+        clock.advance(4_000_000_001)
+        #expect(g.close(id) == nil)
+        #expect(g.close(SessionID(raw: 45)) == nil)
+    }
+}
+
 @Suite struct LoggerTests {
     /// Issue 9: ids taken from gossip went into text logs as they were: a newline forged a line.
     @Test func textLogValuesStayOnOneLine() {

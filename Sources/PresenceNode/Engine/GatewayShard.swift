@@ -21,8 +21,20 @@ final class GatewayShard: Sendable {
         /// Sessions whose claim here failed with no answer from their home (it may have carried
         /// the claim out), and until when (monotonic ns): see `claimInDoubt`.
         var claimsInDoubt: [SessionID: UInt64] = [:]
+        /// Sessions their client closed here, until when (monotonic ns): a CloseSession retried
+        /// after its answer was lost finds the session closed, not unknown (RELIABILITY.md,
+        /// invariant 7: a retried call is idempotent).
+        var closed: [SessionID: UInt64] = [:]
         /// Sessions with a Watch call in flight, and the statuses delivered to them since.
         var watchWindows: [SessionID: WatchWindow] = [:]
+    }
+
+    /// What `close` found.
+    enum Closing {
+        /// Closed now: its record and outbox, for the session's end.
+        case closed(SessionTable.Session, SessionOutbox)
+        /// Closed here already, within the resume window (a retry).
+        case alreadyClosed
     }
     private let state: Mutex<State>
     private let clock: EngineClock
@@ -146,7 +158,7 @@ final class GatewayShard: Sendable {
             guard let s = st.table[id], SessionVersion.epoch(s.version) < SessionVersion.epoch(version) else { return nil }
             _ = st.table.close(id)
             st.moved[id] = (to, version, now &+ movedMemory)
-            if st.moved.count > 1024 { st.moved = st.moved.filter { $0.value.until > now } }
+            if st.moved.count > Self.maxRemembered { st.moved = st.moved.filter { $0.value.until > now } }
             return (s, st.outboxes.removeValue(forKey: id))
         }
     }
@@ -170,12 +182,22 @@ final class GatewayShard: Sendable {
         }
     }
 
-    func close(_ id: SessionID) -> (SessionTable.Session, SessionOutbox)? {
-        state.withLock { st -> (SessionTable.Session, SessionOutbox)? in
-            guard let s = st.table.close(id), let o = st.outboxes.removeValue(forKey: id) else { return nil }
-            return (s, o)
+    /// Closes the session (nil: not known here, nor closed here lately).
+    func close(_ id: SessionID) -> Closing? {
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { st -> Closing? in
+            guard let s = st.table.close(id), let o = st.outboxes.removeValue(forKey: id) else {
+                return (st.closed[id].map { $0 > now } ?? false) ? .alreadyClosed : nil
+            }
+            st.closed[id] = now &+ resumeWindow
+            // (bounded: the expired ones go once there are many)
+            if st.closed.count > Self.maxRemembered { st.closed = st.closed.filter { $0.value > now } }
+            return .closed(s, o)
         }
     }
+
+    /// (past this many closed or moved sessions remembered, the expired ones are dropped)
+    static let maxRemembered = 1024
 
     private static func lookup(_ st: inout State, _ id: SessionID, now: UInt64) throws(PresenceError) -> (SessionTable.Session, SessionOutbox) {
         if st.table[id] == nil, let m = st.moved[id], m.until > now {

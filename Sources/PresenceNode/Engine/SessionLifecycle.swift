@@ -173,11 +173,15 @@ struct SessionLifecycle: Sendable {
         if topology.isLeaving {
             throw PresenceError(.unavailable, "SHUTTING_DOWN", "this node is leaving the cluster: resume the session on another node and close it there")
         }
-        guard let (s, outbox) = core.gatewayShard(id).close(id) else {
+        switch core.gatewayShard(id).close(id) {
+        case .closed(let s, let outbox):
+            await end(s, timedOut: false)
+            outbox.end(.closed)
+        case .alreadyClosed:
+            return  // a retry whose first attempt's answer was lost: closed it is
+        case nil:
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(sessionID)")
         }
-        await end(s, timedOut: false)
-        outbox.end(.closed)
     }
 
     /// Tells the session's owners and home that it ended (stamped with its last version, so an

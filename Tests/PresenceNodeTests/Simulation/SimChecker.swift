@@ -219,6 +219,7 @@ struct SimChecker {
             if c.attempts > 1 { counts["calls retried", default: 0] += 1 }
             let what = "\(c.user) \(c.method)\(c.channel.map { " \($0)" } ?? "") at \(Self.s(c.t0))"
             for n in c.notes where n.hasPrefix("vanished") { add(4, "\(what): session unknown to its gateway while its stream was up", [n]) }
+            for n in c.notes where n.hasPrefix("not idempotent") { add(7, "\(what): retried after a lost answer, failed with NOT_FOUND (not idempotent)", [n]) }
             // (RELIABILITY.md, invariant 7: the bound holds during a single fault)
             let twoFaults = r.twoFaults.contains { c.t0 >= $0.from && c.t0 < $0.to }
             if twoFaults { counts["calls during two faults", default: 0] += 1 }
