@@ -15,12 +15,18 @@ import Synchronization
 final class PeerFaults: PeerTransport {
     private let inner: any PeerTransport
     private struct State {
-        /// Held pushes, by the held node's peer address and id.
-        var heldAddresses: Set<String> = []
-        var heldNodes: Set<String> = []
-        var callDelays: [String: UInt64] = [:]
-        /// Push attempts still to lose, by node id (sent to it, or relayed to it).
+        /// The node id at each peer address a fault was set for.
+        var nodeAt: [String: String] = [:]
+        /// Nodes whose pushes are held.
+        var held: Set<String> = []
+        /// Push attempts still to lose, by node id.
         var toLose: [String: Int] = [:]
+        var callDelays: [String: UInt64] = [:]
+
+        /// The node a push is for: the one at `address`, or the one a relay passes it on to.
+        func destination(_ address: String, _ request: some ProtoMessage) -> String {
+            nodeAt[address] ?? (request as? ClusterPushBatch)?.relayTo ?? ""
+        }
     }
     private let state = Mutex(State())
     /// How often a held push looks whether it was let go.
@@ -28,16 +34,12 @@ final class PeerFaults: PeerTransport {
 
     init(_ inner: any PeerTransport) { self.inner = inner }
 
-    /// Holds the pushes to node `id` (at peer address `address`) until called again with `false`.
+    /// Holds the pushes to node `id` (at peer address `address`), direct or relayed, until called
+    /// again with `false`.
     func holdPushes(to id: String, at address: String, _ hold: Bool) {
         state.withLock { s in
-            if hold {
-                s.heldAddresses.insert(address)
-                s.heldNodes.insert(id)
-            } else {
-                s.heldAddresses.remove(address)
-                s.heldNodes.remove(id)
-            }
+            s.nodeAt[address] = id
+            if hold { s.held.insert(id) } else { s.held.remove(id) }
         }
     }
 
@@ -45,17 +47,15 @@ final class PeerFaults: PeerTransport {
     /// goes unanswered for its whole timeout, as a message lost on a lossy link.
     func losePushes(to id: String, at address: String, count: Int) {
         state.withLock { s in
+            s.nodeAt[address] = id
             s.toLose[id] = count
-            s.heldAddresses.remove(address)
         }
-        lossAddresses.withLock { $0[address] = id }
     }
-    private let lossAddresses = Mutex<[String: String]>([:])
 
     /// Whether this push attempt is one to lose (and counts it).
     private func loses(_ address: String, _ request: some ProtoMessage) -> Bool {
-        let id = lossAddresses.withLock { $0[address] } ?? (request as? ClusterPushBatch).map(\.relayTo) ?? ""
-        return state.withLock { s in
+        state.withLock { s in
+            let id = s.destination(address, request)
             guard let left = s.toLose[id], left > 0 else { return false }
             s.toLose[id] = left - 1
             return true
@@ -69,9 +69,7 @@ final class PeerFaults: PeerTransport {
     }
 
     private func isHeld(_ address: String, _ request: some ProtoMessage) -> Bool {
-        state.withLock { s in
-            s.heldAddresses.contains(address) || (request as? ClusterPushBatch).map { !$0.relayTo.isEmpty && s.heldNodes.contains($0.relayTo) } == true
-        }
+        state.withLock { s in !s.held.isEmpty && s.held.contains(s.destination(address, request)) }
     }
 
     func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ address: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req,

@@ -6,13 +6,19 @@ import Testing
     /// A node of a five-node ring back from death (the others took its keys over meanwhile),
     /// having heard "handoff done" from every member but `slow`.
     private func backFromDeath(waitingFor slow: String) -> (Topology, HashRing) {
+        let (t, ring) = n4OnFiveNodes(ready: true)
+        t.returnedFromDeath()
+        for m in ring.members where m != "n4" && m != slow { t.handoffDone(from: m, fingerprint: ring.fingerprint) }
+        return (t, ring)
+    }
+
+    /// Node n4 with the ring of n1-n5 installed and carried out; `ready`: it had joined before.
+    private func n4OnFiveNodes(ready: Bool) -> (Topology, HashRing) {
         let members = ["n1", "n2", "n3", "n4", "n5"]
-        let t = Topology(me: "n4", boot: 9, replicationFactor: 2, handoffLimit: 3_600_000_000_000, ready: true)
+        let t = Topology(me: "n4", boot: 9, replicationFactor: 2, handoffLimit: 3_600_000_000_000, ready: ready)
         let ring = HashRing(members: members, boots: Dictionary(uniqueKeysWithValues: members.enumerated().map { ($1, UInt64($0 + 1)) }))
         _ = t.update(ring: ring)
         t.settled(ring.fingerprint)
-        t.returnedFromDeath()
-        for m in members where m != "n4" && m != slow { t.handoffDone(from: m, fingerprint: ring.fingerprint) }
         return (t, ring)
     }
 
@@ -21,11 +27,7 @@ import Testing
     /// key's owner died and another took it over), so the owner by the ring without it may not be
     /// the node that holds a key.
     @Test func aNodeThatJustJoinedServesNoKeyUntilEveryMemberHandedOff() throws {
-        let members = ["n1", "n2", "n3", "n4", "n5"]
-        let t = Topology(me: "n4", boot: 9, replicationFactor: 2, handoffLimit: 3_600_000_000_000, ready: false)
-        let ring = HashRing(members: members, boots: Dictionary(uniqueKeysWithValues: members.enumerated().map { ($1, UInt64($0 + 1)) }))
-        _ = t.update(ring: ring)
-        t.settled(ring.fingerprint)
+        let (t, ring) = n4OnFiveNodes(ready: false)
         t.markReady()
         for m in ["n1", "n2", "n5"] { t.handoffDone(from: m, fingerprint: ring.fingerprint) }
         let homedHere = (0..<2_000).map { "u\($0)" }.filter { ring.home(ofUser: $0) == "n4" }
