@@ -112,3 +112,26 @@ extension IdleTimeoutStateMachineTests {
         #expect(m.timerFired(now: 2_000) == .rearm(at: .max))
     }
 }
+
+@Suite struct SteppedLoopTests {
+    final class Time: Sendable { let ns = Atomic<UInt64>(0) }
+
+    /// A stepped loop runs its tasks and its timers on the driver's clock, only when stepped, and
+    /// holds no file descriptor (a simulation sweep makes thousands of them in one process).
+    @Test func aSteppedLoopRunsOnlyWhenSteppedOnItsDriversClockAndHoldsNoDescriptor() {
+        let time = Time()
+        let loop = EventLoop.stepped(name: "stepped", clock: { time.ns.load(ordering: .relaxed) })
+        #expect([loop.epollFD, loop.wakeFD, loop.timerFD] == [-1, -1, -1])
+        let ran = Mutex<[String]>([])
+        loop.execute { ran.withLock { $0.append("task") } }
+        loop.execute { loop.scheduleTimer(after: 100) { ran.withLock { $0.append("timer") } } }
+        #expect(loop.hasWorkNow && ran.withLock { $0 }.isEmpty)
+        loop.step()
+        #expect(ran.withLock { $0 } == ["task"])
+        #expect(loop.nextTimerDeadline == 100 && !loop.hasWorkNow)
+        time.ns.store(100, ordering: .relaxed)
+        #expect(loop.hasWorkNow)
+        loop.step()
+        #expect(ran.withLock { $0 } == ["task", "timer"])
+    }
+}

@@ -256,6 +256,26 @@ import Testing
         await a.stop()
     }
 
+    /// A lossy link can deliver one indirect probe request twice: each copy gets an answer (the
+    /// earlier one "failed" at once, the later one when its wait ends), none waits forever.
+    @Test func aRepeatedIndirectProbeRequestAnswersBothCopies() async throws {
+        let a = try TestNode(nodeID: "a")
+        let m = a.node.membership
+        let request = ClusterIndirectPingRequest(fromNodeID: "c", fromAddress: "127.0.0.1:2", targetNodeID: "x",
+                                                 targetAddress: "127.0.0.1:1", sequence: 41, gossip: [], fromBoot: 1)
+        final class Answers: Sendable { let list = Mutex<[String]>([]) }
+        let answers = Answers()
+        for _ in 0..<2 {
+            Task {
+                do { _ = try await m.handleIndirectPing(request); answers.list.withLock { $0.append("ack") } }
+                catch { answers.list.withLock { $0.append("\(error)") } }
+            }
+        }
+        try await waitUntil("both copies answered", within: 5) { answers.list.withLock { $0.count } == 2 }
+        #expect(answers.list.withLock { $0 }.allSatisfy { $0.contains("PROBE_FAILED") })
+        await a.stop()
+    }
+
     @Test func badPeerInputGetsAClearErrorAndChangesNothing() async throws {
         let a = try TestNode(nodeID: "a")
         let peer = GRPCClient(target: HostPort(host: "127.0.0.1", port: a.node.peerPort), group: a.group)

@@ -413,7 +413,9 @@ public final class Membership: Sendable {
         let key = "\(req.fromNodeID)#\(req.sequence)"
         let wait = settings.probeInterval * 2
         let response = await withCheckedContinuation { (c: CheckedContinuation<ClusterPingResponse?, Never>) in
-            relayWaiters.withLock { $0[key] = c }
+            // a duplicated request (a lossy link repeats messages) answers the earlier one as failed:
+            // each continuation is resumed exactly once
+            relayWaiters.withLock { $0.updateValue(c, forKey: key) }?.resume(returning: nil)
             carryOut(swim.withLock {
                 $0.receivedPingRequest(from: req.fromNodeID, address: req.fromAddress, target: req.targetNodeID, targetAddress: req.targetAddress,
                                        sequence: req.sequence, gossip: req.gossip.compactMap(self.update), now: now)
