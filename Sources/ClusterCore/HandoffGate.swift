@@ -56,6 +56,10 @@ public struct HandoffGate: Sendable {
     /// a node dropped the members it had believed dead while cut off, and served what they had
     /// taken over from its stale copy; they were alive, and on its ring again a moment later).
     private var sinceReturn: Set<String> = []
+    /// Set once this node, back from death, took a live member's whole view (`viewRefreshed`):
+    /// from then on a member leaving its ring died by news from after the return, not by its stale
+    /// view, and is waited for only if it comes back.
+    private var viewFresh = false
 
     /// Members waited for that are on the current ring (one that is not cannot hand off now; if
     /// it comes back, it is waited for again), and those waited for since a return from death.
@@ -78,6 +82,7 @@ public struct HandoffGate: Sendable {
     public mutating func ringChanged(from old: HashRing, to new: HashRing, alive: Set<String>, now: UInt64, joining: Bool = false) {
         forgetStaleDones(now: now)
         let said: Set<String> = done[new.fingerprint].map { Set($0.keys) } ?? []
+        if viewFresh { sinceReturn.subtract(old.members.filter { !new.members.contains($0) && !alive.contains($0) }) }
         let earlier = isWaiting(now: now) ? waitingFor : []
         if earlier.isEmpty {
             bases = []
@@ -124,8 +129,19 @@ public struct HandoffGate: Sendable {
         done = [:]
         waitingFor = Set(ring.members.filter { $0 != me })
         sinceReturn = waitingFor
+        viewFresh = false
         deadline = now &+ limit
         askedAt = now
+    }
+
+    /// Back from death, this node merged a live member's whole view (SWIM's `syncView`): the
+    /// members off its ring now are dead in that member's view too, not just in this node's stale
+    /// one, and hand nothing back; nor does one that dies later (unless it comes back).
+    public mutating func viewRefreshed() {
+        guard !sinceReturn.isEmpty else { return }
+        viewFresh = true
+        if let current { sinceReturn.formIntersection(current.members) }
+        if waitingOnRing.isEmpty { bases = [] }
     }
 
     /// The members to ask now whether they have handed off for the current ring (with its

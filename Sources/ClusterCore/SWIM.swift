@@ -117,6 +117,11 @@ public enum SWIM {
         /// Others had declared this node dead (it refuted): they took its keys over meanwhile, and
         /// will hand them back once they see it alive again.
         case declaredDead(incarnation: UInt64)
+        /// Ask `with` for its whole view (as a joining node does) and hand it to
+        /// `receivedView(_:from:now:)`: this node forgot its own accusations on learning it had been
+        /// declared dead, and members the others hold dead meanwhile are learnt at once rather than
+        /// found again by its own probes (seconds of a ring that disagrees with everyone's).
+        case syncView(with: String, address: String)
     }
 
     /// One node's view of the cluster and its probe protocol.
@@ -143,6 +148,9 @@ public enum SWIM {
         private var gossip: [String: (update: Update, sent: Int)] = [:]
         /// A death learnt or a refutation made since the last spread (`spreadIfDue`).
         private var spreadPending = false
+        /// When this node last asked for another's view (`syncView`): at most once a suspicion's
+        /// minimum, however many members tell it it was declared dead.
+        private var syncedAt: UInt64? = nil
         private var rng: SplitMix64
 
         struct Probe: Sendable {
@@ -278,6 +286,11 @@ public enum SWIM {
                         out.append(.declaredDead(incarnation: u.incarnation))
                         reconnectAll = true
                         forgetOwnAccusations(into: &out)
+                        if let from, let teller = members[from], teller.status != .dead,
+                           syncedAt.map({ now &- $0 >= settings.suspicionMin }) ?? true {
+                            syncedAt = now
+                            out.append(.syncView(with: from, address: teller.address))
+                        }
                     }
                     let refutes = u.incarnation >= myself.incarnation
                     if refutes {
@@ -529,6 +542,13 @@ public enum SWIM {
 
         /// Everything we know, for a joining node.
         public var fullState: [Update] { members.values.sorted { $0.id < $1.id } }
+
+        /// Another member's whole view, asked for by `syncView`: merged as gossip from it, except
+        /// what it says of this node (which this node has refuted already: taken again, it would
+        /// be "declared dead" once more, and ask again).
+        public mutating func receivedView(_ view: [Update], from: String, now: UInt64) -> [Directive] {
+            merge(view.filter { $0.id != myself.id }, from: from, now: now)
+        }
 
         /// Restarting with the same id: start above any incarnation the cluster may remember.
         public mutating func rejoin(withIncarnation incarnation: UInt64) {

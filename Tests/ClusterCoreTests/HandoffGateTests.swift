@@ -157,6 +157,37 @@ import Testing
     }
 }
 
+@Suite struct HandoffGateFreshViewTests {
+    /// Back from death, c took a live member's whole view: a member that leaves its ring after
+    /// that died by fresh news (it is paused or cut off now) and is not waited for, so c's keys are
+    /// served once the live members handed back, not after the whole limit. If it comes back while
+    /// c still waits, it is waited for again (it may have owned c's keys meanwhile).
+    @Test func aMemberThatDiesAfterTheViewWasRefreshedIsNotWaitedFor() {
+        let five = HashRing(members: ["a", "b", "c", "d", "e"])
+        let four = five.removing("a")
+        let h = (0..<100_000).map { StableHash.of("k\($0)") }.first { four.owner(ofHash: $0) == "c" && five.owner(ofHash: $0) == "c" }!
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.returnedFromDeath(ring: five, now: 0)
+        g.viewRefreshed()
+        g.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
+        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint, now: 11) }
+        #expect(g.pending.isEmpty && g.mayServe(keyHash: h, now: 12))
+        // without a refreshed view, the same death may be c's stale view: a is still waited for
+        var stale = HandoffGate(me: "c", limit: 3_000)
+        stale.returnedFromDeath(ring: five, now: 0)
+        stale.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
+        for n in ["b", "d", "e"] { stale.handoffDone(from: n, fingerprint: four.fingerprint, now: 11) }
+        #expect(stale.pending == ["a"] && !stale.mayServe(keyHash: h, now: 12))
+        // a back on the ring while c still waits for someone is waited for again
+        var back = HandoffGate(me: "c", limit: 3_000)
+        back.returnedFromDeath(ring: five, now: 0)
+        back.viewRefreshed()
+        back.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
+        back.ringChanged(from: four, to: five, alive: Set(five.members), now: 20)
+        #expect(back.pending.contains("a"))
+    }
+}
+
 @Suite struct HandoffGateLaterChangeTests {
     /// Found by Cluster/chaos (netns, partition-long): c, cut off alone, kept its ring; back, it
     /// waited for the others to hand back — until its ring dropped a, still dead to it, and that

@@ -30,6 +30,9 @@ struct Simulation {
         case ping(from: String, seq: UInt64, gossip: [U])
         case ack(from: String, seq: UInt64, gossip: [U])
         case pingRequest(from: String, target: String, seq: UInt64, gossip: [U])
+        /// A join's exchange, as `syncView` makes it: the asker's own record there, the view back.
+        case viewRequest(from: String, myself: U)
+        case view(from: String, members: [U])
     }
 
     enum Action {
@@ -106,6 +109,7 @@ struct Simulation {
                     }
                 }
             case .declaredDead: declaredDead.append((now, node))
+            case .syncView(let with, _): send(with, .viewRequest(from: node, myself: nodes[node]!.myself))
             }
         }
     }
@@ -135,7 +139,7 @@ struct Simulation {
                 if down.contains(to) { continue }
                 let sender: String
                 switch m {
-                case .ping(let f, _, _), .ack(let f, _, _), .pingRequest(let f, _, _, _): sender = f
+                case .ping(let f, _, _), .ack(let f, _, _), .pingRequest(let f, _, _, _), .viewRequest(let f, _), .view(let f, _): sender = f
                 }
                 if side[sender, default: 0] != side[to, default: 0] || mute.contains(sender) || cutLinks.contains([sender, to].sorted()) { continue }
                 delivered += 1
@@ -148,6 +152,11 @@ struct Simulation {
                     ds = nodes[to]!.receivedAck(from: from, sequence: seq, gossip: g, now: now)
                 case .pingRequest(let from, let target, let seq, let g):
                     ds = nodes[to]!.receivedPingRequest(from: from, address: from, target: target, targetAddress: target, sequence: seq, gossip: g, now: now)
+                case .viewRequest(let from, let myself):
+                    ds = nodes[to]!.receivedJoin(myself, now: now)
+                    send(from, .view(from: to, members: nodes[to]!.fullState))
+                case .view(let from, let members):
+                    ds = nodes[to]!.receivedView(members, from: from, now: now)
                 }
                 carryOut(to, ds)
             }
@@ -290,6 +299,35 @@ struct Simulation {
             #expect(heldDead.isEmpty, "seed \(seed): e still holds \(heldDead) dead \(Double(sim.now - healed) / 1e6) ms after the heal")
             sim.run(for: 3_000 * ms)
             for o in ids { for m in ids where m != o { #expect(sim.status(of: m, seenBy: o) == .alive) } }
+        }
+    }
+
+    /// Two nodes cut off at once, one healed: the healed one forgets the deaths it declared while
+    /// alone, the other's among them, and asks the member that told it it was declared dead for
+    /// its view. It holds the one still cut off dead within a round trip of learning it, as the
+    /// rest of the cluster does, instead of keeping it on its ring until its own probes find it
+    /// gone again (about 2.4 s, with every call it routes refused as from another view).
+    @Test func aNodeBackFromIsolationTakesTheDeathsItMissedFromAMember() {
+        let ids = ["a", "b", "c", "d", "e"]
+        for seed in 0..<6 {
+            var sim = Simulation(ids: ids)
+            sim.rng = SplitMix64(seed: UInt64(500 + seed))
+            sim.jitter = 2 * ms
+            sim.run(for: 700 * ms + UInt64(seed) * 43 * ms)
+            sim.side = ["e": 1, "c": 2]
+            sim.run(for: 6_000 * ms)
+            #expect(["a", "b", "d"].allSatisfy { sim.status(of: "c", seenBy: $0) == .dead })
+            sim.side = ["c": 2]
+            let healed = sim.now
+            while !sim.declaredDead.contains(where: { $0.node == "e" && $0.at >= healed }), sim.now < healed + 3_000 * ms {
+                sim.run(for: 1 * ms)
+            }
+            let told = sim.now
+            sim.run(for: 50 * ms)
+            #expect(sim.status(of: "c", seenBy: "e") == .dead,
+                    "seed \(seed): e holds c \(String(describing: sim.status(of: "c", seenBy: "e"))) 50 ms after learning it was declared dead")
+            #expect(["a", "b", "d"].allSatisfy { sim.status(of: $0, seenBy: "e") == .alive })
+            #expect(sim.rings["e"] == sim.rings["a"], "seed \(seed): e's ring differs \(Double(sim.now - told) / 1e6) ms after")
         }
     }
 

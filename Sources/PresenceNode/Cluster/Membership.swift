@@ -367,6 +367,16 @@ public final class Membership: Sendable {
                 }
             case .declaredDead(let incarnation):
                 declaredDead(incarnation: incarnation)
+            case .syncView(let with, let address):
+                // (a join's exchange: it carries this node's refutation there, and that member's view back)
+                let req = ClusterJoinRequest(member: wire(swim.withLock { $0.myself }))
+                placement.start { [self] in
+                    guard let resp = try? await transport.unary(address, MembershipMethods.join, req, timeout: settings.probeInterval * 2) else { return }
+                    let now = clock.monotonicNanoseconds()
+                    topology.heardFromCluster(at: now)
+                    carryOut(swim.withLock { $0.receivedView(resp.members.compactMap(self.update), from: with, now: now) })
+                    topology.viewRefreshed()
+                }
             case .memberChanged(let u):
                 logger.info("member \(u.status)", ["member": u.id, "address": u.address, "incarnation": String(u.incarnation), "boot": String(u.boot)])
                 switch u.status {

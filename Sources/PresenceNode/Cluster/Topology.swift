@@ -200,6 +200,11 @@ public final class Topology: Sendable {
         state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: self.now) }
     }
 
+    /// Back from death, this node took a live member's whole view (`HandoffGate.viewRefreshed`).
+    public func viewRefreshed() {
+        state.withLock { s in s.gate.viewRefreshed() }
+    }
+
     /// The members to ask again whether they have handed off for this node's ring, and its
     /// fingerprint: those still waited for, once every `interval` (`HandoffGate.membersToAsk`).
     public func handoffRequestsDue(every interval: UInt64, now: UInt64? = nil) -> (fingerprint: UInt64, members: [NodeInstance])? {
