@@ -764,14 +764,6 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         var out: [Delivery] = []
         sequence = max(sequence, other.sequence)
         term = max(term, other.term)
-        // sessions the other version saw leave after the version this one holds
-        for (id, d) in other.departed {
-            if let p = place(of: id), d.version >= p.version, d.byGateway || !isLive(p.sink) {
-                out += leave(user: p.user, session: id, version: d.version, timedOut: !d.byGateway, byGateway: d.byGateway, now: now)
-            } else if placements[id] == nil, departed[id].map({ $0.version < d.version }) ?? true {
-                departed[id] = d
-            }
-        }
         for c in other.members {
             for s in c.sessions {
                 if let stored = placements[s.id] {
@@ -799,6 +791,16 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
             m.stateVersion = c.stateVersion
             members[c.userID] = m
             if changed { emit(.remoteStateChanged, user: c.userID, except: nil, now: now, into: &out) }
+        }
+        // sessions the other version saw leave after the version this one holds (after its
+        // sessions are placed: a user who left with one session and is back with another stays a
+        // member throughout, with no LEAVE and JOIN for a presence that never ended)
+        for (id, d) in other.departed {
+            if let p = place(of: id), d.version >= p.version, d.byGateway || !isLive(p.sink) {
+                out += leave(user: p.user, session: id, version: d.version, timedOut: !d.byGateway, byGateway: d.byGateway, now: now)
+            } else if placements[id] == nil, departed[id].map({ $0.version < d.version }) ?? true {
+                departed[id] = d
+            }
         }
         return out
     }

@@ -242,6 +242,21 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(learnt.map(\.event.type) == [.remoteLeave] && !old.contains(user: "a"))
     }
 
+    /// A user who closed one session and joined again with another while this version was cut
+    /// off is in the channel on both sides of the merge: merging tells subscribers nothing (no
+    /// LEAVE and JOIN for a presence that never ended), and the user is listed with the new session.
+    @Test func aMergeThatSwapsAUsersSessionEmitsNoLeaveAndJoin() {
+        var base = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = base.join(user: "w", session: s1, withPresence: true, sink: "gw", version: 1, now: 1)
+        _ = base.join(user: "a", session: s2, withPresence: false, sink: "gw", version: 2, now: 1)
+        var stale = base, current = base
+        _ = current.leave(user: "a", session: s2, version: 3, now: 2)
+        _ = current.join(user: "a", session: s3, withPresence: false, sink: "gw", version: 4, now: 3)
+        let d = stale.merge(current.fullCopies()[0], now: 5)
+        #expect(d.filter { $0.event.publisher == "a" }.isEmpty, "\(d.map(\.event.type))")
+        #expect(stale.sessions(of: "a") == [s3])
+    }
+
     /// Found by Cluster/chaos (netns seed 67): a node cut off by a partition timed out, in the copy
     /// it kept, the sessions of gateways it could not see; back in the cluster, that copy merged
     /// with the majority's (where those gateways were alive all along) and its own timeouts

@@ -58,9 +58,11 @@ import Testing
     /// alive for 2.4 s: its ring differed from everyone's, and calls waited on it past 5 s.
     /// Seed 65: a node back from death waited for a member that died after its return (paused)
     /// to hand its keys back, for the whole limit and more; served late, a key's orphaned session
-    /// (resumed elsewhere meanwhile) was timed out, and a state key lost.
+    /// (resumed elsewhere meanwhile) was timed out, and a state key lost. Seed 53: a node back
+    /// from a pause merged a channel in which a user had closed one session and joined with
+    /// another meanwhile; it told subscribers the user left, then joined.
     @Test func regressionSeedsHoldEveryInvariant() {
-        for (seed, seconds, maxNodes) in [(UInt64(1), 30.0, 8), (48, 20, 6), (66, 20, 6), (92, 20, 6), (31, 20, 6), (65, 20, 6)] {
+        for (seed, seconds, maxNodes) in [(UInt64(1), 30.0, 8), (48, 20, 6), (66, 20, 6), (92, 20, 6), (31, 20, 6), (65, 20, 6), (53, 20, 6)] {
             let r = SimScenario.run(SimScenario.Options.drawn(seed: seed, maxNodes: maxNodes, seconds: seconds))
             #expect(r.violations.isEmpty, "\(r.summary)\n\(r.violations.prefix(10).map { "  \($0)" }.joined(separator: "\n"))")
         }
