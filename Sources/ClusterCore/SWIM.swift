@@ -259,6 +259,27 @@ public enum SWIM {
             isolatedVerdicts = []
         }
 
+        /// Undoes the deaths this node declared while it saw at most half of the cluster (it was
+        /// the one cut off): alive again here, probed again, not gossiped.
+        private mutating func reviveVerdictsOfIsolation(into out: inout [Directive]) {
+            for id in isolatedVerdicts.sorted() {
+                gossip[id] = nil
+                guard var m = members[id], m.status == .dead else { continue }
+                m.status = .alive
+                members[id] = m
+                addToProbeOrder(id)
+                out.append(.memberChanged(m))
+            }
+            isolatedVerdicts = []
+        }
+
+        /// Asks `id` for its whole view (`syncView`), at most once a suspicion's minimum.
+        private mutating func requestView(from id: String, address: String, now: UInt64, into out: inout [Directive]) {
+            guard syncedAt.map({ now &- $0 >= settings.suspicionMin }) ?? true else { return }
+            syncedAt = now
+            out.append(.syncView(with: id, address: address))
+        }
+
         private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive], accuserHeldDead: Bool = false) {
             if u.id == myself.id {
                 if u.boot > myself.boot && myself.status == .alive {
@@ -286,10 +307,8 @@ public enum SWIM {
                         out.append(.declaredDead(incarnation: u.incarnation))
                         reconnectAll = true
                         forgetOwnAccusations(into: &out)
-                        if let from, let teller = members[from], teller.status != .dead,
-                           syncedAt.map({ now &- $0 >= settings.suspicionMin }) ?? true {
-                            syncedAt = now
-                            out.append(.syncView(with: from, address: teller.address))
+                        if let from, let teller = members[from], teller.status != .dead {
+                            requestView(from: from, address: teller.address, now: now, into: &out)
                         }
                     }
                     let refutes = u.incarnation >= myself.incarnation
@@ -332,7 +351,16 @@ public enum SWIM {
             }
             guard u.supersedes(old) else { return }
             members[u.id] = u
-            isolatedVerdicts.remove(u.id)
+            let refutedAVerdictOfIsolation = isolatedVerdicts.remove(u.id) != nil && u.status == .alive
+            if refutedAVerdictOfIsolation {
+                // a member this node declared dead while it saw at most half of the cluster is
+                // alive: this node was the one cut off, and its other such verdicts are as stale.
+                // They are undone, and the refuter's view tells which of them the others hold
+                // dead (left standing, they spread with the heal and made the others declare a
+                // healthy member dead, and this node took its keys over from a stale copy)
+                reviveVerdictsOfIsolation(into: &out)
+                requestView(from: u.id, address: u.address, now: now, into: &out)
+            }
             // (seeing a majority again, the node was not the one cut off, or is back: the members
             // still dead are not refuting, their deaths are not its isolation's)
             if !isolatedVerdicts.isEmpty, u.status == .alive, !seesOnlyAMinority { isolatedVerdicts = [] }

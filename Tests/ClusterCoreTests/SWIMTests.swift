@@ -350,20 +350,48 @@ struct Simulation {
         #expect(["a", "b", "c"].allSatisfy { e.members[$0]?.status == .alive })
     }
 
-    /// The deaths a node declared while cut off are forgotten as verdicts of isolation once it sees
-    /// a majority again: the members still dead then did not refute, and a later "declared dead"
-    /// (a pause, an hour on) does not bring them back.
+    /// A member the node declared dead while cut off refutes: the node was the one cut off, so
+    /// its other verdicts of isolation are undone and it asks the refuter for its view, which
+    /// says who is really gone. Those deaths are not its isolation's: a later "declared dead" (a
+    /// pause, an hour on) does not bring them back.
     @Test func verdictsOfIsolationDoNotOutliveTheIsolation() {
         var e = SWIM.Instance(id: "e", address: "e")
         _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: nil, now: 0)
         _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .suspect, incarnation: 0) }, from: "e", now: 1_000 * ms)
         _ = e.suspicionsDue(now: 10_000 * ms)
         #expect(["a", "b", "c", "d"].allSatisfy { e.members[$0]?.status == .dead })
-        // a and b refute (c and d really are gone): e sees a majority again
-        _ = e.merge(["a", "b"].map { U(id: $0, address: $0, status: .alive, incarnation: 1) }, from: "a", now: 11_000 * ms)
+        // a and b refute (c and d really are gone): e asks a for its view
+        let ds = e.merge(["a", "b"].map { U(id: $0, address: $0, status: .alive, incarnation: 1) }, from: "a", now: 11_000 * ms)
+        #expect(ds.contains(.syncView(with: "a", address: "a")))
+        #expect(e.members["c"]?.status == .alive, "a verdict of isolation stood after the isolation was proven")
+        _ = e.receivedView(["a", "b"].map { U(id: $0, address: $0, status: .alive, incarnation: 1) }
+                           + ["c", "d"].map { U(id: $0, address: $0, status: .dead, incarnation: 0) }
+                           + [U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 11_001 * ms)
+        #expect(e.members["c"]?.status == .dead && e.members["d"]?.status == .dead && e.myself.status == .alive)
         // much later, e is paused and declared dead
         _ = e.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 3_600_000 * ms)
         #expect(e.members["c"]?.status == .dead && e.members["d"]?.status == .dead)
+    }
+
+    /// Three nodes; c, cut off for a moment, declared a and b dead unheard (it saw only a
+    /// minority). At the heal b's refutation reaches c first: c was the one cut off, so a — alive
+    /// all along — is alive again at c, and c's gossip carries no death of a for b to take.
+    @Test func aNodeCutOffBrieflySpreadsNoDeathOfAMemberThatWasAliveAllAlong() {
+        var c = SWIM.Instance(id: "c", address: "c")
+        _ = c.merge(["a", "b"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: nil, now: 0)
+        _ = c.merge(["a", "b"].map { U(id: $0, address: $0, status: .suspect, incarnation: 0) }, from: "c", now: 1_000 * ms)
+        _ = c.suspicionsDue(now: 10_000 * ms)
+        #expect(c.members["a"]?.status == .dead && c.members["b"]?.status == .dead)
+        _ = c.merge([U(id: "b", address: "b", status: .alive, incarnation: 1)], from: "b", now: 10_100 * ms)
+        #expect(c.members["a"]?.status == .alive)
+        var b = SWIM.Instance(id: "b", address: "b")
+        _ = b.merge([U(id: "a", address: "a", status: .alive, incarnation: 0), U(id: "c", address: "c", status: .alive, incarnation: 0)], from: nil, now: 0)
+        for t in 0..<6 {
+            for d in c.periodTick(now: (10_200 + UInt64(t) * 200) * ms) {
+                if case .sendPing(_, _, _, let gossip) = d { _ = b.merge(gossip, from: "c", now: (10_200 + UInt64(t) * 200) * ms) }
+            }
+        }
+        #expect(b.members["a"]?.status == .alive, "b took c's verdict of isolation on a")
     }
 
     /// Found by Cluster/chaos (netns seed 43, one view only 3.3 s after a heal): the node cut off
