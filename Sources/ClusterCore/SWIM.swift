@@ -151,6 +151,11 @@ public enum SWIM {
         /// When this node last asked for another's view (`syncView`): at most once a suspicion's
         /// minimum, however many members tell it it was declared dead.
         private var syncedAt: UInt64? = nil
+        /// When another member last reached this node (any message from it: a probe, an answer,
+        /// a join), nil before the first.
+        private var lastHeardAt: UInt64? = nil
+        /// Since when this node, holding verdicts of isolation, sees a majority again.
+        private var majoritySince: UInt64? = nil
         private var rng: SplitMix64
 
         struct Probe: Sendable {
@@ -198,6 +203,7 @@ public enum SWIM {
             let withhold = seesOnlyAMinority
             let chosen = gossip.values
                 .filter { !withhold || $0.update.id == myself.id || !($0.update.status == .suspect || $0.update.status == .dead) }
+                .filter { !($0.update.status == .dead && isolatedVerdicts.contains($0.update.id)) }
                 .sorted { $0.sent != $1.sent ? $0.sent < $1.sent : $0.update.id < $1.update.id }
                 .prefix(settings.gossipPerMessage)
             for c in chosen {
@@ -210,6 +216,7 @@ public enum SWIM {
         /// Applies what a message carried (`from`: the sender, a confirmation for suspicions).
         public mutating func merge(_ updates: [Update], from: String?, now: UInt64) -> [Directive] {
             var out: [Directive] = []
+            if let from, from != myself.id { lastHeardAt = now }
             // A sender we hold dead has been out of touch (the far side of a partition, a paused
             // process): what it concluded about others meanwhile is a product of its isolation, not
             // news. Take what it says of itself and of us (so that it, or we, refute), not its
@@ -249,14 +256,12 @@ public enum SWIM {
                 members[id] = m
                 out.append(.memberChanged(m))
             }
-            for id in isolatedVerdicts.sorted() {
-                guard var m = members[id], m.status == .dead else { continue }
-                m.status = .alive
-                members[id] = m
-                addToProbeOrder(id)
-                out.append(.memberChanged(m))
-            }
-            isolatedVerdicts = []
+            reviveVerdictsOfIsolation(into: &out)
+        }
+
+        /// No member reached this node for longer than a suspicion's shortest: it is cut off.
+        private func unheard(now: UInt64) -> Bool {
+            lastHeardAt.map { now &- $0 > settings.suspicionMin } ?? false
         }
 
         /// Undoes the deaths this node declared while it saw at most half of the cluster (it was
@@ -271,6 +276,7 @@ public enum SWIM {
                 out.append(.memberChanged(m))
             }
             isolatedVerdicts = []
+            majoritySince = nil
         }
 
         /// Asks `id` for its whole view (`syncView`), at most once a suspicion's minimum.
@@ -361,9 +367,6 @@ public enum SWIM {
                 reviveVerdictsOfIsolation(into: &out)
                 requestView(from: u.id, address: u.address, now: now, into: &out)
             }
-            // (seeing a majority again, the node was not the one cut off, or is back: the members
-            // still dead are not refuting, their deaths are not its isolation's)
-            if !isolatedVerdicts.isEmpty, u.status == .alive, !seesOnlyAMinority { isolatedVerdicts = [] }
             enqueue(u)
             if old.status == .dead && u.status == .alive { reconnectAll = true }
             switch u.status {
@@ -411,7 +414,9 @@ public enum SWIM {
                 suspicions[id] = nil
                 let alive = members.values.filter { $0.status == .alive }.count
                 let known = members.values.filter { $0.status != .left }.count
-                if alive * 2 <= known { isolatedVerdicts.insert(id) } else { isolatedVerdicts.remove(id) }
+                // (unheard for a suspicion's length, this node is cut off whatever it counts: its
+                // probes found the first members gone before any other member was suspected)
+                if alive * 2 <= known || unheard(now: now) { isolatedVerdicts.insert(id) } else { isolatedVerdicts.remove(id) }
                 m.status = .dead
                 members[id] = m
                 enqueue(m)
@@ -449,6 +454,20 @@ public enum SWIM {
         public mutating func periodTick(now: UInt64) -> [Directive] {
             var out: [Directive] = []
             periods += 1
+            // Heard from and seeing a majority again, the node was not the one cut off, or is
+            // back: members still dead a suspicion's longest after that are not refuting, and
+            // their deaths are not its isolation's. Not at once: the first member heard at a heal
+            // comes before the others could refute.
+            if isolatedVerdicts.isEmpty || seesOnlyAMinority || unheard(now: now) {
+                majoritySince = nil
+            } else if let since = majoritySince {
+                if now &- since >= settings.suspicionMax {
+                    majoritySince = nil
+                    isolatedVerdicts = []
+                }
+            } else {
+                majoritySince = now
+            }
             if reconnectAll {
                 reconnectAll = false
                 reconnect(into: &out, all: true)
@@ -564,6 +583,7 @@ public enum SWIM {
         /// A node joins through us: add it; the shell answers with `fullState()`.
         public mutating func receivedJoin(_ joiner: Update, now: UInt64) -> [Directive] {
             var out: [Directive] = []
+            lastHeardAt = now
             apply(joiner, from: nil, now: now, into: &out)
             return out
         }

@@ -373,6 +373,67 @@ struct Simulation {
         #expect(e.members["c"]?.status == .dead && e.members["d"]?.status == .dead)
     }
 
+    /// A node that no member has reached for longer than a suspicion is cut off, whatever it
+    /// counts: the first member its probes find gone is a verdict of isolation even while the
+    /// rest still look alive to it (their probes' turn has not come). It is not spread, and it is
+    /// undone when the node learns it was declared dead. Heard from lately, the same death stands.
+    @Test func aDeathDeclaredUnheardIsAVerdictOfIsolation() {
+        func node(lastHeard: UInt64) -> SWIM.Instance {
+            var e = SWIM.Instance(id: "e", address: "e")
+            _ = e.merge(["a", "b", "c", "d", "f"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: "a", now: 0)
+            _ = e.merge([U(id: "b", address: "b", status: .alive, incarnation: 0)], from: "b", now: lastHeard)
+            _ = e.merge([U(id: "f", address: "f", status: .suspect, incarnation: 0)], from: "e", now: 1_000 * ms)
+            _ = e.suspicionsDue(now: 10_000 * ms)
+            return e
+        }
+        func spreads(_ e: inout SWIM.Instance, deathOf id: String) -> Bool {
+            e.periodTick(now: 10_100 * ms).contains { d in
+                if case .sendPing(_, _, _, let g) = d { return g.contains { $0.id == id && $0.status == .dead } }
+                return false
+            }
+        }
+        var cutOff = node(lastHeard: 0)
+        #expect(cutOff.members["f"]?.status == .dead)
+        #expect(!spreads(&cutOff, deathOf: "f"))
+        _ = cutOff.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 10_200 * ms)
+        #expect(cutOff.members["f"]?.status == .alive)
+        var heard = node(lastHeard: 9_900 * ms)
+        #expect(spreads(&heard, deathOf: "f"))
+        _ = heard.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 10_200 * ms)
+        #expect(heard.members["f"]?.status == .dead)
+    }
+
+    /// Verdicts of isolation stand once the node has heard from members and seen a majority for
+    /// a suspicion's longest (the members still dead then are not refuting): a later "declared
+    /// dead" does not bring them back. Before that, the first message of a heal does not make them
+    /// stand (the others have had no time to refute), and the node that learns it was declared
+    /// dead undoes them.
+    @Test func aVerdictOfIsolationStandsOnceAMajorityWasHeardForASuspicionsLength() {
+        func cutOff() -> SWIM.Instance {
+            var e = SWIM.Instance(id: "e", address: "e")
+            _ = e.merge(["a", "b", "c", "d", "f"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: "a", now: 0)
+            _ = e.merge([U(id: "f", address: "f", status: .suspect, incarnation: 0)], from: "e", now: 1_000 * ms)
+            _ = e.suspicionsDue(now: 10_000 * ms)
+            return e
+        }
+        let max = SWIM.Settings().suspicionMax
+        var heal = cutOff()
+        #expect(heal.members["f"]?.status == .dead)
+        let from: UInt64 = 10_000 * ms, through: UInt64 = from + max + 400 * ms
+        for t in stride(from: from, through: through, by: Int(200 * ms)) {
+            _ = heal.merge([], from: "a", now: t)   // heard from a, every period
+            _ = heal.periodTick(now: t)
+        }
+        _ = heal.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 12_000 * ms)
+        #expect(heal.members["f"]?.status == .dead, "a death that stood after the heal was undone")
+        var early = cutOff()
+        for t in stride(from: from, through: through, by: Int(200 * ms)) { _ = early.periodTick(now: t) }  // still cut off
+        _ = early.merge([], from: "a", now: through)
+        _ = early.periodTick(now: through)
+        _ = early.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: through + 100 * ms)
+        #expect(early.members["f"]?.status == .alive, "a verdict of isolation stood at the heal's first message")
+    }
+
     /// Three nodes; c, cut off for a moment, declared a and b dead unheard (it saw only a
     /// minority). At the heal b's refutation reaches c first: c was the one cut off, so a — alive
     /// all along — is alive again at c, and c's gossip carries no death of a for b to take.
