@@ -297,7 +297,7 @@ def run_once(opts, ns, mode, seed, seconds, kinds):
         checker.check_watches(env.devices, env.watch_answers, t_check)
         checker.check_resumes(env.resume_attempts, env.losses, env.timeout)
         checker.check_convergence(env.faults.history, final_conv)
-        checker.check_calls(env.model.calls)
+        checker.check_calls(env.model.calls, env.faults.history if env.faults else ())
         checker.check_exits(cluster.nodes)
         env.ghost_samples = sampler.samples
         checker.attach_histories(EventIndex(env.devices), env.faults.history, env.devices)

@@ -220,8 +220,9 @@ struct SimChecker {
             let what = "\(c.user) \(c.method)\(c.channel.map { " \($0)" } ?? "") at \(Self.s(c.t0))"
             for n in c.notes where n.hasPrefix("vanished") { add(4, "\(what): session unknown to its gateway while its stream was up", [n]) }
             for n in c.notes where n.hasPrefix("not idempotent") { add(7, "\(what): retried after a lost answer, failed with NOT_FOUND (not idempotent)", [n]) }
-            // (RELIABILITY.md, invariant 7: the bound holds during a single fault)
-            let twoFaults = r.twoFaults.contains { c.t0 >= $0.from && c.t0 < $0.to }
+            // (RELIABILITY.md, invariant 7: the bound holds during a single fault — a call whose
+            // first 5 s overlap two faults' windows is not held to it)
+            let twoFaults = r.faultWindows.filter { $0.from < c.t0 + Self.answerBound && $0.to > c.t0 }.count >= 2
             if twoFaults { counts["calls during two faults", default: 0] += 1 }
             switch c.outcome {
             case .error(let code, let message) where !c.notes.contains(where: { $0.hasPrefix("vanished") }):

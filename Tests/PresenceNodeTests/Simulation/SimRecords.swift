@@ -71,9 +71,10 @@ final class SimRecords: @unchecked Sendable {
     var attachments: [String: [(t: UInt64, node: String)]] = [:]
     /// When clients could not reach a node (paused, cut off): (node, from, to).
     var unreachable: [(node: String, from: UInt64, to: UInt64)] = []
-    /// When two faults ran at once (replication factor 3): invariant 7 promises its bound during a
-    /// single fault, so calls made then are not held to it.
-    var twoFaults: [(from: UInt64, to: UInt64)] = []
+    /// Each fault's window: from its start to the membership's convergence after it ended (two
+    /// faults started at once share one). Invariant 7 promises its bound during a single fault: a
+    /// call whose life overlaps the windows of two faults is not held to it.
+    var faultWindows: [(from: UInt64, to: UInt64)] = []
     /// Users whose model is not exact (a call gave up): left out of the listing checks.
     var tainted: Set<String> = []
 

@@ -53,7 +53,7 @@ struct SimScenario {
             let byInvariant = Dictionary(grouping: violations, by: \.invariant).map { "\($0.key):\($0.value.count)" }.sorted()
             let kinds = faults.map { String($0.split(separator: " ").first ?? "") }
             return "SIM seed=\(o.seed) nodes=\(o.nodes) rf=\(o.replicationFactor) seconds=\(Int(o.seconds)) hash=\(String(traceHash, radix: 16)) "
-                + "steps=\(steps) faults=\(kinds.joined(separator: ",")) calls=\(counts["calls"] ?? 0) retried=\(counts["calls retried"] ?? 0) "
+                + "steps=\(steps) faults=\(kinds.joined(separator: ",")) calls=\(counts["calls"] ?? 0) retried=\(counts["calls retried"] ?? 0) twofaults=\(counts["calls during two faults"] ?? 0) "
                 + "resumes=\(counts["resumes"] ?? 0) events=\(counts["events checked"] ?? 0) messages=\(counts["peer messages"] ?? 0) "
                 + "lost=\(counts["messages lost"] ?? 0) duplicated=\(counts["messages duplicated"] ?? 0) "
                 + "violations=\(violations.count) by=\(byInvariant.joined(separator: ","))"
@@ -141,13 +141,14 @@ struct SimScenario {
                 report.faults.append(label)
                 ends.append((world.now + duration, label, finish))
             }
-            if ends.count == 2, let first = ends.map(\.at).min() { clients.records.twoFaults.append((world.now, first)) }
+            let started = world.now
             for e in ends.sorted(by: { $0.at < $1.at }) {
                 if e.at > world.now { run(for: e.at - world.now) }
                 e.end()
             }
             let label = ends.map(\.label).joined(separator: " + ")
             checker.checkConvergence(label, took: converge(), views: cluster.views())
+            for _ in ends { clients.records.faultWindows.append((started, world.now)) }
         }
         if spinning.value {
             checker.record(7, "a million steps without a second of virtual time passing at \(String(format: "%.3f", Double(world.now) / 1e9 - 1)) s: a node spins",

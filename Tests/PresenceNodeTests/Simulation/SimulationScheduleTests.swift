@@ -23,7 +23,7 @@ import Testing
     }
 
     /// Seeds 1-9 of 20-second schedules on 3 to 6 nodes by default. CI runs this suite from the
-    /// optimized build (`Scripts/simulate --seeds 30 --seconds 20 --max-nodes 6 --regressions`):
+    /// optimized build (`Scripts/simulate --seeds 200 --seconds 20 --max-nodes 6 --regressions`):
     /// a debug build schedules the nodes' tasks differently (the optimizer drops executor hops),
     /// so a seed there is another history than the one a sweep found.
     @Test func seededFaultSchedulesHoldEveryInvariant() {
