@@ -588,8 +588,25 @@ public enum SWIM {
             return out
         }
 
-        /// Everything we know, for a joining node.
+        /// Everything we know.
         public var fullState: [Update] { members.values.sorted { $0.id < $1.id } }
+
+        /// What this node tells a joining node, or one that asks for its view (`syncView`): its
+        /// members, but its own accusations not yet settled — a suspicion it raised, a death it
+        /// declared while cut off (a verdict of isolation, not spread) — as the member was before.
+        /// A node back from a pause or a partition would otherwise hand its stale accusations to
+        /// another that asks, which would take them as the cluster's: the asker's own probes
+        /// find whoever is really failing.
+        public var sharedView: [Update] {
+            fullState.map { u in
+                let unsettled = (u.status == .dead && isolatedVerdicts.contains(u.id)) || (u.status == .suspect && u.accuser == myself.id)
+                guard unsettled else { return u }
+                var before = u
+                before.status = .alive
+                before.accuser = ""
+                return before
+            }
+        }
 
         /// Another member's whole view, asked for by `syncView`: merged as gossip from it, except
         /// what it says of this node (which this node has refuted already: taken again, it would

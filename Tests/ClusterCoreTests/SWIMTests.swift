@@ -395,12 +395,29 @@ struct Simulation {
         var cutOff = node(lastHeard: 0)
         #expect(cutOff.members["f"]?.status == .dead)
         #expect(!spreads(&cutOff, deathOf: "f"))
+        // nor is it handed to a node that asks for this one's view
+        #expect(cutOff.sharedView.first { $0.id == "f" }?.status == .alive)
         _ = cutOff.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 10_200 * ms)
         #expect(cutOff.members["f"]?.status == .alive)
         var heard = node(lastHeard: 9_900 * ms)
         #expect(spreads(&heard, deathOf: "f"))
+        #expect(heard.sharedView.first { $0.id == "f" }?.status == .dead)
         _ = heard.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "a", now: 10_200 * ms)
         #expect(heard.members["f"]?.status == .dead)
+    }
+
+    /// A view handed to a node that asks carries no accusation of the node's own not yet settled:
+    /// its suspicions (raised while it may be the one cut off) read as the member was before;
+    /// a suspicion another member raised, and deaths that stand, are passed on as they are.
+    @Test func aSharedViewCarriesNoUnsettledAccusationOfItsOwn() {
+        var e = SWIM.Instance(id: "e", address: "e")
+        _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: "a", now: 0)
+        _ = e.merge([U(id: "c", address: "c", status: .suspect, incarnation: 0, accuser: "e")], from: "e", now: 100 * ms)
+        _ = e.merge([U(id: "d", address: "d", status: .suspect, incarnation: 0, accuser: "a")], from: "a", now: 100 * ms)
+        #expect(e.members["c"]?.status == .suspect && e.members["d"]?.status == .suspect)
+        let view = Dictionary(uniqueKeysWithValues: e.sharedView.map { ($0.id, $0) })
+        #expect(view["c"]?.status == .alive && view["c"]?.accuser == "")
+        #expect(view["d"]?.status == .suspect && view["d"]?.accuser == "a")
     }
 
     /// Verdicts of isolation stand once the node has heard from members and seen a majority for

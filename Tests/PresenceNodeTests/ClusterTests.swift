@@ -75,6 +75,20 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// API.md: initial_status is set as the session opens. A resume on another node sets it as
+    /// its user's home claims the session, in the same change (one replication wait, not two: a
+    /// resume whose home has a replica across a cut link waited twice, and the session's
+    /// channels timed it out meanwhile).
+    @Test func aResumeOnAnotherNodeSetsTheInitialStatusAsTheHomeClaimsIt() async throws {
+        let nodes = try await cluster(2)
+        let first = try await nodes[0].node.engine.openSession(user: "ann", resume: "", initialStatus: .unknown)
+        #expect(try await nodes[0].node.engine.getUserStatuses(["ann"]).map(\.status) == [.online])
+        let resumed = try await nodes[1].node.engine.openSession(user: "ann", resume: first.id.description, initialStatus: .away)
+        #expect(resumed.resumed && resumed.id == first.id)
+        for n in nodes { #expect(try await n.node.engine.getUserStatuses(["ann"]).map(\.status) == [.away]) }
+        for n in nodes { await n.stop() }
+    }
+
     @Test func anyNodeServesEveryCallAndEventsCrossNodes() async throws {
         let nodes = try await cluster(3)
         let ann = nodes[0].client("ann"), bob = nodes[1].client("bob"), cy = nodes[2].client("cy")

@@ -446,7 +446,7 @@ public final class Membership: Sendable {
         guard u.id != nodeID else { throw GRPCStatus(.failedPrecondition, "JOIN_SELF: \(nodeID) cannot join through itself") }
         let now = clock.monotonicNanoseconds()
         carryOut(swim.withLock { $0.receivedJoin(u, now: now) })
-        return ClusterJoinResponse(members: swim.withLock { $0.fullState }.map(wire))
+        return ClusterJoinResponse(members: swim.withLock { $0.sharedView }.map(wire))
     }
 
     public func register(in registry: inout ServiceRegistry) {

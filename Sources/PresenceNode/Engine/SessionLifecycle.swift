@@ -64,7 +64,10 @@ struct SessionLifecycle: Sendable {
         defer { core.gatewayShard(id).claiming(id, false) }
         let found: ClusterHomeResult
         do {
-            found = try await router.homeCall(user, .claimSession) { $0.session = probe }
+            found = try await router.homeCall(user, .claimSession) { c in
+                c.session = probe
+                c.status = initialStatus   // (set by the home as it claims: API.md, the status is set as the session opens)
+            }
         } catch {
             // (no answer: the home may have placed the session here all the same)
             if error.kind == .unavailable { core.gatewayShard(id).claimInDoubt(id) }
@@ -72,14 +75,8 @@ struct SessionLifecycle: Sendable {
         }
         guard found.found, let (_, record) = found.session?.record else { return nil }
         guard let o = core.gatewayShard(id).adopt(id, user: user, version: record.version, channels: record.channels, watching: Set(record.watching)),
-              let (s, write) = try? core.gatewayShard(id).numberedCall(id) else {
+              let s = core.gatewayShard(id).held(id) else {
             throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(id) belongs to another user")
-        }
-        if initialStatus != .unknown {
-            _ = try await router.homeCall(user, .setStatus) { c in
-                c.status = initialStatus
-                c.session = core.ref(s, write: write)
-            }
         }
         await announce(s)
         return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)

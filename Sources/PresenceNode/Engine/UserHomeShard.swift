@@ -161,7 +161,9 @@ actor UserHomeShard {
             var claimed: (record: Record.Session, previous: NodeInstance)? = nil
             try update(user, create: false) { r in
                 claimed = r.claim(session: id, sink: sink)
-                return (nil, ())
+                // (the status the resume sets, in the same change: one replication, not two)
+                guard let c = claimed, call.status != .unknown else { return (nil, ()) }
+                return (r.setStatus(call.status, by: id, version: c.record.version), ())
             }
             fabric.trace?("claim", ["user": user, "session": id.description, "by": "\(sink)", "found": claimed == nil ? "no" : "yes",
                                    "version": String(claimed?.record.version ?? 0), "previous": claimed.map { "\($0.previous)" } ?? "-"])

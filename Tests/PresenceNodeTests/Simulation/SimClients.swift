@@ -151,7 +151,9 @@ final class SimClients: @unchecked Sendable {
             }
         }, ended: { [self] status in
             first.complete(.failed(status))
-            if u.gen == gen && u.connected && !u.closing { broke(u, origin: world.now, why: "stream ended: \(status.code)") }
+            // (as the chaos clients: a stream ended OK while closing is the close; any other end,
+            // a close under way included, is a break, and the session is resumed elsewhere)
+            if u.gen == gen && u.connected && !(u.closing && status.code == .ok) { broke(u, origin: world.now, why: "stream ended: \(status.code)") }
         })
         cluster.clients.after(Self.attemptDeadline) { first.complete(.failed(GRPCStatus(.deadlineExceeded, "no opened"))) }
         let outcome = await first.value
