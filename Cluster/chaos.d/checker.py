@@ -618,8 +618,9 @@ class Checker:
         windows = [(f.t_start, (f.t_end if f.t_end is not None else float("inf")) + (f.convergence if f.convergence is not None else 10.0))
                    for f in faults]
 
-        def during_two_faults(c):
-            return sum(1 for a, b in windows if a < c.t0 + ANSWER_BOUND and b > c.t0) >= 2
+        def bound_of(c):
+            overlapped = sum(1 for a, b in windows if a < c.t0 + ANSWER_BOUND and b > c.t0)
+            return ANSWER_BOUND * (2 if overlapped >= 2 else 1)
 
         for c in calls:
             def v(inv, title, extra=()):
@@ -634,9 +635,9 @@ class Checker:
                 v(7, f"{c.method} got no definite answer in {c.duration:.1f}s (client gave up)")
             elif any(n.startswith("not idempotent") for n in c.notes):
                 v(7, f"{c.method} retried after a lost answer failed with NOT_FOUND (not idempotent)")
-            elif c.outcome == "ok" and c.duration > ANSWER_BOUND * (2 if during_two_faults(c) else 1):
+            elif c.outcome == "ok" and c.duration > bound_of(c):
                 v(7, f"{c.method} took {c.duration:.2f}s to a definite answer "
-                     f"(bound {ANSWER_BOUND * (2 if during_two_faults(c) else 1):g}s{': two faults' if during_two_faults(c) else ''})")
+                     f"(bound {bound_of(c):g}s{': two faults' if bound_of(c) > ANSWER_BOUND else ''})")
 
     # ---- histories
 

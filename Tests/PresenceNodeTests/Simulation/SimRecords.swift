@@ -72,8 +72,8 @@ final class SimRecords: @unchecked Sendable {
     /// When clients could not reach a node (paused, cut off): (node, from, to).
     var unreachable: [(node: String, from: UInt64, to: UInt64)] = []
     /// Each fault's window: from its start to the membership's convergence after it ended (two
-    /// faults started at once share one). Invariant 7 promises its bound during a single fault: a
-    /// call whose life overlaps the windows of two faults is not held to it.
+    /// faults started at once have the same window). Invariant 7 promises 5 s during a single
+    /// fault: a call whose first 5 s overlap the windows of two faults is held to 5 s for each.
     var faultWindows: [(from: UInt64, to: UInt64)] = []
     /// Users whose model is not exact (a call gave up): left out of the listing checks.
     var tainted: Set<String> = []
