@@ -24,6 +24,12 @@ struct SessionLifecycle: Sendable {
             guard let id = SessionID(text: resume) else {
                 throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(resume) to resume; open a new one")
             }
+            // (a node that has not joined yet sees itself alone and could not reach the session's
+            // home: it cannot tell a live session from an unknown one, so the client tries again
+            // or elsewhere — RELIABILITY.md, NOT_FOUND for a live session is a violation)
+            if !topology.isReady {
+                throw PresenceError(.unavailable, "NOT_READY", "this node has not joined the cluster yet: resume the session on another node, or retry")
+            }
             if !topology.isAlone, let claimed = try await claim(id, user: user, initialStatus: initialStatus) { return claimed }
             if let o = core.gatewayShard(id).resume(id, user: user) {
                 // (a node alone; or its home does not know it: a cluster of one that just grew, or a
@@ -177,6 +183,10 @@ struct SessionLifecycle: Sendable {
         case .alreadyClosed:
             return  // a retry whose first attempt's answer was lost: closed it is
         case nil:
+            // (not held here; a node that has not joined yet cannot tell whether it lives elsewhere)
+            if !topology.isReady {
+                throw PresenceError(.unavailable, "NOT_READY", "this node has not joined the cluster yet: close the session on the node that serves it, or retry")
+            }
             throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(sessionID)")
         }
     }

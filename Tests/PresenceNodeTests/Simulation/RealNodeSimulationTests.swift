@@ -32,7 +32,7 @@ import Testing
     /// Who `node` lists in `channel` (nil: the call failed), asked by a model client and run until answered.
     static func listed(_ c: SimCluster, on node: SimNode, _ channel: String, within: UInt64 = 2_000_000_000) -> [String]? {
         let out = Outcomes<[String]?>()
-        client(c) {
+        Self.client(c) {
             let r = try? await node.core.engine.getOnlineUsers(GetOnlineUsersRequest(channelName: channel, channelType: .message))
             out.add(r.map { $0.users.map(\.userID).sorted() })
         }
@@ -73,6 +73,48 @@ import Testing
 
     @Test func threeRealNodesServeAJoinFromAnyNodeAndForgetAKilledGateway() throws {
         for seed: UInt64 in 1...3 { _ = try Self.killAGatewayScenario(seed: seed) }
+    }
+
+    /// A node restarted and not yet joined (its links to the others cut) sees itself alone: it
+    /// cannot tell a live session from an unknown one, so a resume or a close of a session it
+    /// does not hold is answered UNAVAILABLE (retry, or go elsewhere), never NOT_FOUND
+    /// (RELIABILITY.md, "Checks that must not look away").
+    @Test func aNodeThatHasNotJoinedYetRefusesAResumeAsUnavailableNotNotFound() throws {
+        let c = Self.cluster(seed: 3, size: 3)
+        c.world.run(for: 4_000_000_000)
+        let opened = Outcomes<String>()
+        Self.client(c) {
+            if let s = try? await c.node("n2")!.core.engine.openSession(user: "ann", resume: "", initialStatus: .unknown) {
+                opened.add(s.id.description)
+            }
+        }
+        c.world.run(for: 1_000_000_000)
+        let session = try #require(opened.all.first)
+        c.kill("n3")
+        c.cut("n3", "n1", true)
+        c.cut("n3", "n2", true)
+        c.start("n3")
+        c.world.run(for: 100_000_000)
+        let n3 = try #require(c.node("n3"))
+        #expect(!n3.core.topology.isReady)
+        let answers = Outcomes<String>()
+        Self.client(c) {
+            do throws(PresenceError) {
+                _ = try await n3.core.engine.openSession(user: "ann", resume: session, initialStatus: .away)
+                answers.add("resumed")
+            } catch { answers.add("resume: \(error.kind) \(error.name)") }
+            do throws(PresenceError) {
+                try await n3.core.engine.closeSession(session)
+                answers.add("closed")
+            } catch { answers.add("close: \(error.kind) \(error.name)") }
+        }
+        c.world.run(for: 500_000_000)
+        #expect(answers.all == ["resume: unavailable NOT_READY", "close: unavailable NOT_READY"])
+        // the session lives on at n2, where a resume still finds it
+        let resumed = Outcomes<Bool>()
+        Self.client(c) { resumed.add((try? await c.node("n2")!.core.engine.openSession(user: "ann", resume: session, initialStatus: .unknown))?.resumed ?? false) }
+        c.world.run(for: 1_000_000_000)
+        #expect(resumed.all == [true])
     }
 
     /// RELIABILITY.md, "Deterministic": one seed gives one history.
