@@ -613,13 +613,25 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
             return out
         }
+        // A handoff meant for the key's owner reached a node that does not own it on its ring:
+        // the sender's ring differs (still being rebuilt after a heal, or ahead of this one). The
+        // owner this node knows gets it too, to merge (unmarked, so it goes no further): else the
+        // version it carries — the other side of a partition — never reaches the owner, and its
+        // lineage, numbered above the owner's, makes this replica drop the owner's copies. It
+        // goes on whatever its lineage: one numbered below the copy held here (an owner that took
+        // over from a stale copy started a later one) still carries changes the owner lacks,
+        // which the owner's merge keeps by their own versions.
+        var passOn: [Effect] = []
+        if V.isHandoff(copy), let owner = ring.owner(ofHash: V.ringHash(of: key)), owner != me {
+            passOn = [.send(V.passedOn(copy), to: owner, replica: false, gone: gone)]
+        }
         // a replica copy (a restored one the owner has not confirmed yet takes its whole copy,
         // whatever the lineage it held)
         let restored = unconfirmed[key] != nil
-        if let held = copies[key], V.term(of: copy) < held.term, !(restored && V.isFull(copy)) { return [] }  // from a superseded owner
+        if let held = copies[key], V.term(of: copy) < held.term, !(restored && V.isFull(copy)) { return passOn }  // from a superseded owner
         // a whole copy older than the one held, of the same lineage (relayed pushes overtake each
         // other): it would bring back what changed since (found by Cluster/chaos, netns seed 50)
-        if let held = copies[key], V.isFull(copy), !restored, V.term(of: copy) == held.term, V.version(of: copy) < held.version { return [] }
+        if let held = copies[key], V.isFull(copy), !restored, V.term(of: copy) == held.term, V.version(of: copy) < held.version { return passOn }
         // a change to a key this node holds no copy of (it was not a replica of it a moment ago,
         // by its ring): kept, but a replica must never take over from part of a key, so it asks
         // the owner for all of it
@@ -632,13 +644,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         keepReplica(key, wall: wall)
         var out: [Effect] = []
         if partial, copies[key] != nil, let sender { out.append(.askForCopy(key, from: sender)) }
-        // A handoff meant for the key's owner reached a node that does not own it on its ring:
-        // the sender's ring differs (still being rebuilt after a heal, or ahead of this one). The
-        // owner this node knows gets it too, to merge (unmarked, so it goes no further): else the
-        // version it carries — the other side of a partition — never reaches the owner, and its
-        // lineage, numbered above the owner's, makes this replica drop the owner's copies.
-        guard V.isHandoff(copy), let owner = ring.owner(ofHash: V.ringHash(of: key)), owner != me else { return out }
-        return out + [.send(V.passedOn(copy), to: owner, replica: false, gone: gone)]
+        return out + passOn
     }
 
     /// A replica asks for a whole copy of `key`: sent if this node owns it and `node` replicates it.

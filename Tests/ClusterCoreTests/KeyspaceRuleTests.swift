@@ -446,6 +446,33 @@ import Testing
         #expect(replica.copies[key]?.contains(user: "u3") == true)
     }
 
+    /// A handoff goes on to the owner whatever its lineage: one numbered below the copy this
+    /// replica holds (the owner took over from a stale copy and started a later lineage) still
+    /// carries changes the owner lacks. The replica keeps the owner's copy.
+    @Test func aHandoffOfAnOlderLineageStillGoesOnToTheOwner() throws {
+        let ring = HashRing(members: ["a", "b"], boots: ["a": 1, "b": 1])
+        let key = key(ownedBy: "a", on: ring)
+        var owner = space("a", ring, copies: 2), replica = space("b", ring, copies: 2)
+        // the node that served the key while a was away, in a lineage it started before a's
+        var otherSide = Machine(key: key, maxInstantEvents: 100)
+        otherSide.startLineage(now: 1_000_000)
+        _ = otherSide.join(user: "u2", session: SessionID(raw: 8), withPresence: false, sink: g, version: v(1, 1), now: 1_000_000)
+        _ = try owner.withOwned(key, create: true, now: 2_000_000) { m in
+            _ = m.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 2_000_000)
+        }
+        _ = replica.received(owner[owned: key]!.fullCopies(handoff: false)[0], now: 1, wall: 2_000_000)
+        let handoff = otherSide.fullCopies(handoff: true)[0]
+        #expect(handoff.term < replica.copies[key]!.term)
+        let passedOn = replica.received(handoff, now: 2, wall: 2_000_100)
+        guard case .send(let copy, "a", _, _)? = passedOn.first else {
+            Issue.record("the handoff went no further: \(passedOn)")
+            return
+        }
+        #expect(replica.copies[key]?.contains(user: "u2") == false)
+        _ = owner.received(copy, now: 3, wall: 2_000_200)
+        #expect(owner[owned: key]!.contains(user: "u1") && owner[owned: key]!.contains(user: "u2"))
+    }
+
     /// A node back from death counts how long others' processes have been gone from its return, not from what it counted while cut off.
     @Test func aNodeBackFromDeathDoesNotTimeOutSessionsByWhatItCountedWhileCutOff() {
         let five = HashRing(members: ["a", "b", "c", "d", "e"], boots: ["a": 1, "b": 1, "c": 1, "d": 1, "e": 1])
