@@ -3672,7 +3672,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descripto
   (ProtobufCMessageInit) presence__cluster__v1__session_moved__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[13] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_descriptors[15] =
 {
   {
     "from_node_id",
@@ -3830,12 +3830,37 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__push_batch__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "to_incarnation",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, to_incarnation),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "from_incarnation",
+    17,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__PushBatch, from_incarnation),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[] = {
   2,   /* field[2] = channels */
   11,   /* field[11] = copy_requests */
   1,   /* field[1] = deliveries */
   6,   /* field[6] = from_boot */
+  14,   /* field[14] = from_incarnation */
   0,   /* field[0] = from_node_id */
   4,   /* field[4] = handoff_done */
   9,   /* field[9] = handoff_request */
@@ -3844,13 +3869,14 @@ static const unsigned presence__cluster__v1__push_batch__field_indices_by_name[]
   10,   /* field[10] = relay_to */
   5,   /* field[5] = ring_fingerprint */
   7,   /* field[7] = to_boot */
+  13,   /* field[13] = to_incarnation */
   3,   /* field[3] = users */
 };
 static const ProtobufCIntRange presence__cluster__v1__push_batch__number_ranges[2 + 1] =
 {
   { 1, 0 },
   { 8, 5 },
-  { 0, 13 }
+  { 0, 15 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
 {
@@ -3860,7 +3886,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor =
   "Presence__Cluster__V1__PushBatch",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__PushBatch),
-  13,
+  15,
   presence__cluster__v1__push_batch__field_descriptors,
   presence__cluster__v1__push_batch__field_indices_by_name,
   2,  presence__cluster__v1__push_batch__number_ranges,

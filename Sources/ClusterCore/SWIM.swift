@@ -615,6 +615,18 @@ public enum SWIM {
             merge(view.filter { $0.id != myself.id }, from: from, now: now)
         }
 
+        /// This node was declared dead (or frozen long enough to be) and is back: it announces a
+        /// new incarnation, above every word about it from before, and returns it. What the others
+        /// decided while they knew it at a lower one is told apart by it (`HandoffGate`).
+        public mutating func announceReturn() -> UInt64 {
+            guard myself.status == .alive, myself.incarnation < .max else { return myself.incarnation }
+            myself.incarnation += 1
+            members[myself.id] = myself
+            enqueue(myself)
+            spreadPending = true
+            return myself.incarnation
+        }
+
         /// Restarting with the same id: start above any incarnation the cluster may remember.
         public mutating func rejoin(withIncarnation incarnation: UInt64) {
             myself.incarnation = incarnation

@@ -64,7 +64,8 @@ public final class NodeCore: Sendable {
         membership.onRingChange { old, new in queue.yield((old, new)) }
         // a node that refuted its own death: owners may have lost its pushes or timed sessions out
         membership.onRefute { engine.antiEntropy.runSoon() }
-        membership.onDeclaredDead { engine.ring.returnedFromDeath() }
+        membership.onDeclaredDead { engine.ring.returnedFromDeath(incarnation: $0) }
+        topology.readIncarnations { [weak membership] in membership?.incarnation(of: $0) }
         membership.onMemberAlive { engine.ring.memberAlive($0) }
         ringChanges = queue
         ringTask = seams.placement.start {

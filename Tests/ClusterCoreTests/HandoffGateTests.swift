@@ -143,17 +143,41 @@ import Testing
         var g = HandoffGate(me: "c", limit: 3_000)
         // an old "done" for this very ring (from before c was declared dead) must not count
         g.handoffDone(from: "a", fingerprint: ring.fingerprint, now: 0)
-        g.returnedFromDeath(ring: ring, now: 1_000)
+        g.returnedFromDeath(ring: ring, incarnation: 1, now: 1_000)
         let mine = (0..<10_000).map { StableHash.of("k\($0)") }.first { ring.owner(ofHash: $0) == "c" }!
         #expect(!g.mayServe(keyHash: mine, now: 1_001))
         #expect(g.pending == ["a", "b"])
-        g.handoffDone(from: "a", fingerprint: ring.fingerprint, now: 1_001)
-        g.handoffDone(from: "b", fingerprint: ring.fingerprint, now: 1_001)
+        g.handoffDone(from: "a", fingerprint: ring.fingerprint, toIncarnation: 1, now: 1_001)
+        g.handoffDone(from: "b", fingerprint: ring.fingerprint, toIncarnation: 1, now: 1_001)
         #expect(g.mayServe(keyHash: mine, now: 1_002))
         // and a silent member does not block it forever
         var h = HandoffGate(me: "c", limit: 3_000)
-        h.returnedFromDeath(ring: ring, now: 0)
+        h.returnedFromDeath(ring: ring, incarnation: 1, now: 0)
         #expect(!h.mayServe(keyHash: mine, now: 2_999) && h.mayServe(keyHash: mine, now: 3_000))
+    }
+
+    /// A "done" decided while its sender knew this node at an incarnation below the one it
+    /// returned from death with was decided before the death: read late (a freeze holds what
+    /// reached the process unread), it names a ring this node has again, but what the sender took
+    /// over meanwhile has not been handed back. It counts for nothing; one stamped at or above
+    /// the return's incarnation counts, and so does any "done" to a node that never returned.
+    @Test func aDoneDecidedBeforeTheReturnFromDeathCountsForNothing() {
+        let ring = HashRing(members: ["a", "b", "c"])
+        let mine = (0..<10_000).map { StableHash.of("k\($0)") }.first { ring.owner(ofHash: $0) == "c" }!
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.returnedFromDeath(ring: ring, incarnation: 3, now: 1_000)
+        g.handoffDone(from: "a", fingerprint: ring.fingerprint, toIncarnation: 2, now: 1_001)  // read after the return
+        g.handoffDone(from: "b", fingerprint: ring.fingerprint, toIncarnation: 3, now: 1_001)
+        #expect(!g.mayServe(keyHash: mine, now: 1_002))
+        #expect(g.pending == ["a"])
+        g.handoffDone(from: "a", fingerprint: ring.fingerprint, toIncarnation: 4, now: 1_003)
+        #expect(g.mayServe(keyHash: mine, now: 1_004))
+        // a node that never returned counts every "done", whatever it carries
+        var joined = HandoffGate(me: "c", limit: 3_000)
+        joined.ringChanged(from: ring.removing("c"), to: ring, alive: ["a", "b", "c"], now: 0)
+        joined.handoffDone(from: "a", fingerprint: ring.fingerprint, toIncarnation: 0, now: 1)
+        joined.handoffDone(from: "b", fingerprint: ring.fingerprint, toIncarnation: 0, now: 1)
+        #expect(joined.mayServe(keyHash: mine, now: 2))
     }
 }
 
@@ -167,20 +191,20 @@ import Testing
         let four = five.removing("a")
         let h = (0..<100_000).map { StableHash.of("k\($0)") }.first { four.owner(ofHash: $0) == "c" && five.owner(ofHash: $0) == "c" }!
         var g = HandoffGate(me: "c", limit: 3_000)
-        g.returnedFromDeath(ring: five, now: 0)
+        g.returnedFromDeath(ring: five, incarnation: 1, now: 0)
         g.viewRefreshed()
         g.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
-        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint, now: 11) }
+        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint, toIncarnation: 1, now: 11) }
         #expect(g.pending.isEmpty && g.mayServe(keyHash: h, now: 12))
         // without a refreshed view, the same death may be c's stale view: a is still waited for
         var stale = HandoffGate(me: "c", limit: 3_000)
-        stale.returnedFromDeath(ring: five, now: 0)
+        stale.returnedFromDeath(ring: five, incarnation: 1, now: 0)
         stale.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
-        for n in ["b", "d", "e"] { stale.handoffDone(from: n, fingerprint: four.fingerprint, now: 11) }
+        for n in ["b", "d", "e"] { stale.handoffDone(from: n, fingerprint: four.fingerprint, toIncarnation: 1, now: 11) }
         #expect(stale.pending == ["a"] && !stale.mayServe(keyHash: h, now: 12))
         // a back on the ring while c still waits for someone is waited for again
         var back = HandoffGate(me: "c", limit: 3_000)
-        back.returnedFromDeath(ring: five, now: 0)
+        back.returnedFromDeath(ring: five, incarnation: 1, now: 0)
         back.viewRefreshed()
         back.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
         back.ringChanged(from: four, to: five, alive: Set(five.members), now: 20)
@@ -196,7 +220,7 @@ import Testing
         let five = HashRing(members: ["a", "b", "c", "d", "e"])
         let four = five.removing("a")
         var g = HandoffGate(me: "c", limit: 3_000)
-        g.returnedFromDeath(ring: five, now: 1_000)
+        g.returnedFromDeath(ring: five, incarnation: 1, now: 1_000)
         // a key c owns on both rings that b held while c was away
         let h = (0..<100_000).map { StableHash.of("k\($0)") }.first {
             five.owner(ofHash: $0) == "c" && four.owner(ofHash: $0) == "c" && five.removing("c").owner(ofHash: $0) == "b"
@@ -205,9 +229,9 @@ import Testing
         #expect(!g.mayServe(keyHash: h, now: 1_101))
         #expect(g.pending == ["a", "b", "d", "e"])  // (a too: c's view that it is dead is stale)
         // a "done" for the ring before does not count; one for the newest covers both changes
-        g.handoffDone(from: "b", fingerprint: five.fingerprint, now: 1_101)
+        g.handoffDone(from: "b", fingerprint: five.fingerprint, toIncarnation: 1, now: 1_101)
         #expect(!g.mayServe(keyHash: h, now: 1_102))
-        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint, now: 1_102) }
+        for n in ["b", "d", "e"] { g.handoffDone(from: n, fingerprint: four.fingerprint, toIncarnation: 1, now: 1_102) }
         #expect(g.mayServe(keyHash: h, now: 1_103) && g.pending == ["a"])
         // the limit still counts from the latest change
         var late = HandoffGate(me: "c", limit: 3_000)
@@ -215,17 +239,17 @@ import Testing
             // a member that was off the ring for a while is waited for again once it is back: it
             // held c's keys while c was away (found by Cluster/chaos too: a, dead to c, came back)
             var back = HandoffGate(me: "c", limit: 3_000)
-            back.returnedFromDeath(ring: five, now: 0)
+            back.returnedFromDeath(ring: five, incarnation: 1, now: 0)
             back.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
-            for n in ["b", "d", "e"] { back.handoffDone(from: n, fingerprint: five.fingerprint, now: 15) }
+            for n in ["b", "d", "e"] { back.handoffDone(from: n, fingerprint: five.fingerprint, toIncarnation: 1, now: 15) }
             back.ringChanged(from: four, to: five, alive: Set(five.members), now: 20)
             let fromA = (0..<100_000).map { StableHash.of("k\($0)") }.first { five.owner(ofHash: $0) == "c" && five.removing("c").owner(ofHash: $0) == "a" }!
             #expect(back.pending == ["a"])  // (b, d and e said done for this ring already)
             #expect(!back.mayServe(keyHash: fromA, now: 21))
-            back.handoffDone(from: "a", fingerprint: five.fingerprint, now: 21)
+            back.handoffDone(from: "a", fingerprint: five.fingerprint, toIncarnation: 1, now: 21)
             #expect(back.mayServe(keyHash: fromA, now: 22))
         }
-        late.returnedFromDeath(ring: five, now: 0)
+        late.returnedFromDeath(ring: five, incarnation: 1, now: 0)
         late.ringChanged(from: five, to: four, alive: Set(four.members), now: 2_000)
         #expect(!late.mayServe(keyHash: h, now: 4_999) && late.mayServe(keyHash: h, now: 5_000))
     }
@@ -236,18 +260,18 @@ import Testing
         let five = HashRing(members: ["a", "b", "c", "d", "e"])
         let three = five.removing("a").removing("b")
         var g = HandoffGate(me: "c", limit: 3_000)
-        g.returnedFromDeath(ring: five, now: 0)
+        g.returnedFromDeath(ring: five, incarnation: 1, now: 0)
         let h = (0..<100_000).map { StableHash.of("k\($0)") }.first {
             three.owner(ofHash: $0) == "c" && five.removing("c").owner(ofHash: $0) == "a"
         }!
         g.ringChanged(from: five, to: three, alive: Set(three.members), now: 10)
         #expect(!g.mayServe(keyHash: h, now: 11))
         #expect(g.pending == ["a", "b", "d", "e"])
-        for n in ["a", "b", "d", "e"] { g.handoffDone(from: n, fingerprint: three.fingerprint, now: 11) }
+        for n in ["a", "b", "d", "e"] { g.handoffDone(from: n, fingerprint: three.fingerprint, toIncarnation: 1, now: 11) }
         #expect(g.mayServe(keyHash: h, now: 12))
         // and past the limit it serves whatever happened to them
         var h2 = HandoffGate(me: "c", limit: 3_000)
-        h2.returnedFromDeath(ring: five, now: 0)
+        h2.returnedFromDeath(ring: five, incarnation: 1, now: 0)
         h2.ringChanged(from: five, to: three, alive: Set(three.members), now: 10)
         #expect(h2.mayServe(keyHash: h, now: 3_010))
     }
@@ -263,20 +287,20 @@ import Testing
         let five = HashRing(members: ["a", "b", "c", "d", "e"])
         let stale = five.removing("b")  // d's ring while cut off
         var g = HandoffGate(me: "d", limit: 3_000)
-        g.returnedFromDeath(ring: stale, now: 0)
+        g.returnedFromDeath(ring: stale, incarnation: 1, now: 0)
         // a key d owns on every ring, that b held while d was dead
         let h = (0..<100_000).map { StableHash.of("k\($0)") }.first {
             stale.owner(ofHash: $0) == "d" && five.owner(ofHash: $0) == "d" && five.removing("d").owner(ofHash: $0) == "b"
         }!
         g.ringChanged(from: stale, to: five, alive: Set(five.members), now: 10)
         #expect(g.pending == ["a", "b", "c", "e"])
-        for n in ["a", "c", "e"] { g.handoffDone(from: n, fingerprint: five.fingerprint, now: 10) }
+        for n in ["a", "c", "e"] { g.handoffDone(from: n, fingerprint: five.fingerprint, toIncarnation: 1, now: 10) }
         #expect(!g.mayServe(keyHash: h, now: 11), "served from its stale copy before b handed back")
-        g.handoffDone(from: "b", fingerprint: five.fingerprint, now: 11)
+        g.handoffDone(from: "b", fingerprint: five.fingerprint, toIncarnation: 1, now: 11)
         #expect(g.mayServe(keyHash: h, now: 12))
         // past the limit it serves whatever happened to b
         var late = HandoffGate(me: "d", limit: 3_000)
-        late.returnedFromDeath(ring: stale, now: 0)
+        late.returnedFromDeath(ring: stale, incarnation: 1, now: 0)
         late.ringChanged(from: stale, to: five, alive: Set(five.members), now: 10)
         #expect(late.mayServe(keyHash: h, now: 3_011))
     }
@@ -326,7 +350,7 @@ import Testing
         let stale = five.removing("a")
         var g = HandoffGate(me: "c", limit: 3_000)
         g.handoffDone(from: "b", fingerprint: five.fingerprint, now: 0)   // forgotten below
-        g.returnedFromDeath(ring: stale, now: 10)
+        g.returnedFromDeath(ring: stale, incarnation: 1, now: 10)
         #expect(g.membersToAsk(now: 300, every: 300) == nil, "asked again before the interval passed")
         g.ringChanged(from: stale, to: five, alive: Set(five.members), now: 200)
         #expect(g.membersToAsk(now: 499, every: 300) == nil)
@@ -334,9 +358,9 @@ import Testing
         #expect(ask?.fingerprint == five.fingerprint)
         #expect(ask?.members == ["a", "b", "d", "e"])
         #expect(g.membersToAsk(now: 600, every: 300) == nil, "asked twice within one interval")
-        for n in ["a", "b", "d"] { g.handoffDone(from: n, fingerprint: five.fingerprint, now: 700) }
+        for n in ["a", "b", "d"] { g.handoffDone(from: n, fingerprint: five.fingerprint, toIncarnation: 1, now: 700) }
         #expect(g.membersToAsk(now: 800, every: 300)?.members == ["e"])
-        g.handoffDone(from: "e", fingerprint: five.fingerprint, now: 900)
+        g.handoffDone(from: "e", fingerprint: five.fingerprint, toIncarnation: 1, now: 900)
         #expect(!g.isWaiting(now: 901))
         #expect(g.membersToAsk(now: 2_000, every: 300) == nil, "asked with nothing left to wait for")
     }
@@ -345,7 +369,7 @@ import Testing
     @Test func onlyMembersOnTheRingAreAskedAndOnlyWithinTheLimit() {
         let four = five.removing("e")
         var g = HandoffGate(me: "c", limit: 3_000)
-        g.returnedFromDeath(ring: five, now: 0)
+        g.returnedFromDeath(ring: five, incarnation: 1, now: 0)
         g.ringChanged(from: five, to: four, alive: Set(four.members), now: 10)
         #expect(g.membersToAsk(now: 400, every: 300)?.members == ["a", "b", "d"])
         #expect(g.isWaiting(now: 2_999) && !g.isWaiting(now: 3_010))

@@ -409,6 +409,24 @@ struct Simulation {
     /// A view handed to a node that asks carries no accusation of the node's own not yet settled:
     /// its suspicions (raised while it may be the one cut off) read as the member was before;
     /// a suspicion another member raised, and deaths that stand, are passed on as they are.
+    /// A node back from death announces a new incarnation, above every word about it from
+    /// before: its next gossip carries it, and a member that held it dead takes it alive at it
+    /// (what the others decide for it from then on is told apart by it: `HandoffGate`).
+    @Test func aReturnFromDeathIsAnnouncedWithAHigherIncarnation() {
+        var e = SWIM.Instance(id: "e", address: "e")
+        _ = e.merge(["a", "b"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: "a", now: 0)
+        let before = e.myself.incarnation
+        let returned = e.announceReturn()
+        #expect(returned > before && e.myself.incarnation == returned)
+        var gossip: [U] = []
+        for case .sendPing(_, _, _, let g) in e.periodTick(now: 1_000 * ms) { gossip += g }
+        #expect(gossip.contains { $0.id == "e" && $0.status == .alive && $0.incarnation == returned })
+        var a = SWIM.Instance(id: "a", address: "a")
+        _ = a.merge([U(id: "e", address: "e", status: .dead, incarnation: before)], from: "b", now: 0)
+        _ = a.merge(gossip.filter { $0.id == "e" }, from: "e", now: 1_000 * ms)
+        #expect(a.members["e"]?.status == .alive && a.members["e"]?.incarnation == returned)
+    }
+
     @Test func aSharedViewCarriesNoUnsettledAccusationOfItsOwn() {
         var e = SWIM.Instance(id: "e", address: "e")
         _ = e.merge(["a", "b", "c", "d"].map { U(id: $0, address: $0, status: .alive, incarnation: 0) }, from: "a", now: 0)

@@ -7,8 +7,8 @@ import Testing
     /// having heard "handoff done" from every member but `slow`.
     private func backFromDeath(waitingFor slow: String) -> (Topology, HashRing) {
         let (t, ring) = n4OnFiveNodes(ready: true)
-        t.returnedFromDeath()
-        for m in ring.members where m != "n4" && m != slow { t.handoffDone(from: m, fingerprint: ring.fingerprint) }
+        t.returnedFromDeath(incarnation: 2)
+        for m in ring.members where m != "n4" && m != slow { t.handoffDone(from: m, fingerprint: ring.fingerprint, toIncarnation: 2) }
         return (t, ring)
     }
 
@@ -29,11 +29,11 @@ import Testing
     @Test func aNodeThatJustJoinedServesNoKeyUntilEveryMemberHandedOff() throws {
         let (t, ring) = n4OnFiveNodes(ready: false)
         t.markReady()
-        for m in ["n1", "n2", "n5"] { t.handoffDone(from: m, fingerprint: ring.fingerprint) }
+        for m in ["n1", "n2", "n5"] { t.handoffDone(from: m, fingerprint: ring.fingerprint, toIncarnation: 2) }
         let homedHere = (0..<2_000).map { "u\($0)" }.filter { ring.home(ofUser: $0) == "n4" }
         let fromN1 = try #require(homedHere.first { ring.removing("n4").home(ofUser: $0) == "n1" })
         #expect(t.notServing(users: [fromN1])?.hasPrefix("HANDOFF_IN_PROGRESS") == true)
-        t.handoffDone(from: "n3", fingerprint: ring.fingerprint)
+        t.handoffDone(from: "n3", fingerprint: ring.fingerprint, toIncarnation: 2)
         #expect(t.notServing(users: [fromN1]) == nil)
     }
 
@@ -51,7 +51,7 @@ import Testing
         #expect(t.notServing(users: [waiting])?.hasPrefix("HANDOFF_IN_PROGRESS") == true)
         #expect(t.notServing(users: [ready, waiting])?.hasPrefix("HANDOFF_IN_PROGRESS") == true)
         #expect(t.notServing(users: [waiting, ready])?.hasPrefix("HANDOFF_IN_PROGRESS") == true)
-        t.handoffDone(from: "n3", fingerprint: ring.fingerprint)
+        t.handoffDone(from: "n3", fingerprint: ring.fingerprint, toIncarnation: 2)
         #expect(t.notServing(users: [ready, waiting]) == nil)
     }
 

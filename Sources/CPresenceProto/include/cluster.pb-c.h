@@ -675,10 +675,21 @@ struct  Presence__Cluster__V1__PushBatch
   Presence__Cluster__V1__SessionChannel **copy_requests;
   size_t n_home_copy_requests;
   char **home_copy_requests;
+  /*
+   * With handoff_done: the receiver's incarnation as the sender knew it when it decided it was
+   * done. A receiver back from death counts no "done" below the incarnation it returned with:
+   * one decided before its death (delivered late, after a freeze) may name a ring it has again,
+   * and the keys taken over meanwhile have not been handed back. 0 from a node that predates it.
+   */
+  uint64_t to_incarnation;
+  /*
+   * With handoff_request: the sender's incarnation, carried back as the answer's to_incarnation.
+   */
+  uint64_t from_incarnation;
 };
 #define PRESENCE__CLUSTER__V1__PUSH_BATCH__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__push_batch__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL, 0, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0,NULL, 0, 0, 0, 0, 0,NULL, 0, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0, 0 }
 
 
 struct  Presence__Cluster__V1__PushAck

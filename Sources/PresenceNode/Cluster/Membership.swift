@@ -39,7 +39,7 @@ public final class Membership: Sendable {
     /// Called when this node refuted a suspicion or death of itself (others may have timed its
     /// sessions out meanwhile: its gateway re-announces them).
     private let refuteObserver = ObserverSlot<Void>()
-    private let deathObserver = ObserverSlot<Void>()
+    private let deathObserver = ObserverSlot<UInt64>()
     private let aliveObserver = ObserverSlot<String>()
     /// Seeds that turned out to be this node under another name (a DNS seed list).
     private let selfSeeds = Mutex<Set<String>>([])
@@ -52,17 +52,20 @@ public final class Membership: Sendable {
     /// What SWIM saw since the start (for metrics).
     public let counters = MembershipCounters()
 
-    /// Tells the engine (at most once a second) that others may have taken this node's keys over.
-    private func declaredDead(incarnation: UInt64? = nil) {
+    /// This node learnt it was declared dead: at most once a second, it announces its return with
+    /// a new incarnation (`s`: SWIM, held by the caller), returned for the engine to be told
+    /// (`deathObserver`) that others may have taken its keys over; nil when it was just told.
+    private func declaredDead(incarnation: UInt64? = nil, swim s: inout SWIM.Instance) -> UInt64? {
         let now = clock.monotonicNanoseconds()
         let last = lastDeath.load(ordering: .relaxed)
         guard last == 0 || now - last > 1_000_000_000, lastDeath.compareExchange(expected: last, desired: now, ordering: .relaxed).exchanged else {
             // (the same news again, from other members' gossip: already being handled)
             logger.debug("declared dead again", ["incarnation": incarnation.map(String.init) ?? "-"])
-            return
+            return nil
         }
-        logger.warning("this node was declared dead and is back", ["incarnation": incarnation.map(String.init) ?? "-"])
-        deathObserver(())
+        let returnedAs = s.announceReturn()
+        logger.warning("this node was declared dead and is back", ["incarnation": incarnation.map(String.init) ?? "-", "returned_as": String(returnedAs)])
+        return returnedAs
     }
     private let lastIncarnation = Atomic<UInt64>(0)
     /// The process each member was last known as (to tell a restart from a status change).
@@ -137,8 +140,8 @@ public final class Membership: Sendable {
 
     /// Sets what runs when this node learns it was declared dead (it refuted): the others took its
     /// keys over meanwhile.
-    public func onDeclaredDead(_ observer: @escaping @Sendable () -> Void) {
-        deathObserver.set { observer() }
+    public func onDeclaredDead(_ observer: @escaping @Sendable (UInt64) -> Void) {
+        deathObserver.set(observer)
     }
 
     /// Sets what runs when another member is (again) believed alive.
@@ -154,6 +157,8 @@ public final class Membership: Sendable {
         }
     }
     public var myIncarnation: UInt64 { swim.withLock { $0.myself.incarnation } }
+    /// The incarnation this node knows `id` at (nil: not a member it knows).
+    public func incarnation(of id: String) -> UInt64? { swim.withLock { $0.members[id]?.incarnation } }
 
     /// Recomputes the ring from SWIM's view (`MembershipRing`: a restart is two changes, and a
     /// node in a minority keeps its ring). Holding the SWIM lock while the topology changes keeps
@@ -179,7 +184,8 @@ public final class Membership: Sendable {
                     // over; it may hear so only after this ring change (found by Cluster/chaos,
                     // netns partitions: it served a SNAPSHOT of its stale copy in between). So it
                     // waits for the others to hand back before the change, as if told.
-                    declaredDead()
+                    // (told under the SWIM lock: before the ring change it precedes)
+                    if let returnedAs = declaredDead(swim: &s) { deathObserver(returnedAs) }
                 }
                 for step in steps {
                     guard let old = topology.update(ring: step) else { continue }
@@ -309,7 +315,7 @@ public final class Membership: Sendable {
                 let last = lastTickAt.exchange(now, ordering: .relaxed)
                 if last > 0, now - last > period + settings.suspicionMax {
                     logger.warning("this node was frozen for \((now - last) / 1_000_000) ms", [:])
-                    declaredDead()
+                    if let returnedAs = swim.withLock({ declaredDead(swim: &$0) }) { deathObserver(returnedAs) }
                 }
                 let (ds, incarnation) = swim.withLock { s in (s.periodTick(now: now), s.myself.incarnation) }
                 carryOut(ds)
@@ -366,7 +372,7 @@ public final class Membership: Sendable {
                     }
                 }
             case .declaredDead(let incarnation):
-                declaredDead(incarnation: incarnation)
+                if let returnedAs = swim.withLock({ declaredDead(incarnation: incarnation, swim: &$0) }) { deathObserver(returnedAs) }
             case .syncView(let with, let address):
                 // (a join's exchange: it carries this node's refutation there, and that member's view back)
                 let req = ClusterJoinRequest(member: wire(swim.withLock { $0.myself }))

@@ -38,6 +38,11 @@ public final class Topology: Sendable {
     let clock: EngineClock
     private var now: UInt64 { clock.monotonicNanoseconds() }
     private let readyObservers = Mutex<[@Sendable () -> Void]>([])
+    /// Where a member's incarnation is read (membership's SWIM view; never called under this
+    /// topology's lock).
+    private let incarnations = Mutex<(@Sendable (String) -> UInt64?)?>(nil)
+    /// The incarnation this node last announced a return from death with (0: none yet).
+    private let returnedAs = Atomic<UInt64>(0)
 
     public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000,
                 lease: UInt64 = 0, cutOffAfter: UInt64 = 0, ready: Bool = true, clock: EngineClock = SystemClock()) {
@@ -194,10 +199,27 @@ public final class Topology: Sendable {
         state.withLock { $0.lease.heard(at: now) }
     }
 
-    /// This node was declared dead and is back: it serves none of its keys until the others handed
-    /// back what they took over meanwhile (`HandoffGate.returnedFromDeath`).
-    public func returnedFromDeath() {
-        state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, now: self.now) }
+    /// This node was declared dead and is back, announced as `incarnation`: it serves none of its
+    /// keys until the others handed back what they took over meanwhile (`HandoffGate.returnedFromDeath`).
+    public func returnedFromDeath(incarnation: UInt64) {
+        returnedAs.store(incarnation, ordering: .relaxed)
+        state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, incarnation: incarnation, now: self.now) }
+    }
+
+    /// The incarnation this node last announced a return from death with (0: none): carried by
+    /// its handoff requests, and back by their answers.
+    public var returnIncarnation: UInt64 { returnedAs.load(ordering: .relaxed) }
+
+    /// Sets where members' incarnations are read (`incarnation(of:)`).
+    public func readIncarnations(from lookup: @escaping @Sendable (String) -> UInt64?) {
+        incarnations.withLock { $0 = lookup }
+    }
+
+    /// The incarnation this node knows `member` at (0 when it knows none): a "done" sent to it
+    /// carries it (`HandoffGate.returnedAs`).
+    public func incarnation(of member: String) -> UInt64 {
+        let lookup = incarnations.withLock { $0 }
+        return lookup?(member) ?? 0
     }
 
     /// Back from death, this node took a live member's whole view (`HandoffGate.viewRefreshed`).
@@ -224,8 +246,9 @@ public final class Topology: Sendable {
     /// Previous owners this node still waits for, sorted and comma-separated (logs).
     public var handoffPending: String { state.withLock { $0.gate.pending }.sorted().joined(separator: ",") }
 
-    /// `node` says it has handed off, for the ring with this fingerprint (`HandoffGate.handoffDone`).
-    public func handoffDone(from node: String, fingerprint: UInt64) {
-        state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint, now: self.now) }
+    /// `node` says it has handed off, for the ring with this fingerprint, deciding so while it
+    /// knew this node at `toIncarnation` (`HandoffGate.handoffDone`).
+    public func handoffDone(from node: String, fingerprint: UInt64, toIncarnation: UInt64) {
+        state.withLock { $0.gate.handoffDone(from: node, fingerprint: fingerprint, toIncarnation: toIncarnation, now: self.now) }
     }
 }

@@ -12,7 +12,7 @@ struct PeerInbound: Sendable {
     let router: Router
     let sessions: SessionLifecycle
     /// Told when a member back from death asks for handoffs.
-    let handoffRequested: @Sendable (NodeInstance, UInt64) -> Void
+    let handoffRequested: @Sendable (NodeInstance, UInt64, UInt64) -> Void
 
     private var topology: Topology { core.topology }
 
@@ -122,11 +122,11 @@ struct PeerInbound: Sendable {
         }
         for d in batch.deliveries { core.gateway.deliver(d, from: from) }
         if batch.handoffDone {
-            topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint)
+            topology.handoffDone(from: batch.fromNodeID, fingerprint: batch.ringFingerprint, toIncarnation: batch.toIncarnation)
             core.trace?("handoff done by", ["node": batch.fromNodeID, "ring": String(batch.ringFingerprint),
                                             "pending": topology.handoffPending])
         }
-        if batch.handoffRequest != 0 { handoffRequested(from, batch.handoffRequest) }
+        if batch.handoffRequest != 0 { handoffRequested(from, batch.handoffRequest, batch.fromIncarnation) }
     }
 
     // MARK: Anti-entropy (this node as owner and home)

@@ -127,8 +127,8 @@ public final class PresenceEngine: Sendable {
         router = Router(core: core)
         sessions = SessionLifecycle(core: core, router: router)
         let handoffs = Mutex<RingCoordinator?>(nil)
-        inbound = PeerInbound(core: core, router: router, sessions: sessions) { node, fingerprint in
-            handoffs.withLock { $0 }?.handoffRequested(by: node, fingerprint: fingerprint)
+        inbound = PeerInbound(core: core, router: router, sessions: sessions) { node, fingerprint, incarnation in
+            handoffs.withLock { $0 }?.handoffRequested(by: node, fingerprint: fingerprint, incarnation: incarnation)
         }
         antiEntropy = AntiEntropy(core: core, inbound: inbound)
         ring = RingCoordinator(core: core, antiEntropy: antiEntropy)

@@ -34,9 +34,11 @@ final class RingCoordinator: Sendable {
         guard let link = core.link else { return }
         core.trace?("handoff done, telling the members", ["ring": String(new.fingerprint), "pending": core.topology.handoffPending])
         for node in new.members where node != core.topology.me {
+            let incarnation = core.topology.incarnation(of: node)
             link.push(to: NodeInstance(node, boot: new.boot(of: node))) { b in
                 b.handoffDone = true
                 b.ringFingerprint = new.fingerprint
+                b.toIncarnation = incarnation
             }
         }
         link.forgetAllBut(new)
@@ -81,8 +83,8 @@ final class RingCoordinator: Sendable {
 
     /// This node was declared dead and is back: it stops serving its keys (the others took them
     /// over and hold later versions) and asks every member to say when it has handed back.
-    func returnedFromDeath() {
-        core.topology.returnedFromDeath()
+    func returnedFromDeath(incarnation: UInt64) {
+        core.topology.returnedFromDeath(incarnation: incarnation)
         // (what it counted as gone while it was the one cut off counts for nothing: seed 52)
         let core = self.core
         core.background.run {
@@ -98,18 +100,27 @@ final class RingCoordinator: Sendable {
     }
 
     /// Asks each of `nodes` to say whether it has handed off for the ring `fingerprint`
-    /// (answered by `handoffRequested` there).
+    /// (answered by `handoffRequested` there), with the incarnation this node returned as.
     private func requestHandoffs(from nodes: [NodeInstance], fingerprint: UInt64, link: PeerLink) {
-        for node in nodes { link.push(to: node) { $0.handoffRequest = fingerprint } }
+        let incarnation = core.topology.returnIncarnation
+        for node in nodes {
+            link.push(to: node) { b in
+                b.handoffRequest = fingerprint
+                b.fromIncarnation = incarnation
+            }
+        }
     }
 
-    /// A member back from death asks whether this node has handed back for the ring `fingerprint`:
-    /// if this node has carried out that ring, it has (its handoffs went out before this answer).
-    func handoffRequested(by node: NodeInstance, fingerprint: UInt64) {
+    /// A member back from death (as `incarnation`) asks whether this node has handed back for the
+    /// ring `fingerprint`: if this node has carried out that ring, it has (its handoffs went out
+    /// before this answer), and says so to that incarnation.
+    func handoffRequested(by node: NodeInstance, fingerprint: UInt64, incarnation: UInt64) {
         guard let link = core.link, core.topology.ring.fingerprint == fingerprint, core.topology.isSettled else { return }
+        let known = core.topology.incarnation(of: node.id)
         link.push(to: node) { b in
             b.handoffDone = true
             b.ringFingerprint = fingerprint
+            b.toIncarnation = max(known, incarnation)
         }
     }
 

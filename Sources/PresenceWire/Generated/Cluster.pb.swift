@@ -1377,10 +1377,12 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
     public var relayTo: String = ""
     public var copyRequests: [ClusterSessionChannel] = []
     public var homeCopyRequests: [String] = []
+    public var toIncarnation: UInt64 = 0
+    public var fromIncarnation: UInt64 = 0
 
     public init() {}
 
-    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = [], handoffRequest: UInt64 = 0, relayTo: String = "", copyRequests: [ClusterSessionChannel] = [], homeCopyRequests: [String] = []) {
+    public init(fromNodeID: String = "", deliveries: [ClusterDelivery] = [], channels: [ClusterChannelRecord] = [], users: [ClusterUserRecord] = [], handoffDone: Bool = false, ringFingerprint: UInt64 = 0, fromBoot: UInt64 = 0, toBoot: UInt64 = 0, moved: [ClusterSessionMoved] = [], handoffRequest: UInt64 = 0, relayTo: String = "", copyRequests: [ClusterSessionChannel] = [], homeCopyRequests: [String] = [], toIncarnation: UInt64 = 0, fromIncarnation: UInt64 = 0) {
         self.fromNodeID = fromNodeID
         self.deliveries = deliveries
         self.channels = channels
@@ -1394,6 +1396,8 @@ public struct ClusterPushBatch: ProtoMessage, Sendable, Hashable {
         self.relayTo = relayTo
         self.copyRequests = copyRequests
         self.homeCopyRequests = homeCopyRequests
+        self.toIncarnation = toIncarnation
+        self.fromIncarnation = fromIncarnation
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1428,6 +1432,8 @@ extension ClusterPushBatch: CMessageBridge {
         self.relayTo = try WireCodec.readString(c.pointee.relay_to)
         self.copyRequests = try WireCodec.readArray(c.pointee.copy_requests, c.pointee.n_copy_requests) { try ClusterSessionChannel(cStruct: $0!) }
         self.homeCopyRequests = try WireCodec.readArray(c.pointee.home_copy_requests, c.pointee.n_home_copy_requests) { try WireCodec.readString($0) }
+        self.toIncarnation = c.pointee.to_incarnation
+        self.fromIncarnation = c.pointee.from_incarnation
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1445,6 +1451,8 @@ extension ClusterPushBatch: CMessageBridge {
         if !self.relayTo.isEmpty { c.pointee.relay_to = arena.cString(self.relayTo) }
         (c.pointee.n_copy_requests, c.pointee.copy_requests) = arena.messageArray(self.copyRequests)
         (c.pointee.n_home_copy_requests, c.pointee.home_copy_requests) = arena.stringArray(self.homeCopyRequests)
+        c.pointee.to_incarnation = self.toIncarnation
+        c.pointee.from_incarnation = self.fromIncarnation
     }
 }
 

@@ -117,6 +117,93 @@ import Testing
         #expect(resumed.all == [true])
     }
 
+    /// What the members tell `to` that they have handed off: (sender, fingerprint, incarnation of
+    /// `to` it was decided for), as sent, from when this is called.
+    static func handoffDones(to: String, in c: SimCluster) -> Outcomes<(String, UInt64, UInt64)> {
+        let seen = Outcomes<(String, UInt64, UInt64)>()
+        let address = c.address(of: to)
+        c.network.observe = { from, dest, path, bytes in
+            guard dest == address, path == PeerPresenceMethods.push.path,
+                  let b = try? ClusterPushBatch(serializedBytes: bytes), b.handoffDone else { return }
+            seen.add((b.fromNodeID, b.ringFingerprint, b.toIncarnation))
+        }
+        return seen
+    }
+
+    /// A node back from death counts only the "done" messages decided for the incarnation it
+    /// returned as (`HandoffGate`): every member stamps each "done" with the incarnation it knows
+    /// the receiver at — as its ring takes the node back, and for every later change — and an
+    /// answer to the node's request with at least the incarnation the request carries (the news
+    /// of the return may not have reached the member yet).
+    @Test func handoffDoneMessagesCarryTheIncarnationTheyWereDecidedFor() throws {
+        let c = Self.cluster(seed: 5, size: 4)
+        c.world.run(for: 4_000_000_000)
+        let n3 = try #require(c.node("n3"))
+        c.pause("n3")
+        c.world.run(for: 6_000_000_000)
+        #expect(c.node("n1")!.core.topology.ring.members == ["n1", "n2", "n4"])
+        let afterReturn = Self.handoffDones(to: "n3", in: c)
+        c.unpause("n3")
+        c.world.run(for: 2_000_000_000)
+        let returnedAs = n3.core.topology.returnIncarnation
+        #expect(returnedAs > 0)
+        #expect(Set(afterReturn.all.map(\.0)) == ["n1", "n2", "n4"])
+        #expect(afterReturn.all.allSatisfy { $0.2 >= returnedAs }, "\(afterReturn.all) for incarnation \(returnedAs)")
+        // a later change (a member dies): every "done" is stamped with what the member knows
+        let later = Self.handoffDones(to: "n3", in: c)
+        c.kill("n4")
+        c.world.run(for: 3_000_000_000)
+        let now = n3.core.membership.myIncarnation
+        #expect(!later.all.isEmpty && later.all.allSatisfy { $0.2 == now }, "\(later.all) for incarnation \(now)")
+        // asked by a node at an incarnation the member has not heard of yet: answered for it
+        let answers = Self.handoffDones(to: "n3", in: c)
+        let ring = c.node("n1")!.core.topology.ring
+        let asking = SimTransport(network: c.network, from: c.address(of: "n3"), loop: c.clients)
+        let request = ClusterPushBatch(fromNodeID: "n3", fromBoot: n3.boot, toBoot: c.node("n1")!.boot, handoffRequest: ring.fingerprint,
+                                       fromIncarnation: now + 5)
+        Self.client(c) { _ = try? await asking.unary(c.address(of: "n1"), PeerPresenceMethods.push, request, timeout: 1_000_000_000) }
+        c.world.run(for: 500_000_000)
+        #expect(answers.all.contains { $0.0 == "n1" && $0.1 == ring.fingerprint && $0.2 == now + 5 }, "\(answers.all)")
+    }
+
+    /// How long `node` waits for handoffs from now on (1 ms steps, up to 5 s): nil if it never does.
+    static func handoffWait(_ c: SimCluster, _ node: SimNode) -> UInt64? {
+        var from: UInt64?
+        for step in 1...5_000 {
+            c.world.run(for: 1_000_000)
+            if node.core.topology.waitsForHandoff() {
+                if from == nil { from = UInt64(step) }
+            } else if let f = from {
+                return (UInt64(step) - f) * 1_000_000
+            }
+        }
+        return from.map { _ in 5_000_000_000 }
+    }
+
+    /// A node back from death serves none of its keys until the others handed back what they took
+    /// over, and then at once, not after the whole handoff limit nor the next time it asks: the
+    /// members' "done" messages carry the incarnation it returned as (sent as their ring takes it
+    /// back, or answering its request), and so do those for any later change.
+    @Test func aNodeBackFromDeathServesItsKeysOnceTheOthersHandedBack() throws {
+        let c = Self.cluster(seed: 5, size: 4)
+        c.world.run(for: 4_000_000_000)
+        let n3 = try #require(c.node("n3"))
+        let askAgain = n3.core.engine.settings.timings.handoffAskAgain
+        // frozen long enough to be declared dead by the others (who took its keys over)
+        c.pause("n3")
+        c.world.run(for: 6_000_000_000)
+        #expect(c.node("n1")!.core.topology.ring.members == ["n1", "n2", "n4"])
+        c.unpause("n3")
+        let back = try #require(Self.handoffWait(c, n3), "back from death, it waits for the others' handoffs")
+        #expect(back < askAgain, "waited \(back / 1_000_000) ms")
+        // a later change: keys move to it from a member that dies; the replicas' "done" count
+        c.world.run(for: 2_000_000_000)
+        c.kill("n4")
+        let later = try #require(Self.handoffWait(c, n3), "the ring change makes it wait")
+        #expect(later < askAgain, "waited \(later / 1_000_000) ms")
+        #expect(Set(Self.rings(c)) == [["n1", "n2", "n3"]])
+    }
+
     /// RELIABILITY.md, "Deterministic": one seed gives one history.
     @Test func aSeedRunTwiceGivesTheSameHistory() throws {
         let first = try Self.killAGatewayScenario(seed: 7)

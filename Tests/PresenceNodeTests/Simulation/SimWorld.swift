@@ -170,6 +170,9 @@ final class SimNetwork: @unchecked Sendable {
     var cutLinks: Set<[String]> = []
     /// Addresses on a bad link (delay, loss, duplication).
     var slow: Set<String> = []
+    /// Sees each request as it is sent (from, to, method path, protobuf bytes): a focused test's
+    /// window on what nodes tell each other.
+    var observe: ((String, String, String, [UInt8]) -> Void)?
     private(set) var requests = 0
     private(set) var lost = 0
     private(set) var duplicated = 0
@@ -217,6 +220,7 @@ struct SimTransport: PeerTransport {
         let (network, from, loop) = (self.network, self.from, self.loop)
         loop.after(timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "no answer from \(address)"))) }
         network.world.log("\(from) -> \(address) \(method.path)")
+        network.observe?(from, address, method.path, request.serializedBytes())
         if let dest = network.deliver(from: from, to: address), let handler = dest.services.methods[method.path]?.asyncUnary {
             let bytes = request.serializedBytes()
             let deadline = network.world.now + timeout
