@@ -2587,7 +2587,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_channel__descrip
   (ProtobufCMessageInit) presence__cluster__v1__session_channel__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[6] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[7] =
 {
   {
     "session_id",
@@ -2661,12 +2661,25 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "status_stamp",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeSession, status_stamp),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__home_session__field_indices_by_name[] = {
   2,   /* field[2] = channels */
   1,   /* field[1] = gateway */
   4,   /* field[4] = gateway_boot */
   0,   /* field[0] = session_id */
+  6,   /* field[6] = status_stamp */
   5,   /* field[5] = version */
   3,   /* field[3] = watching */
 };
@@ -2674,7 +2687,7 @@ static const ProtobufCIntRange presence__cluster__v1__home_session__number_range
 {
   { 1, 0 },
   { 6, 4 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor =
 {
@@ -2684,7 +2697,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor
   "Presence__Cluster__V1__HomeSession",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__HomeSession),
-  6,
+  7,
   presence__cluster__v1__home_session__field_descriptors,
   presence__cluster__v1__home_session__field_indices_by_name,
   2,  presence__cluster__v1__home_session__number_ranges,

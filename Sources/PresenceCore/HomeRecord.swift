@@ -26,8 +26,12 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         /// The last SetStatus and the last list of watched users this home took from the session,
         /// as `CallStamp`s (its epoch and its gateway's number): a call stamped at or below one
         /// arrives late (a first attempt retransmitted once a cut link heals, behind the call its
-        /// client made next) and changes nothing. 0: none yet. Kept by this home only, as
-        /// `lastChange`.
+        /// client made next) and changes nothing. 0: none yet. The status stamp travels with
+        /// copies and handoffs: a SetStatus delivered late to a node that is home again (it read
+        /// the call after a freeze, while another home took the client's next one) must find it,
+        /// or it puts the earlier status back under a new version that wins every merge. The
+        /// watching stamp is kept by this home only, as `lastChange` (the gateway's record, which
+        /// anti-entropy announces, repairs what a late call changes there).
         public var statusStamp: UInt64 = 0
         public var watchingStamp: UInt64 = 0
 
@@ -43,11 +47,11 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         }
 
         /// This session with what `known` (the home's own record of it) remembers of the calls it
-        /// took: a gateway's record or a copy does not carry it.
+        /// took: a gateway's record does not carry it, a copy only its status stamp.
         func keepingWhatIsRemembered(of known: Session) -> Session {
             var s = self
             s.lastChange = known.lastChange
-            s.statusStamp = known.statusStamp
+            s.statusStamp = CallStamp.later(s.statusStamp, known.statusStamp)
             s.watchingStamp = known.watchingStamp
             return s
         }
@@ -109,6 +113,13 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             guard write != 0, last != 0 else { return true }
             let epoch = SessionVersion.epoch(version), lastEpoch = last >> 32
             return epoch != lastEpoch ? epoch > lastEpoch : WriteNumber.isAfter(write, UInt32(truncatingIfNeeded: last))
+        }
+
+        /// The later of two stamps (0: none).
+        public static func later(_ a: UInt64, _ b: UInt64) -> UInt64 {
+            guard a != 0, b != 0 else { return a == 0 ? b : a }
+            if a >> 32 != b >> 32 { return a >> 32 > b >> 32 ? a : b }
+            return WriteNumber.isAfter(UInt32(truncatingIfNeeded: b), UInt32(truncatingIfNeeded: a)) ? b : a
         }
     }
 
@@ -217,10 +228,13 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     // MARK: Sessions
 
     /// A session opened (or resumed) at `sink`. `initial` UNKNOWN keeps the user's status (ONLINE if
-    /// it had no session).
+    /// it had no session). An open this record knows to be late — the session is here at a later
+    /// version, or already took a SetStatus (the first attempt of an open, read by a node after a
+    /// freeze while another home served the session) — sets no status: the client's later word stands.
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func sessionOpened(session: SessionID, sink: Sink, version: UInt64 = 0, initial: UserStatus) -> StatusChange? {
-        change { r in
+        let late = sessions[session].map { $0.version > version || $0.statusStamp != 0 } ?? false
+        return change { r in
             if r.sessions.isEmpty { r.chosen = .online }
             r.everOpened = true
             r.departed[session] = nil
@@ -231,7 +245,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             } else {
                 r.sessions[session] = Session(sink: sink, version: version)
             }
-            if initial != .unknown {
+            if initial != .unknown && !late {
                 r.chosen = initial
                 r.chosenVersion = r.nextVersion()
             }
@@ -462,10 +476,13 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
                 }
             }
             for (id, s) in other.sessions {
-                if let mine = r.sessions[id] {
+                if var mine = r.sessions[id] {
                     if s.version > mine.version {
-                        // (a copy does not carry what this home remembers of the session's calls)
+                        // (a copy does not carry all this home remembers of the session's calls)
                         r.sessions[id] = s.keepingWhatIsRemembered(of: mine)
+                    } else if mine.statusStamp != CallStamp.later(mine.statusStamp, s.statusStamp) {
+                        mine.statusStamp = s.statusStamp
+                        r.sessions[id] = mine
                     }
                 } else if !(r.departed[id].map { $0.version >= s.version && ($0.byGateway || !isLive(s.sink)) } ?? false) {
                     // (a timeout this record decided while cut off from a gateway that is live

@@ -293,6 +293,49 @@ extension SessionTableTests {
         #expect(r.visibleStatus == .away)
     }
 
+    /// A SetStatus delivered late to a node that is the user's home again (it read the call after
+    /// a freeze, while the home that served meanwhile took the client's next SetStatus) changes
+    /// nothing: the handoff, merged, carries the session's status stamp. Without it the late call
+    /// put the earlier status back under a new version, which then won every merge. The same
+    /// holds for the initial status of a late open (simulation seed 339 of a 600-seed sweep).
+    @Test func aSetStatusDeliveredLateToAHomeBackFromAFreezeChangesNothing() {
+        let v = SessionVersion.make(epoch: 1, counter: 0)
+        var frozen = HomeRecord<String>(userID: "ann")
+        _ = frozen.sessionOpened(session: s1, sink: "gw", version: v, initial: .online)
+        var meanwhile = frozen
+        meanwhile.startLineage(now: 9_000)
+        // (the session changed meanwhile too: the copy's version of it is the newer one)
+        let later = SessionVersion.make(epoch: 1, counter: 3)
+        _ = meanwhile.announce(session: s1, record: .init(sink: "gw", version: later))
+        #expect(meanwhile.setStatus(.away, by: s1, version: later, write: 1)?.status == .away)   // failed over to it
+        #expect(meanwhile.setStatus(.online, by: s1, version: later, write: 2)?.status == .online)
+        // handed back, then the first attempt of #1, sent to the frozen home, is read at last
+        _ = frozen.merge(meanwhile)
+        #expect(frozen.sessions[s1]?.version == later)
+        #expect(frozen.setStatus(.away, by: s1, version: later, write: 1) == nil)
+        #expect(frozen.visibleStatus == .online)
+        // a replica that installs the whole copy refuses it too, as does one merging a copy whose
+        // session is no newer than its own
+        var replica = HomeRecord<String>(userID: "ann")
+        replica.install(meanwhile)
+        #expect(replica.setStatus(.away, by: s1, version: later, write: 1) == nil)
+        var same = HomeRecord<String>(userID: "ann")
+        _ = same.sessionOpened(session: s1, sink: "gw", version: later, initial: .unknown)
+        _ = same.merge(meanwhile)
+        #expect(same.setStatus(.away, by: s1, version: later, write: 1) == nil && same.visibleStatus == .online)
+        // nor does the first attempt of the session's open, read as late, set its initial status
+        #expect(frozen.sessionOpened(session: s1, sink: "gw", version: v, initial: .away) == nil)
+        #expect(frozen.visibleStatus == .online)
+        var retried = HomeRecord<String>(userID: "bob")   // (a retried open at the same home sets it again)
+        _ = retried.sessionOpened(session: s1, sink: "gw", version: v, initial: .busy)
+        _ = retried.sessionOpened(session: s1, sink: "gw", version: v, initial: .busy)
+        #expect(retried.visibleStatus == .busy)
+        // (stamps compare by epoch, then by write number, wrapping: 0 is none)
+        #expect(HomeRecord<String>.CallStamp.later(0, 5) == 5 && HomeRecord<String>.CallStamp.later(5, 0) == 5)
+        #expect(HomeRecord<String>.CallStamp.later(1 << 32 | 9, 2 << 32 | 1) == 2 << 32 | 1)
+        #expect(HomeRecord<String>.CallStamp.later(1 << 32 | 0xFFFF_FFFF, 1 << 32 | 1) == 1 << 32 | 1)
+    }
+
     /// Found in review: a home that missed a claim (its copy from before a partition, merged
     /// with the side that saw it; or an announce from the new gateway) still held the old
     /// gateway's numbers, and the new gateway, numbering afresh from 1, had every SetStatus and

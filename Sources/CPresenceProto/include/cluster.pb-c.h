@@ -396,10 +396,16 @@ struct  Presence__Cluster__V1__HomeSession
   char **watching;
   uint64_t gateway_boot;
   uint64_t version;
+  /*
+   * In a copy: the last SetStatus its home took from the session (PresenceCore's
+   * HomeRecord.CallStamp; 0: none), so that a SetStatus delivered late to a node that becomes
+   * its home again changes nothing.
+   */
+  uint64_t status_stamp;
 };
 #define PRESENCE__CLUSTER__V1__HOME_SESSION__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__home_session__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0, 0, 0 }
 
 
 /*

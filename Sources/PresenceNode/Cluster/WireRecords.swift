@@ -62,7 +62,7 @@ extension ClusterHomeSession {
     init(_ id: SessionID, _ s: HomeRecord<NodeInstance>.Session) {
         self.init(sessionID: id.description, gateway: s.sink.id,
                   channels: s.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
-                  watching: s.watching, gatewayBoot: s.sink.boot, version: s.version)
+                  watching: s.watching, gatewayBoot: s.sink.boot, version: s.version, statusStamp: s.statusStamp)
     }
 
     /// The record this carries (nil without a valid session id and gateway).
@@ -71,8 +71,10 @@ extension ClusterHomeSession {
               watching.count <= Limits.maxWatchedPerSession, channels.count <= Limits.maxChannelsPerSession else { return nil }
         var joined: [ChannelKey: Bool] = [:]
         for c in channels { if let k = c.key { joined[k] = c.withPresence } }
-        return (id, HomeRecord.Session(sink: NodeInstance(gateway, boot: gatewayBoot), version: version, channels: joined,
-                                       watching: watching.filter(Validate.isIdentifier)))
+        var s = HomeRecord.Session(sink: NodeInstance(gateway, boot: gatewayBoot), version: version, channels: joined,
+                                   watching: watching.filter(Validate.isIdentifier))
+        s.statusStamp = statusStamp
+        return (id, s)
     }
 }
 

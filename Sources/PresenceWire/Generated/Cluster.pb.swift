@@ -774,16 +774,18 @@ public struct ClusterHomeSession: ProtoMessage, Sendable, Hashable {
     public var watching: [String] = []
     public var gatewayBoot: UInt64 = 0
     public var version: UInt64 = 0
+    public var statusStamp: UInt64 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = [], gatewayBoot: UInt64 = 0, version: UInt64 = 0) {
+    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = [], gatewayBoot: UInt64 = 0, version: UInt64 = 0, statusStamp: UInt64 = 0) {
         self.sessionID = sessionID
         self.gateway = gateway
         self.channels = channels
         self.watching = watching
         self.gatewayBoot = gatewayBoot
         self.version = version
+        self.statusStamp = statusStamp
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -811,6 +813,7 @@ extension ClusterHomeSession: CMessageBridge {
         self.watching = try WireCodec.readArray(c.pointee.watching, c.pointee.n_watching) { try WireCodec.readString($0) }
         self.gatewayBoot = c.pointee.gateway_boot
         self.version = c.pointee.version
+        self.statusStamp = c.pointee.status_stamp
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -821,6 +824,7 @@ extension ClusterHomeSession: CMessageBridge {
         (c.pointee.n_watching, c.pointee.watching) = arena.stringArray(self.watching)
         c.pointee.gateway_boot = self.gatewayBoot
         c.pointee.version = self.version
+        c.pointee.status_stamp = self.statusStamp
     }
 }
 

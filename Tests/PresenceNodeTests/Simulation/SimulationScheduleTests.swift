@@ -68,10 +68,14 @@ import Testing
     /// still counted a majority), and the other, back, asked it for its view and took that death:
     /// it served the member's channel from a stale copy. Seed 159: two nodes cut off at once; one,
     /// asked for its view at the heal, handed out the suspicions it had raised while cut off, and
-    /// the asker declared a healthy member dead.
+    /// the asker declared a healthy member dead. Seeds 92 and 174 (again, after the fifth
+    /// session's changes): a node back from a freeze read a "done" decided before its death, for
+    /// a ring it had again, and served a stale copy (`HandoffGate.returnedAs`). Seed 339: a node
+    /// back from a freeze read the first attempt of an open, and set its initial status over the
+    /// client's later SetStatus taken by the home that served meanwhile.
     @Test func regressionSeedsHoldEveryInvariant() {
         for (seed, seconds, maxNodes) in [(UInt64(1), 30.0, 8), (48, 20, 6), (66, 20, 6), (92, 20, 6), (31, 20, 6), (65, 20, 6), (53, 20, 6),
-                                          (168, 20, 6), (401, 20, 6), (159, 20, 6)] {
+                                          (168, 20, 6), (401, 20, 6), (159, 20, 6), (174, 20, 6), (339, 20, 6)] {
             let r = SimScenario.run(SimScenario.Options.drawn(seed: seed, maxNodes: maxNodes, seconds: seconds))
             #expect(r.violations.isEmpty, "\(r.summary)\n\(r.violations.prefix(10).map { "  \($0)" }.joined(separator: "\n"))")
         }

@@ -1,0 +1,25 @@
+import ClusterCore
+import PresenceCore
+@testable import PresenceNode
+import PresenceWire
+import Testing
+
+/// Replicated records as they cross the wire between nodes.
+@Suite struct WireRecordsTests {
+    /// A home copy carries each session's status stamp (`HomeRecord.Session.statusStamp`): the
+    /// node it reaches refuses a SetStatus that arrives late, as the home that took the later one does.
+    @Test func aHomeCopyCarriesEachSessionsStatusStamp() throws {
+        let gw = NodeInstance("n1", boot: 7)
+        let session = SessionID(raw: 42)
+        let v = SessionVersion.make(epoch: 1, counter: 0)
+        var home = HomeRecord<NodeInstance>(userID: "ann")
+        _ = home.sessionOpened(session: session, sink: gw, version: v, initial: .online)
+        _ = home.setStatus(.away, by: session, version: v, write: 1)
+        _ = home.setStatus(.busy, by: session, version: v, write: 2)
+        let bytes = ClusterUserRecord(HomeCopy(record: home, handoff: true)).serializedBytes()
+        var arrived = try #require(try ClusterUserRecord(serializedBytes: bytes).copy).record
+        #expect(arrived.sessions[session]?.statusStamp == home.sessions[session]?.statusStamp)
+        #expect(arrived.setStatus(.away, by: session, version: v, write: 1) == nil)
+        #expect(arrived.visibleStatus == .busy)
+    }
+}
