@@ -22,6 +22,18 @@ import Testing
         return (t, ring)
     }
 
+    /// Members' incarnations are read through a lookup membership sets once; reading it costs the
+    /// same on the millionth call as on the first (a closure kept bare in a `Mutex` was rewrapped
+    /// on every read, and overflowed the stack after about 100,000: see `ObserverSlot`).
+    @Test func anIncarnationLookupReadAMillionTimesStaysFlat() {
+        let t = Topology(me: "n1", boot: 1, replicationFactor: 2)
+        #expect(t.incarnation(of: "n2") == 0, "no lookup set: none known")
+        t.readIncarnations { $0 == "n2" ? 7 : nil }
+        var sum: UInt64 = 0
+        for _ in 0..<1_000_000 { sum &+= t.incarnation(of: "n2") }
+        #expect(sum == 7_000_000 && t.incarnation(of: "n3") == 0)
+    }
+
     /// A node that just joined serves no key until every member has said it handed off: the
     /// cluster may have been mid-change as it came (a member restarted at the same moment, or a
     /// key's owner died and another took it over), so the owner by the ring without it may not be

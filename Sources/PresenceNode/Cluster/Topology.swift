@@ -39,8 +39,11 @@ public final class Topology: Sendable {
     private var now: UInt64 { clock.monotonicNanoseconds() }
     private let readyObservers = Mutex<[@Sendable () -> Void]>([])
     /// Where a member's incarnation is read (membership's SWIM view; never called under this
-    /// topology's lock).
-    private let incarnations = Mutex<(@Sendable (String) -> UInt64?)?>(nil)
+    /// topology's lock). Kept in a struct, not as a bare closure in the `Mutex`: see `ObserverSlot`.
+    private struct IncarnationLookup: Sendable {
+        let read: @Sendable (String) -> UInt64?
+    }
+    private let incarnations = Mutex<IncarnationLookup?>(nil)
     /// The incarnation this node last announced a return from death with (0: none yet).
     private let returnedAs = Atomic<UInt64>(0)
 
@@ -212,14 +215,14 @@ public final class Topology: Sendable {
 
     /// Sets where members' incarnations are read (`incarnation(of:)`).
     public func readIncarnations(from lookup: @escaping @Sendable (String) -> UInt64?) {
-        incarnations.withLock { $0 = lookup }
+        incarnations.withLock { $0 = IncarnationLookup(read: lookup) }
     }
 
     /// The incarnation this node knows `member` at (0 when it knows none): a "done" sent to it
     /// carries it (`HandoffGate.returnedAs`).
     public func incarnation(of member: String) -> UInt64 {
         let lookup = incarnations.withLock { $0 }
-        return lookup?(member) ?? 0
+        return lookup?.read(member) ?? 0
     }
 
     /// Back from death, this node took a live member's whole view (`HandoffGate.viewRefreshed`).
