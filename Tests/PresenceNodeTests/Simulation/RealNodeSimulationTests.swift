@@ -166,6 +166,37 @@ import Testing
         #expect(answers.all.contains { $0.0 == "n1" && $0.1 == ring.fingerprint && $0.2 == now + 5 }, "\(answers.all)")
     }
 
+    /// A restarted node that has not joined yet holds back the copies sent to it, handoffs among
+    /// them that it must pass on to their owners: it says it has handed off only once it has
+    /// joined and taken them in. (Said before, a member waiting for it served those keys from
+    /// nothing.) Here its first seed does not answer, so it joins late, through the second,
+    /// while the others already probe it and put it on their rings and it them on its own.
+    @Test func aRestartedNodeSaysItHandedOffOnlyOnceItHasJoined() throws {
+        let c = Self.cluster(seed: 9, size: 3)
+        c.world.run(for: 4_000_000_000)
+        c.kill("n3")
+        c.world.run(for: 200_000_000)
+        c.cut("n3", "n1", true)
+        c.start("n3")
+        let n3 = try #require(c.node("n3"))
+        let said = Outcomes<Bool>()   // (whether n3 had joined as it said so)
+        let address = c.address(of: "n3")
+        c.network.observe = { from, _, path, bytes in
+            guard from == address, path == PeerPresenceMethods.push.path,
+                  let b = try? ClusterPushBatch(serializedBytes: bytes), b.handoffDone else { return }
+            said.add(n3.core.topology.isReady)
+        }
+        var ringBeforeJoining = false
+        for _ in 0..<600 where !n3.core.topology.isReady {
+            c.world.run(for: 10_000_000)
+            if !n3.core.topology.isReady && n3.core.topology.ring.members.count > 1 { ringBeforeJoining = true }
+        }
+        c.world.run(for: 2_000_000_000)
+        #expect(ringBeforeJoining, "the scenario: n3 learns members before it has joined")
+        #expect(n3.core.topology.isReady)
+        #expect(!said.all.isEmpty && said.all.allSatisfy { $0 }, "\(said.all.filter { !$0 }.count) of \(said.all.count) said before it joined")
+    }
+
     /// How long `node` waits for handoffs from now on (1 ms steps, up to 5 s): nil if it never does.
     static func handoffWait(_ c: SimCluster, _ node: SimNode) -> UInt64? {
         var from: UInt64?
