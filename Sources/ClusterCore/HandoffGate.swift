@@ -64,8 +64,7 @@ public struct HandoffGate: Sendable {
     /// stamped with a lower incarnation of this node was decided before it was declared dead:
     /// delivered late (a freeze holds what reached the process unread), it may name a ring this
     /// node has again after its return, while what the sender took over meanwhile has not been
-    /// handed back (found by the simulation, seed 699 of the 10,000-seed sweep: back from a 6 s
-    /// pause, a node served a SNAPSHOT of its stale copy of a channel).
+    /// handed back: counted, the node would serve a stale copy.
     private var returnedAs: UInt64 = 0
 
     /// Members waited for that are on the current ring (one that is not cannot hand off now; if

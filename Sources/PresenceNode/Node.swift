@@ -177,8 +177,8 @@ public final class Node: Sendable {
     public func shutdown(gracePeriod: UInt64 = 5_000_000_000) async {
         health.setNotServing()
         logger.info("shutting down", ["node_id": configuration.nodeID])
-        // hand everything off first and own nothing from then on; then say goodbye; then end the
-        // streams, so clients resume their sessions on other nodes
+        // hand everything off first and own nothing from then on; then end the streams, so
+        // clients resume their sessions on other nodes; then say goodbye (`NodeCore.shutdown`)
         let start = MonotonicClock.now()
         let step = { [logger] (what: String) in logger.debug("shutdown: \(what)", ["after_ms": String((MonotonicClock.now() - start) / 1_000_000)]) }
         await core.shutdown(step: step)

@@ -87,21 +87,21 @@ public final class NodeCore: Sendable {
         engine.start()
     }
 
-    /// Graceful leave, first half: hands everything off, says goodbye, stops taking ring changes.
-    public func leave(handoffTimeout: UInt64) async {
-        await engine.ring.handOffBeforeLeaving(timeout: handoffTimeout)
-        await membership.leave()
-        ringChanges.finish()
-    }
-
-    /// Graceful stop (SIGTERM), the node's own part: hands everything off and leaves, then ends
-    /// the client streams (their clients resume on other nodes), then stops the engine. `step`
-    /// hears each stage as it ends.
+    /// Graceful stop (SIGTERM), the node's own part: hands everything off (it owns nothing from
+    /// then on), ends the client streams (their clients resume on other nodes), says goodbye and
+    /// stops taking ring changes, then stops the engine. `step` hears each stage as it ends.
+    /// The streams end before the goodbye: the others start the presence timeout of this node's
+    /// sessions when they hear it, and a client must never have less than the whole timeout to
+    /// resume (said after, a resume sent just inside the timeout, as the client counts it, could
+    /// find the session timed out).
     public func shutdown(step: (String) -> Void = { _ in }) async {
-        await leave(handoffTimeout: 2_000_000_000)
-        step("handed off and left the cluster")
+        await engine.ring.handOffBeforeLeaving(timeout: 2_000_000_000)
+        step("handed off")
         await engine.endAllStreams()
         step("client streams ended")
+        await membership.leave()
+        ringChanges.finish()
+        step("left the cluster")
         await engine.stop()
         step("engine stopped")
     }

@@ -197,6 +197,25 @@ import Testing
         #expect(!said.all.isEmpty && said.all.allSatisfy { $0 }, "\(said.all.filter { !$0 }.count) of \(said.all.count) said before it joined")
     }
 
+    /// A node stopping gracefully ends its client streams before it says goodbye: the others
+    /// start the presence timeout of its sessions when they hear the goodbye, so a client, which
+    /// counts from its stream's end, always has the whole timeout to resume elsewhere.
+    @Test func aGracefulStopEndsTheStreamsBeforeItSaysGoodbye() throws {
+        let c = Self.cluster(seed: 4, size: 3)
+        c.world.run(for: 4_000_000_000)
+        let n3 = try #require(c.node("n3"))
+        let goodbyes = Outcomes<Bool>()   // (whether its streams had ended as it said goodbye)
+        let address = c.address(of: "n3")
+        c.network.observe = { from, _, path, bytes in
+            guard from == address, path == MembershipMethods.ping.path,
+                  let ping = try? ClusterPingRequest(serializedBytes: bytes),
+                  ping.gossip.contains(where: { $0.nodeID == "n3" && $0.status == .left }) else { return }
+            goodbyes.add(n3.core.engine.isShuttingDown)
+        }
+        #expect(c.terminate("n3"))
+        #expect(!goodbyes.all.isEmpty && goodbyes.all.allSatisfy { $0 }, "\(goodbyes.all)")
+    }
+
     /// How long `node` waits for handoffs from now on (1 ms steps, up to 5 s): nil if it never does.
     static func handoffWait(_ c: SimCluster, _ node: SimNode) -> UInt64? {
         var from: UInt64?
