@@ -103,6 +103,11 @@ public struct HandoffGate: Sendable {
         // (an earlier owner off the new ring stays on the list: if it comes back during the wait,
         // it holds what it took over meanwhile and must hand it back first)
         var owners = earlier.union(old.members.filter { alive.contains($0) && new.members.contains($0) })
+        if joinWait {
+            // (still joining: a member it learns of only now may hold keys this node owns — handed
+            // to it by a ring this node never had — and is waited for like the others)
+            owners.formUnion(new.members.filter { !old.members.contains($0) && alive.contains($0) })
+        }
         if !sinceReturn.isEmpty {
             // still waiting after a return from death: a member back on the ring that this node
             // had believed dead owned its keys meanwhile, by the ring without this node (found by

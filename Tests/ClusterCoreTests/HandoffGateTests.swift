@@ -137,6 +137,29 @@ import Testing
     }
 }
 
+@Suite struct HandoffGateJoinTests {
+    /// A node still waiting as it joins learns the members one ring change at a time: one it
+    /// learns of during the wait may hold keys it owns (handed to it by a ring this node never
+    /// had, say a member that is joining too), so it is waited for like the others. Once the wait
+    /// is over, a member that joins is not (it holds nothing this node owns).
+    @Test func aMemberLearntOfDuringTheJoinWaitIsWaitedForToo() {
+        let alone = HashRing(members: ["c"]), first = HashRing(members: ["a", "b", "c"]), all = HashRing(members: ["a", "b", "c", "d"])
+        let mine = (0..<10_000).map { StableHash.of("k\($0)") }.first { all.owner(ofHash: $0) == "c" }!
+        var g = HandoffGate(me: "c", limit: 3_000)
+        g.ringChanged(from: alone, to: first, alive: ["a", "b", "c"], now: 0, joining: true)
+        g.ringChanged(from: first, to: all, alive: ["a", "b", "c", "d"], now: 10)
+        #expect(g.pending == ["a", "b", "d"])
+        for n in ["a", "b"] { g.handoffDone(from: n, fingerprint: all.fingerprint, now: 20) }
+        #expect(!g.mayServe(keyHash: mine, now: 21))
+        g.handoffDone(from: "d", fingerprint: all.fingerprint, now: 30)
+        #expect(g.mayServe(keyHash: mine, now: 31))
+        // the wait over, a member that joins is not waited for
+        let five = HashRing(members: ["a", "b", "c", "d", "e"])
+        g.ringChanged(from: all, to: five, alive: ["a", "b", "c", "d", "e"], now: 40)
+        #expect(!g.pending.contains("e"))
+    }
+}
+
 @Suite struct HandoffGateReturnTests {
     @Test func aNodeBackFromDeathServesItsKeysOnlyOnceHandedBack() {
         let ring = HashRing(members: ["a", "b", "c"])
