@@ -65,7 +65,7 @@ public struct HandoffGate: Sendable {
     /// delivered late (a freeze holds what reached the process unread), it may name a ring this
     /// node has again after its return, while what the sender took over meanwhile has not been
     /// handed back: counted, the node would serve a stale copy.
-    private var returnedAs: UInt64 = 0
+    public private(set) var returnedAs: UInt64 = 0
 
     /// Members waited for that are on the current ring (one that is not cannot hand off now; if
     /// it comes back, it is waited for again), and those waited for since a return from death.

@@ -111,15 +111,19 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         /// (unnumbered calls, from a peer that does not number them, count as they arrive).
         public static func isLater(version: UInt64, write: UInt32, than last: UInt64) -> Bool {
             guard write != 0, last != 0 else { return true }
-            let epoch = SessionVersion.epoch(version), lastEpoch = last >> 32
-            return epoch != lastEpoch ? epoch > lastEpoch : WriteNumber.isAfter(write, UInt32(truncatingIfNeeded: last))
+            return isAfter(make(version: version, write: write), last)
         }
 
         /// The later of two stamps (0: none).
         public static func later(_ a: UInt64, _ b: UInt64) -> UInt64 {
             guard a != 0, b != 0 else { return a == 0 ? b : a }
-            if a >> 32 != b >> 32 { return a >> 32 > b >> 32 ? a : b }
-            return WriteNumber.isAfter(UInt32(truncatingIfNeeded: b), UInt32(truncatingIfNeeded: a)) ? b : a
+            return isAfter(b, a) ? b : a
+        }
+
+        /// Whether stamp `a` comes after stamp `b` (both numbered): a later epoch, or the same
+        /// epoch and a later write number.
+        private static func isAfter(_ a: UInt64, _ b: UInt64) -> Bool {
+            a >> 32 != b >> 32 ? a >> 32 > b >> 32 : WriteNumber.isAfter(UInt32(truncatingIfNeeded: a), UInt32(truncatingIfNeeded: b))
         }
     }
 
@@ -480,9 +484,12 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
                     if s.version > mine.version {
                         // (a copy does not carry all this home remembers of the session's calls)
                         r.sessions[id] = s.keepingWhatIsRemembered(of: mine)
-                    } else if mine.statusStamp != CallStamp.later(mine.statusStamp, s.statusStamp) {
-                        mine.statusStamp = s.statusStamp
-                        r.sessions[id] = mine
+                    } else {
+                        let stamp = CallStamp.later(mine.statusStamp, s.statusStamp)
+                        if stamp != mine.statusStamp {
+                            mine.statusStamp = stamp
+                            r.sessions[id] = mine
+                        }
                     }
                 } else if !(r.departed[id].map { $0.version >= s.version && ($0.byGateway || !isLive(s.sink)) } ?? false) {
                     // (a timeout this record decided while cut off from a gateway that is live

@@ -67,6 +67,10 @@ public final class Membership: Sendable {
         logger.warning("this node was declared dead and is back", ["incarnation": incarnation.map(String.init) ?? "-", "returned_as": String(returnedAs)])
         return returnedAs
     }
+    /// `declaredDead(swim:)` from outside the SWIM lock; the engine is told after it is released.
+    private func declaredDead(incarnation: UInt64? = nil) {
+        if let returnedAs = swim.withLock({ declaredDead(incarnation: incarnation, swim: &$0) }) { deathObserver(returnedAs) }
+    }
     private let lastIncarnation = Atomic<UInt64>(0)
     /// The process each member was last known as (to tell a restart from a status change).
     private let knownBoots = Mutex<[String: UInt64]>([:])
@@ -315,7 +319,7 @@ public final class Membership: Sendable {
                 let last = lastTickAt.exchange(now, ordering: .relaxed)
                 if last > 0, now - last > period + settings.suspicionMax {
                     logger.warning("this node was frozen for \((now - last) / 1_000_000) ms", [:])
-                    if let returnedAs = swim.withLock({ declaredDead(swim: &$0) }) { deathObserver(returnedAs) }
+                    declaredDead()
                 }
                 let (ds, incarnation) = swim.withLock { s in (s.periodTick(now: now), s.myself.incarnation) }
                 carryOut(ds)
@@ -372,7 +376,7 @@ public final class Membership: Sendable {
                     }
                 }
             case .declaredDead(let incarnation):
-                if let returnedAs = swim.withLock({ declaredDead(incarnation: incarnation, swim: &$0) }) { deathObserver(returnedAs) }
+                declaredDead(incarnation: incarnation)
             case .syncView(let with, let address):
                 // (a join's exchange: it carries this node's refutation there, and that member's view back)
                 let req = ClusterJoinRequest(member: wire(swim.withLock { $0.myself }))

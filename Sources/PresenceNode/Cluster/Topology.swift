@@ -44,8 +44,6 @@ public final class Topology: Sendable {
         let read: @Sendable (String) -> UInt64?
     }
     private let incarnations = Mutex<IncarnationLookup?>(nil)
-    /// The incarnation this node last announced a return from death with (0: none yet).
-    private let returnedAs = Atomic<UInt64>(0)
 
     public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000,
                 lease: UInt64 = 0, cutOffAfter: UInt64 = 0, ready: Bool = true, clock: EngineClock = SystemClock()) {
@@ -205,13 +203,12 @@ public final class Topology: Sendable {
     /// This node was declared dead and is back, announced as `incarnation`: it serves none of its
     /// keys until the others handed back what they took over meanwhile (`HandoffGate.returnedFromDeath`).
     public func returnedFromDeath(incarnation: UInt64) {
-        returnedAs.store(incarnation, ordering: .relaxed)
         state.withLock { s in s.gate.returnedFromDeath(ring: s.ring, incarnation: incarnation, now: self.now) }
     }
 
     /// The incarnation this node last announced a return from death with (0: none): carried by
     /// its handoff requests, and back by their answers.
-    public var returnIncarnation: UInt64 { returnedAs.load(ordering: .relaxed) }
+    public var returnIncarnation: UInt64 { state.withLock { $0.gate.returnedAs } }
 
     /// Sets where members' incarnations are read (`incarnation(of:)`).
     public func readIncarnations(from lookup: @escaping @Sendable (String) -> UInt64?) {
