@@ -93,11 +93,13 @@ public final class NodeCore: Sendable {
     /// The streams end before the goodbye: the others start the presence timeout of this node's
     /// sessions when they hear it, and a client must never have less than the whole timeout to
     /// resume (said after, a resume sent just inside the timeout, as the client counts it, could
-    /// find the session timed out).
+    /// find the session timed out). It waits for the streams' ends to be sent, and a margin more
+    /// for them to reach their clients (`ClusterTimings.goodbyeMargin`).
     public func shutdown(step: (String) -> Void = { _ in }) async {
         await engine.ring.handOffBeforeLeaving(timeout: 2_000_000_000)
         step("handed off")
         await engine.endAllStreams()
+        await engine.core.clock.sleep(nanoseconds: engine.settings.timings.goodbyeMargin)
         step("client streams ended")
         await membership.leave()
         ringChanges.finish()

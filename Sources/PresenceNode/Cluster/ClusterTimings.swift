@@ -80,6 +80,14 @@ public struct ClusterTimings: Sendable, Equatable {
     /// (anti-entropy would repair it too, but later).
     public var endRetryPause: UInt64
     public var endRetryAttempts: Int
+    /// A stopping node waits up to this long for its client streams to end before it says goodbye
+    /// (1 s: a handler that has not let go by then is stuck, and the node stops anyway).
+    public var streamsEndWait: UInt64
+    /// ... and this long more (0.3 s, `routingLastAttempt`: a round trip over a slow link): the
+    /// others start its sessions' presence timeout when they hear the goodbye, while each client
+    /// counts from its stream's end as it reaches it, and its resume must still reach the
+    /// session's home within the timeout.
+    public var goodbyeMargin: UInt64
     /// SWIM's probe period (`--probe-interval`), which the others derive from.
     public var probeInterval: UInt64
     /// A connect to a peer still waiting after this long lost its SYN (a partition that healed
@@ -113,6 +121,8 @@ public struct ClusterTimings: Sendable, Equatable {
         movedMemory = presenceTimeout * 10
         endRetryPause = 1_000_000_000
         endRetryAttempts = 10
+        streamsEndWait = 1_000_000_000
+        goodbyeMargin = routingLastAttempt
     }
 
     /// Timeout of one attempt of a push of about `bytes`: the first attempt's time plus what the

@@ -179,12 +179,27 @@ public final class PresenceEngine: Sendable {
     public func closeSession(_ sessionID: String) async throws(PresenceError) { try await sessions.close(sessionID) }
 
     /// Ends every session's stream (node shutdown); the sessions stay, to resume elsewhere.
+    /// Returns once every stream it ended has let go of its outbox (its handler returned, so its
+    /// end is on its way to the client), or after `timings.streamsEndWait`: ending a stream is
+    /// asynchronous, and the goodbye that follows must not overtake it.
     public func endAllStreams() async {
         streamsEnded.store(true, ordering: .releasing)
+        var ended: [SessionOutbox] = []
         for g in core.gateway.shards {
-            for o in g.allOutboxes() { o.end(.shutdown) }
+            for o in g.allOutboxes() {
+                o.end(.shutdown)
+                ended.append(o)
+            }
+        }
+        let clock = core.clock
+        let deadline = clock.monotonicNanoseconds() &+ settings.timings.streamsEndWait
+        while ended.contains(where: \.hasStream) && clock.monotonicNanoseconds() < deadline {
+            await clock.sleep(nanoseconds: Self.streamsEndPoll)
         }
     }
+
+    /// How often `endAllStreams` looks whether the streams it ended have let go.
+    static let streamsEndPoll: UInt64 = 5_000_000
 
     // MARK: Channels
 

@@ -106,6 +106,9 @@ public final class SessionOutbox: Sendable {
         }
     }
 
+    /// Whether a stream is attached (its handler has not let go of this outbox yet).
+    public var hasStream: Bool { state.withLock { $0.writer != nil } }
+
     /// Ends the attached stream's wait (CloseSession, shutdown, slow consumer).
     public func end(_ reason: StreamEnd) {
         let waiter = state.withLock { s -> Suspended<StreamEnd, Never>? in
