@@ -37,6 +37,9 @@ final class SimClients: @unchecked Sendable {
         /// What the server acknowledged (the SDK's view): channel -> state.
         var channels: [String: [String: String]] = [:]
         var status = UserStatus.online
+        /// The status of the SetStatus in flight, if any: a resume restores the status the user
+        /// wants, as an SDK does (it carries the acknowledged one otherwise).
+        var wanted: UserStatus?
         var waiters: [OneShot<Void>] = []
         /// What fails each call in flight on a node's connection when its keepalive gives up.
         var inFlight: [String: [() -> Void]] = [:]
@@ -228,8 +231,12 @@ final class SimClients: @unchecked Sendable {
         while world.now - origin < timeout + 10_000_000_000 {
             for node in nodesInOrder(avoiding: from) {
                 let t0 = world.now
-                switch await openOn(u, node, resume: sid, status: u.status) {
+                // (the resume sets the status it carries as the session's home takes it over: a
+                // write of its own, acknowledged with `opened`)
+                let status = u.wanted ?? u.status
+                switch await openOn(u, node, resume: sid, status: status) {
                 case .opened(let got, let resumed):
+                    if resumed && got == sid { u.status = status }
                     records.resumes.append(.init(user: u.name, sid: sid, node: node, t0: t0, origin: origin, outcome: resumed ? .resumed : .newSession))
                     if !resumed || got != sid { await recover(u, lost: sid, origin: origin, fresh: true) }
                     return
@@ -360,7 +367,9 @@ final class SimClients: @unchecked Sendable {
     }
 
     private func setStatus(_ u: User, _ status: UserStatus) async {
+        u.wanted = status
         let o = await call(u, PresenceMethods.setStatus, channel: nil) { SetStatusRequest(sessionID: $0, status: status) }
+        u.wanted = nil
         if o == .ok { u.status = status }
     }
 
