@@ -126,6 +126,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// first dropped: they go when their time is up (the owner may not count this node as a
     /// replica at all), and the owner's whole copy replaces them whatever its lineage.
     public private(set) var unconfirmed: [V.Key: Int64] = [:]
+    /// Copies that came as a handoff meant for the key's owner while this node did not own it,
+    /// and when (wall ms). Such a copy may be the only whole version left: its sender has handed
+    /// off and is leaving, and the owner it was passed on to may be leaving too. A ring change
+    /// that gives the key another owner hands it on to that owner, for a presence timeout after
+    /// it came (`handOnAfterRingChange`).
+    public private(set) var handedHere: [V.Key: Int64] = [:]
     /// When the next retired or unconfirmed copy is due to go (wall ms).
     private var retirementDue = Int64.max
     /// When the earliest of `emptied` and `emptiedCopies` may be forgotten (or earlier).
@@ -447,6 +453,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         }
         if !restarted.isEmpty { out.append(.deliver(restarted)) }
         let died = Set(old.members.filter { !new.isLive($0, boot: old.boot(of: $0)) })
+        handedHere = handedHere.filter { copies[$0.key] != nil && wall - $0.value < retirement }
         for (key, v) in copies.sorted(by: { $0.key < $1.key }) {
             switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .takeOver(_, let newReplicas):
@@ -454,12 +461,16 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 let stale = unconfirmed[key] != nil
                 copies[key] = nil
                 emptiedCopies[key] = nil
+                handedHere[key] = nil
                 settled(key)
                 out += takeOver(key, from: v, stale: stale, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
             case .keep:
                 out += toOwnerAfterDeath(key, v, from: old, died: died, now: now)
+                    ?? handOnAfterRingChange(key, v, from: old, now: now)
             case .drop:
                 out += toOwnerAfterDeath(key, v, from: old, died: died, now: now)
+                    ?? handOnAfterRingChange(key, v, from: old, now: now)
+                handedHere[key] = nil
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 retire(key, v, wall: wall)
@@ -478,12 +489,23 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// while a live replica holds its sessions. Not a copy no dead holder kept up to date here
     /// (this node was no holder of it, or restored it unconfirmed): merged, its older word would
     /// count. `died`: the members of `old` not live on the new ring.
-    private func toOwnerAfterDeath(_ key: V.Key, _ v: V, from old: HashRing, died: Set<String>, now: UInt64) -> [Effect] {
-        guard !died.isEmpty, unconfirmed[key] == nil else { return [] }
+    /// Nil when it sends nothing.
+    private func toOwnerAfterDeath(_ key: V.Key, _ v: V, from old: HashRing, died: Set<String>, now: UInt64) -> [Effect]? {
+        guard !died.isEmpty, unconfirmed[key] == nil else { return nil }
         let h = V.ringHash(of: key)
         let holders = old.owners(ofHash: h, count: replicationFactor)
         guard holders.contains(me), holders.contains(where: died.contains),
-              let owner = ring.owner(ofHash: h), owner != me else { return [] }
+              let owner = ring.owner(ofHash: h), owner != me else { return nil }
+        return sendAll(v, to: owner, handoff: true, now: now)
+    }
+
+    /// A copy that came here as a handoff (`handedHere`) goes to the key's new owner when the
+    /// ring moves the key, before this node says it is done with the ring change: the new owner
+    /// may have started after that handoff was sent, and nobody else may hold all of it.
+    private func handOnAfterRingChange(_ key: V.Key, _ v: V, from old: HashRing, now: UInt64) -> [Effect] {
+        guard handedHere[key] != nil else { return [] }
+        let h = V.ringHash(of: key)
+        guard let owner = ring.owner(ofHash: h), owner != me, owner != old.owner(ofHash: h) else { return [] }
         return sendAll(v, to: owner, handoff: true, now: now)
     }
 
@@ -636,15 +658,24 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         // by its ring): kept, but a replica must never take over from part of a key, so it asks
         // the owner for all of it
         let partial = !V.isFull(copy) && copies[key] == nil
+        // a copy handed here goes to the owner before the owner's whole copy replaces it (its
+        // changes, which the owner may lack, would be lost with it)
+        var handOn: [Effect] = []
+        if handedHere[key] != nil, V.isFull(copy), !V.isHandoff(copy), let held = copies[key],
+           let owner = ring.owner(ofHash: V.ringHash(of: key)), owner != me {
+            handOn = sendAll(held, to: owner, handoff: true, now: now)
+            handedHere[key] = nil
+        }
         if V.isFull(copy) || !restored { settled(key) }
         // (installed in place: a value taken out of the table while the table still holds it shares
         // its storage with it, and the install then copied all of it, the whole channel per change)
         if V.isFull(copy) { copies[key] = make(key) }
         copies[key, default: make(key)].install(copy)
+        if V.isHandoff(copy) { handedHere[key] = wall }
         keepReplica(key, wall: wall)
         var out: [Effect] = []
         if partial, copies[key] != nil, let sender { out.append(.askForCopy(key, from: sender)) }
-        return out + passOn
+        return handOn + out + passOn
     }
 
     /// A replica asks for a whole copy of `key`: sent if this node owns it and `node` replicates it.

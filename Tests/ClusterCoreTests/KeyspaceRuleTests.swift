@@ -473,6 +473,59 @@ import Testing
         #expect(owner[owned: key]!.contains(user: "u1") && owner[owned: key]!.contains(user: "u2"))
     }
 
+    /// A handoff that reached a node which did not own the key goes to the key's next owner when
+    /// the ring moves the key: its sender has left, the owner it was passed on to may leave too,
+    /// and the next owner may have started after it was sent. A plain replica copy does not (the
+    /// previous owner hands off).
+    @Test func aHandoffThatReachedANonOwnerGoesToTheKeysNextOwner() throws {
+        let before = HashRing(members: ["b", "c"], boots: ["b": 1, "c": 1])
+        let after = HashRing(members: ["b", "c", "d"], boots: ["b": 1, "c": 1, "d": 1])
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            before.owner(ofHash: StableHash.of($0)) == "b" && after.owner(ofHash: StableHash.of($0)) == "d"
+        })
+        var handedTo = space("c", before, copies: 2), replica = space("c", before, copies: 2)
+        // the version a leaving node handed to c (its ring, without itself, made c the owner)
+        var leaving = Machine(key: key, maxInstantEvents: 100)
+        _ = leaving.join(user: "u2", session: SessionID(raw: 8), withPresence: false, sink: g, version: v(1, 1), now: 1_000)
+        let passedOn = handedTo.received(leaving.fullCopies(handoff: true)[0], now: 1, wall: 1_000)
+        #expect(passedOn.contains { if case .send(_, "b", _, _) = $0 { return true } else { return false } })
+        _ = replica.received(leaving.fullCopies(handoff: false)[0], now: 1, wall: 1_000)
+        // d joins and owns the key now
+        let out = handedTo.ringChanged(to: after, now: 2, wall: 2_000)
+        let toD = out.compactMap { e -> Machine.Copy? in if case .send(let c, "d", _, _) = e { return c } else { return nil } }
+        #expect(toD.count == 1 && toD.allSatisfy(\.handoff), "\(out)")
+        var d = space("d", after, copies: 2)
+        for c in toD { _ = d.received(c, now: 3, wall: 3_000) }
+        #expect(d[owned: key]?.contains(user: "u2") == true)
+        #expect(!replica.ringChanged(to: after, now: 2, wall: 2_000).contains { if case .send(_, "d", _, _) = $0 { return true } else { return false } })
+    }
+
+    /// A copy handed to a non-owner goes to the owner before the owner's whole copy replaces it:
+    /// an owner that started after the handoff was sent (restarted empty) would otherwise
+    /// overwrite the only whole version with its own.
+    @Test func aCopyHandedHereGoesToTheOwnerBeforeTheOwnersWholeCopyReplacesIt() throws {
+        let ring = HashRing(members: ["b", "c"], boots: ["b": 1, "c": 1])
+        let key = key(ownedBy: "b", on: ring)
+        var c = space("c", ring, copies: 2)
+        var leaving = Machine(key: key, maxInstantEvents: 100)
+        _ = leaving.join(user: "u2", session: SessionID(raw: 8), withPresence: false, sink: g, version: v(1, 1), now: 1_000)
+        _ = c.received(leaving.fullCopies(handoff: true)[0], now: 1, wall: 1_000)
+        // b, restarted, serves the key from nothing in a later lineage
+        var fresh = Machine(key: key, maxInstantEvents: 100)
+        fresh.startLineage(now: 2_000)
+        _ = fresh.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 2_000)
+        let out = c.received(fresh.fullCopies(handoff: false)[0], from: "b", now: 2, wall: 2_000)
+        let toB = out.compactMap { e -> Machine.Copy? in if case .send(let c, "b", _, _) = e { return c } else { return nil } }
+        #expect(toB.count == 1 && toB.allSatisfy(\.handoff), "\(out)")
+        var b = space("b", ring, copies: 2)
+        _ = try b.withOwned(key, create: true, now: 2_000) { m in
+            _ = m.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 2_000)
+        }
+        for x in toB { _ = b.received(x, now: 3, wall: 3_000) }
+        #expect(b[owned: key]?.contains(user: "u1") == true && b[owned: key]?.contains(user: "u2") == true)
+        #expect(c.copies[key]?.contains(user: "u1") == true)
+    }
+
     /// A node back from death counts how long others' processes have been gone from its return, not from what it counted while cut off.
     @Test func aNodeBackFromDeathDoesNotTimeOutSessionsByWhatItCountedWhileCutOff() {
         let five = HashRing(members: ["a", "b", "c", "d", "e"], boots: ["a": 1, "b": 1, "c": 1, "d": 1, "e": 1])
