@@ -213,6 +213,18 @@ public enum SWIM {
             return chosen.map(\.update)
         }
 
+        /// `gossip` for a message to `id`, with what this node holds against `id` when it suspects
+        /// it (Lifeguard's "buddy system"): the suspect hears of the suspicion from every member
+        /// that probes it or that it pings, and refutes before it is declared dead. Left to the
+        /// piggy-backed gossip, whose budget goes to random members, a live member may never hear
+        /// it (found by the simulation, seed 704: a member suspected by one returning from a
+        /// partition was declared dead while it kept serving its keys). Not while this node sees
+        /// only a minority: its accusations stay its own (`takeGossip`).
+        private func withSuspicion(of id: String, _ gossip: [Update]) -> [Update] {
+            guard let m = members[id], m.status == .suspect, !seesOnlyAMinority, !gossip.contains(where: { $0.id == id }) else { return gossip }
+            return gossip + [m]
+        }
+
         /// Applies what a message carried (`from`: the sender, a confirmation for suspicions).
         public mutating func merge(_ updates: [Update], from: String?, now: UInt64) -> [Directive] {
             var out: [Directive] = []
@@ -485,7 +497,7 @@ public enum SWIM {
             guard let t = members[target] else { return out }
             sequence += 1
             probes[sequence] = Probe(target: target, indirect: false)
-            out.append(.sendPing(to: target, address: t.address, sequence: sequence, gossip: takeGossip()))
+            out.append(.sendPing(to: target, address: t.address, sequence: sequence, gossip: withSuspicion(of: target, takeGossip())))
             out.append(.scheduleProbeTimeout(sequence: sequence, at: now + settings.probeTimeout * scale))
             return out
         }
@@ -549,7 +561,7 @@ public enum SWIM {
                 // a member we did not know, or a later process of one we did
                 apply(Update(id: from, address: address, status: .alive, incarnation: 0, boot: boot), from: nil, now: now, into: &out)
             }
-            var reply = takeGossip()
+            var reply = withSuspicion(of: from, takeGossip())
             // a member we hold dead is talking to us: tell it, so it refutes and we learn it is back
             if let sender = members[from], sender.status == .dead { reply.append(sender) }
             out.append(.sendAck(to: from, address: address, sequence: seq, gossip: reply))
@@ -562,7 +574,7 @@ public enum SWIM {
             var out = merge(g, from: from, now: now)
             sequence += 1
             relays[sequence] = (from, seq)
-            out.append(.sendPing(to: target, address: targetAddress, sequence: sequence, gossip: takeGossip()))
+            out.append(.sendPing(to: target, address: targetAddress, sequence: sequence, gossip: withSuspicion(of: target, takeGossip())))
             out.append(.scheduleProbeTimeout(sequence: sequence, at: now + settings.probeTimeout * scale))
             return out
         }

@@ -674,6 +674,23 @@ struct Simulation {
         #expect(sim.nodes["b"]!.myself.incarnation >= 1)
     }
 
+    /// A suspect hears of the suspicion from every member that probes it or that it pings, long
+    /// after the suspicion's gossip has gone to others: it can refute before it is declared dead.
+    @Test func aSuspectHearsOfTheSuspicionFromWhoeverItTalksTo() {
+        var a = SWIM.Instance(id: "a", address: "a", seed: 3)
+        for id in ["b", "c", "d", "e"] { _ = a.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        _ = a.merge([U(id: "b", address: "b", status: .suspect, incarnation: 0, accuser: "c")], from: "c", now: 1)
+        var toB: [[U]] = []
+        for i in 0..<40 {
+            for case .sendPing(let to, _, _, let gossip) in a.periodTick(now: 2 + UInt64(i) * 200 * ms) where to == "b" { toB.append(gossip) }
+        }
+        #expect(toB.count >= 2)
+        #expect(toB.allSatisfy { g in g.contains { $0.id == "b" && $0.status == .suspect } }, "\(toB)")
+        let reply = a.receivedPing(from: "b", address: "b", sequence: 1, gossip: [], now: 9_000 * ms)
+        let acks = reply.compactMap { d -> [U]? in if case .sendAck("b", _, _, let g) = d { return g } else { return nil } }
+        #expect(acks.count == 1 && acks[0].contains { $0.id == "b" && $0.status == .suspect }, "\(reply)")
+    }
+
     @Test func aRestartedNodeComesBackWithAHigherIncarnation() {
         let ids = ["a", "b", "c"]
         var sim = Simulation(ids: ids)
