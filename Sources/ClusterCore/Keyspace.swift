@@ -751,6 +751,19 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return out
     }
 
+    /// `node` asks whether this node has handed off to it (it waits for handoffs): the copies
+    /// handed here whose key it owns go to it again first. The push that passed one on as it came
+    /// may have been dropped (`node` was not a live member here then), and without a ring change
+    /// here nothing else would send it.
+    public func handOn(to node: String, now: UInt64, wall: Int64) -> [Effect] {
+        var out: [Effect] = []
+        for (key, since) in handedHere.sorted(by: { $0.key < $1.key }) where wall - since < retirement {
+            guard let v = copies[key], node != me, ring.owner(ofHash: V.ringHash(of: key)) == node else { continue }
+            out += sendAll(v, to: node, handoff: true, now: now)
+        }
+        return out
+    }
+
     /// Copies sent to `node` were lost: whole copies of every owned key it is a replica of.
     public func resync(replica node: String, now: UInt64) -> [Effect] {
         var out: [Effect] = []

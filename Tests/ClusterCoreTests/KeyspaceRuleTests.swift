@@ -500,6 +500,29 @@ import Testing
         #expect(!replica.ringChanged(to: after, now: 2, wall: 2_000).contains { if case .send(_, "d", _, _) = $0 { return true } else { return false } })
     }
 
+    /// A copy handed to a non-owner goes to the owner again when the owner asks for its handoffs
+    /// (the push that passed it on may have been dropped), for a presence timeout after it came;
+    /// a plain replica copy does not, nor to a member that does not own the key.
+    @Test func aCopyHandedHereGoesToTheOwnerWhenItAsksForItsHandoffs() throws {
+        let ring = HashRing(members: ["b", "c", "d"], boots: ["b": 1, "c": 1, "d": 1])
+        let key = key(ownedBy: "b", on: ring)
+        var c = space("c", ring, copies: 2)
+        var leaving = Machine(key: key, maxInstantEvents: 100)
+        _ = leaving.join(user: "u2", session: SessionID(raw: 8), withPresence: false, sink: g, version: v(1, 1), now: 1_000)
+        _ = c.received(leaving.fullCopies(handoff: true)[0], now: 1, wall: 1_000)
+        let again = c.handOn(to: "b", now: 2, wall: 2_000)
+        let toB = again.compactMap { e -> Machine.Copy? in if case .send(let x, "b", _, _) = e { return x } else { return nil } }
+        #expect(toB.count == 1 && toB.allSatisfy(\.handoff), "\(again)")
+        var b = space("b", ring, copies: 2)
+        for x in toB { _ = b.received(x, now: 3, wall: 2_100) }
+        #expect(b[owned: key]?.contains(user: "u2") == true)
+        #expect(c.handOn(to: "d", now: 2, wall: 2_000).isEmpty)
+        #expect(c.handOn(to: "b", now: 3, wall: 1_000 + 5_000).isEmpty)
+        var replica = space("c", ring, copies: 2)
+        _ = replica.received(leaving.fullCopies(handoff: false)[0], now: 1, wall: 1_000)
+        #expect(replica.handOn(to: "b", now: 2, wall: 2_000).isEmpty)
+    }
+
     /// A copy handed to a non-owner goes to the owner before the owner's whole copy replaces it:
     /// an owner that started after the handoff was sent (restarted empty) would otherwise
     /// overwrite the only whole version with its own.

@@ -126,14 +126,21 @@ final class RingCoordinator: Sendable {
 
     /// A member back from death (as `incarnation`) asks whether this node has handed back for the
     /// ring `fingerprint`: if this node has carried out that ring, it has (its handoffs went out
-    /// before this answer), and says so to that incarnation.
+    /// before this answer), and says so to that incarnation — after sending it again the copies
+    /// handed here whose keys it owns (`Keyspace.handOn`), which travel before the "done".
     func handoffRequested(by node: NodeInstance, fingerprint: UInt64, incarnation: UInt64) {
-        guard let link = core.link, core.topology.ring.fingerprint == fingerprint, core.topology.isSettled else { return }
-        let known = core.topology.incarnation(of: node.id)
-        link.push(to: node) { b in
-            b.handoffDone = true
-            b.ringFingerprint = fingerprint
-            b.toIncarnation = max(known, incarnation)
+        guard core.link != nil, core.topology.ring.fingerprint == fingerprint, core.topology.isSettled else { return }
+        let core = self.core
+        core.background.run {
+            for s in core.channelShards { await s.handOn(to: node.id) }
+            for s in core.userHomes { await s.handOn(to: node.id) }
+            guard let link = core.link, core.topology.ring.fingerprint == fingerprint else { return }
+            let known = core.topology.incarnation(of: node.id)
+            link.push(to: node) { b in
+                b.handoffDone = true
+                b.ringFingerprint = fingerprint
+                b.toIncarnation = max(known, incarnation)
+            }
         }
     }
 

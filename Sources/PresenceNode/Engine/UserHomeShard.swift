@@ -330,6 +330,11 @@ actor UserHomeShard {
         carryOut(space.resync(replica: node, now: now))
     }
 
+    /// `node` asks whether this node has handed off to it: copies handed here that it owns go again.
+    func handOn(to node: String) {
+        carryOut(space.handOn(to: node, now: now, wall: wall))
+    }
+
     /// A replica asks for a whole copy of a key it holds only part of.
     func sendWholeCopy(of key: String, to node: String) {
         carryOut(space.wholeCopy(of: key, for: node, now: now))
