@@ -2148,7 +2148,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__call_error__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__call_error__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[16] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field_descriptors[17] =
 {
   {
     "channel_name",
@@ -2342,6 +2342,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_call__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "resume",
+    17,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelCall, resume),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_call__field_indices_by_name[] = {
   8,   /* field[8] = after */
@@ -2355,6 +2367,7 @@ static const unsigned presence__cluster__v1__channel_call__field_indices_by_name
   5,   /* field[5] = items */
   6,   /* field[6] = keys */
   2,   /* field[2] = op */
+  16,   /* field[16] = resume */
   12,   /* field[12] = ring_fingerprint */
   4,   /* field[4] = session */
   14,   /* field[14] = state_version */
@@ -2364,7 +2377,7 @@ static const unsigned presence__cluster__v1__channel_call__field_indices_by_name
 static const ProtobufCIntRange presence__cluster__v1__channel_call__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 16 }
+  { 0, 17 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor =
 {
@@ -2374,14 +2387,14 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor
   "Presence__Cluster__V1__ChannelCall",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelCall),
-  16,
+  17,
   presence__cluster__v1__channel_call__field_descriptors,
   presence__cluster__v1__channel_call__field_indices_by_name,
   1,  presence__cluster__v1__channel_call__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__channel_call__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[9] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[10] =
 {
   {
     "error",
@@ -2491,9 +2504,22 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "expired",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, expired),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_result__field_indices_by_name[] = {
   0,   /* field[0] = error */
+  9,   /* field[9] = expired */
   2,   /* field[2] = found */
   8,   /* field[8] = listing */
   6,   /* field[6] = next */
@@ -2506,7 +2532,7 @@ static const unsigned presence__cluster__v1__channel_result__field_indices_by_na
 static const ProtobufCIntRange presence__cluster__v1__channel_result__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descriptor =
 {
@@ -2516,7 +2542,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descript
   "Presence__Cluster__V1__ChannelResult",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelResult),
-  9,
+  10,
   presence__cluster__v1__channel_result__field_descriptors,
   presence__cluster__v1__channel_result__field_indices_by_name,
   1,  presence__cluster__v1__channel_result__number_ranges,

@@ -126,6 +126,16 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// first dropped: they go when their time is up (the owner may not count this node as a
     /// replica at all), and the owner's whole copy replaces them whatever its lineage.
     public private(set) var unconfirmed: [V.Key: Int64] = [:]
+    /// What other nodes said, since this node came back from death, of processes it still counts
+    /// live: when each has been gone since (monotonic ns). Back from a partition or a pause, its
+    /// own view is the stale one: a process that died meanwhile leaves its ring only later, and
+    /// its sessions are counted from then, past the timeout every other node counts (found by the
+    /// simulation, seed 1422: a home counting 2 s late let a resume after the timeout claim a
+    /// session its channels had timed out, state and all). Taken when the process leaves the
+    /// ring here; kept a presence timeout.
+    public private(set) var reportedGone: [NodeInstance: UInt64] = [:]
+    /// When this node last came back from death (monotonic ns).
+    private var returnedAt: UInt64?
     /// Copies that came as a handoff meant for the key's owner while this node did not own it,
     /// and when (wall ms). Such a copy may be the only whole version left: its sender has handed
     /// off and is leaving, and the owner it was passed on to may be leaving too. A ring change
@@ -412,7 +422,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         forgetEmptied(wall: wall)
         for id in old.members where !new.isLive(id, boot: old.boot(of: id)) {
             let gone = NodeInstance(id, boot: old.boot(of: id))
-            if goneSince[gone] == nil { goneSince[gone] = now }
+            if goneSince[gone] == nil { goneSince[gone] = min(now, reportedGone[gone] ?? now) }
+            reportedGone[gone] = nil
         }
         // processes thought gone that are live again (a pause, a healed partition): nothing was
         // sent to them meanwhile, so whoever follows an owned key there gets a fresh start
@@ -596,10 +607,15 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         forgetEmptied(wall: wall)
         // the sender's word on how long a process has been gone counts (capped at a presence
         // timeout), unless that process is live here
-        for (sink, age) in gone where !isLive(sink) {
+        for (sink, age) in gone {
             let since = now > min(age, presenceTimeout) ? now - min(age, presenceTimeout) : 0
-            goneSince[sink] = min(goneSince[sink] ?? since, since)
+            if !isLive(sink) {
+                goneSince[sink] = min(goneSince[sink] ?? since, since)
+            } else if let back = returnedAt, now &- back < presenceTimeout {
+                reportedGone[sink] = min(reportedGone[sink] ?? since, since)
+            }
         }
+        if !reportedGone.isEmpty { reportedGone = reportedGone.filter { now &- $0.value <= presenceTimeout &* 2 } }
         if let i = owned.index(forKey: key) {
             // (another node's whole version, or its handoff, brings a stale takeover up to date)
             if V.isFull(copy) || V.isHandoff(copy) { staleUntil[key] = nil }
@@ -713,6 +729,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// time. Each such count starts again now, so a session is timed out only after a presence
     /// timeout of absence seen from here since the return (found by Cluster/chaos, netns seed 52).
     public mutating func returnedFromDeath(now: UInt64) {
+        returnedAt = now
         for sink in goneSince.keys { goneSince[sink] = now }
     }
 

@@ -339,6 +339,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         public var deliveries: [Delivery] = []
         public var superseded: UInt64? = nil
         public var correction: (state: [StateItem], version: UInt64)? = nil
+        /// An announce of a resume found the session timed out here: it was not added back.
+        public var expired = false
         public init() {}
     }
 
@@ -347,9 +349,12 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// learnt it. A session already here moves to that gateway without an event (a subscriber gets
     /// a fresh SNAPSHOT there); a missing one is added (REMOTE_JOIN, and its state) unless its
     /// gateway said it left after `version`; a later state from the gateway replaces this one's.
+    /// The announce of a `resume` (the claim that moved the session) does not bring back a session
+    /// this owner timed out: its state went with it, and the resume, past the timeout as this owner
+    /// counted it (from an earlier sight of the gateway's end than the user's home had), is refused.
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func announce(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
-                                  state: [StateItem]? = nil, stateVersion: UInt64 = 0, now: Int64) -> AnnounceOutcome {
+                                  state: [StateItem]? = nil, stateVersion: UInt64 = 0, resume: Bool = false, now: Int64) -> AnnounceOutcome {
         var outcome = AnnounceOutcome()
         if let newer = supersedingVersion(of: session, version) {
             outcome.superseded = newer
@@ -369,6 +374,10 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                 snapshot(for: session, now: now, into: &outcome.deliveries)
             }
         } else {
+            if resume, let d = departed[session], !d.byGateway {
+                outcome.expired = true
+                return outcome
+            }
             if withPresence { advanceSequence(to: Self.lineageFloor(now)) }
             outcome.deliveries = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version,
                                       pendingState: [], datingState: false, now: now)

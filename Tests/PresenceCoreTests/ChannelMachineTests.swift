@@ -656,6 +656,24 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(back.map(\.event.type) == [.remoteJoin])
     }
 
+    /// The announce of a resume does not bring back a session this owner timed out (its state
+    /// went with it): it says the session expired, and nothing changes. A session still here is
+    /// moved as any announce moves it; anti-entropy's announce adds a missing one back.
+    @Test func aResumesAnnounceDoesNotBringBackASessionThisOwnerTimedOut() throws {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", version: SessionVersion.make(epoch: 1, counter: 1), now: 1)
+        _ = m.join(user: "bob", session: s2, withPresence: true, sink: "node-b", version: SessionVersion.make(epoch: 1, counter: 1), now: 2)
+        _ = try m.setState(user: "ann", session: s1, items: [item("mic", "on")], now: 3)
+        #expect(m.timeOut(sessionsAt: "node-a", now: 4).map(\.event.type) == [.remoteTimeout])
+        let later = SessionVersion.make(epoch: 2, counter: 0)
+        let late = m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", version: later, resume: true, now: 5)
+        #expect(late.expired && late.deliveries.isEmpty && !m.contains(user: "ann"))
+        let still = m.announce(user: "bob", session: s2, withPresence: true, sink: "node-c", version: later, resume: true, now: 6)
+        #expect(!still.expired && m.sink(of: s2) == "node-c")
+        let repaired = m.announce(user: "ann", session: s1, withPresence: true, sink: "node-c", version: later, now: 7)
+        #expect(!repaired.expired && m.contains(user: "ann"))
+    }
+
     @Test func copiesRebuildTheChannelExactly() throws {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
         _ = m.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)

@@ -326,10 +326,16 @@ struct  Presence__Cluster__V1__ChannelCall
    * presence.v1.GetOnlineUsersResponse) instead of in `users`, `total` and `next`.
    */
   protobuf_c_boolean encoded;
+  /*
+   * ANNOUNCE: made by the resume that claimed the session. An owner that timed the session out
+   * (it counted its gateway gone from an earlier sight than the user's home did) does not add it
+   * back without its state, and answers `ChannelResult.expired`: the resume is refused.
+   */
+  protobuf_c_boolean resume;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_CALL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_call__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__CHANNEL_TYPE__CHANNEL_TYPE_UNSPECIFIED, PRESENCE__CLUSTER__V1__CHANNEL_OP__CHANNEL_OP_UNSPECIFIED, 0, NULL, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Presence__Cluster__V1__ChannelResult
@@ -364,10 +370,14 @@ struct  Presence__Cluster__V1__ChannelResult
    * LIST with `encoded`: the encoded presence.v1.GetOnlineUsersResponse (empty for an empty page).
    */
   ProtobufCBinaryData listing;
+  /*
+   * ANNOUNCE with `resume`: the owner had timed the session out, and did not add it back.
+   */
+  protobuf_c_boolean expired;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_RESULT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_result__descriptor) \
-    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string, 0, {0,NULL} }
+    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string, 0, {0,NULL}, 0 }
 
 
 struct  Presence__Cluster__V1__SessionChannel

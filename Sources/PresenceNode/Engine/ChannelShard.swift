@@ -278,7 +278,7 @@ actor ChannelShard {
             var outcome = Machine.AnnounceOutcome()
             _ = try update(key, user: c.user, create: true) { (m: inout Machine) throws(PresenceError) -> ([Delivery], Void) in
                 outcome = m.announce(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
-                                     version: c.version, state: state, stateVersion: call.stateVersion, now: now)
+                                     version: c.version, state: state, stateVersion: call.stateVersion, resume: call.resume, now: now)
                 return (outcome.deliveries, ())
             }
             if let newer = outcome.superseded {
@@ -286,7 +286,9 @@ actor ChannelShard {
             }
             space.placed(key, at: c.sink, now: self.now)
             scheduleSweep()
-            return stateResult(key, c.user)
+            var result = stateResult(key, c.user)
+            result.expired = outcome.expired
+            return result
         case .leave:
             let c = try caller(call)
             var result = ClusterChannelResult()

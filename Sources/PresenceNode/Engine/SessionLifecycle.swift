@@ -84,34 +84,44 @@ struct SessionLifecycle: Sendable {
               let s = core.gatewayShard(id).held(id) else {
             throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(id) belongs to another user")
         }
-        await announce(s)
+        // A channel's owner that had timed the session out (it counted from an earlier sight of
+        // the old gateway's end than the home did) does not take it back without its state: the
+        // session is past the timeout, and ends everywhere as timed out; the resume is refused,
+        // and the client opens a new one (API.md: a resume of an expired session is refused).
+        guard await announce(s, resume: true) else {
+            if case .closed(let ended, _)? = core.gatewayShard(id).close(id) { await end(ended, timedOut: true) }
+            throw PresenceError(.notFound, "SESSION_NOT_FOUND", "session \(id) is past the presence timeout; open a new one")
+        }
         return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: true, outbox: o.outbox)
     }
 
     /// Tells the session's channels' owners and its watched users' homes that it lives here now,
     /// at its new version (with the state this gateway holds for it).
     /// (All at once, as a session's end: one unreachable owner costs its retry window once.)
-    func announce(_ s: SessionTable.Session) async {
+    /// `resume`: made by the claim of a resume. Returns false when an owner had timed the session
+    /// out (`ClusterChannelResult.expired`).
+    func announce(_ s: SessionTable.Session, resume: Bool) async -> Bool {
         // (the watches go out with the announces: a home ignores a watch from an epoch older
         // than the one it knows, should the session have moved on meanwhile)
         let ref = core.ref(s)
         let watches = router.byHome(s.watching.sorted())
         let jobs = s.channels.keys.sorted().map { Announce.channel($0) } + watches.map { Announce.watch($0) }
-        let refusals = await concurrently(jobs) { [self, router] job -> UInt64? in
+        let outcomes = await concurrently(jobs) { [self, router] job -> (movedTo: UInt64?, expired: Bool) in
             switch job {
             case .channel(let key):
                 do throws(PresenceError) {
-                    try await announce(s, key)
+                    return (nil, try await announce(s, key, resume: resume))
                 } catch {
-                    if error.name == "SESSION_MOVED" { return error.supersededBy }
+                    if error.name == "SESSION_MOVED" { return (error.supersededBy, false) }
                     // (anti-entropy tells the owner later)
                 }
             case .watch(let users):
                 _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: ref))
             }
-            return nil
+            return (nil, false)
         }
-        if let movedTo = refusals.compactMap({ $0 }).max() { superseded(s.id, by: movedTo) }
+        if let movedTo = outcomes.compactMap(\.movedTo).max() { superseded(s.id, by: movedTo) }
+        return !outcomes.contains(where: \.expired)
     }
 
     private enum Announce: Sendable {
@@ -119,14 +129,19 @@ struct SessionLifecycle: Sendable {
         case watch([String])
     }
 
-    /// Tells a channel's owner that the session is in it, as this gateway holds it.
-    func announce(_ s: SessionTable.Session, _ key: ChannelKey) async throws(PresenceError) {
-        guard let m = s.channels[key] else { return }
-        let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
+    /// Tells a channel's owner that the session is in it, as this gateway holds it. Returns
+    /// whether the owner had timed the session out and, for a `resume`, did not take it back.
+    @discardableResult
+    func announce(_ s: SessionTable.Session, _ key: ChannelKey, resume: Bool = false) async throws(PresenceError) -> Bool {
+        guard let m = s.channels[key] else { return false }
+        var call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .announce,
                                       session: core.ref(s, withPresence: m.withPresence, version: m.joinVersion),
                                       items: m.state, stateVersion: m.stateVersion)
+        call.resume = resume
         let r = try await router.channelCall(key, call)
+        if r.expired { return true }
         core.gatewayShard(s.id).stateAcknowledged(s.id, channel: key, state: r.state, version: r.stateVersion)
+        return false
     }
 
     /// After a resume that lost events: a fresh SNAPSHOT of every channel the session follows.

@@ -570,10 +570,11 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
     public var floor: UInt64 = 0
     public var stateVersion: UInt64 = 0
     public var encoded: Bool = false
+    public var resume: Bool = false
 
     public init() {}
 
-    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false, ringFingerprint: UInt64 = 0, floor: UInt64 = 0, stateVersion: UInt64 = 0, encoded: Bool = false) {
+    public init(channelName: String = "", channelType: ChannelType = ChannelType(rawValue: 0), op: ClusterChannelOp = ClusterChannelOp(rawValue: 0), hops: UInt32 = 0, session: ClusterSessionRef? = nil, items: [StateItem] = [], keys: [String] = [], userID: String = "", after: String = "", includeState: Bool = false, countOnly: Bool = false, timedOut: Bool = false, ringFingerprint: UInt64 = 0, floor: UInt64 = 0, stateVersion: UInt64 = 0, encoded: Bool = false, resume: Bool = false) {
         self.channelName = channelName
         self.channelType = channelType
         self.op = op
@@ -590,6 +591,7 @@ public struct ClusterChannelCall: ProtoMessage, Sendable, Hashable {
         self.floor = floor
         self.stateVersion = stateVersion
         self.encoded = encoded
+        self.resume = resume
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -627,6 +629,7 @@ extension ClusterChannelCall: CMessageBridge {
         self.floor = c.pointee.floor
         self.stateVersion = c.pointee.state_version
         self.encoded = c.pointee.encoded != 0
+        self.resume = c.pointee.resume != 0
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -647,6 +650,7 @@ extension ClusterChannelCall: CMessageBridge {
         c.pointee.floor = self.floor
         c.pointee.state_version = self.stateVersion
         c.pointee.encoded = self.encoded ? 1 : 0
+        c.pointee.resume = self.resume ? 1 : 0
     }
 }
 
@@ -661,10 +665,11 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
     public var next: String = ""
     public var stateVersion: UInt64 = 0
     public var listing: [UInt8] = []
+    public var expired: Bool = false
 
     public init() {}
 
-    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "", stateVersion: UInt64 = 0, listing: [UInt8] = []) {
+    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "", stateVersion: UInt64 = 0, listing: [UInt8] = [], expired: Bool = false) {
         self.error = error
         self.userGone = userGone
         self.found = found
@@ -674,6 +679,7 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
         self.next = next
         self.stateVersion = stateVersion
         self.listing = listing
+        self.expired = expired
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -704,6 +710,7 @@ extension ClusterChannelResult: CMessageBridge {
         self.next = try WireCodec.readString(c.pointee.next)
         self.stateVersion = c.pointee.state_version
         self.listing = WireCodec.readBytes(c.pointee.listing)
+        self.expired = c.pointee.expired != 0
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -717,6 +724,7 @@ extension ClusterChannelResult: CMessageBridge {
         if !self.next.isEmpty { c.pointee.next = arena.cString(self.next) }
         c.pointee.state_version = self.stateVersion
         c.pointee.listing = arena.binary(self.listing)
+        c.pointee.expired = self.expired ? 1 : 0
     }
 }
 
