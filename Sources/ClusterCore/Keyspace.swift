@@ -131,8 +131,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// own view is the stale one: a process that died meanwhile leaves its ring only later, and
     /// its sessions are counted from then, past the timeout every other node counts (found by the
     /// simulation, seed 1422: a home counting 2 s late let a resume after the timeout claim a
-    /// session its channels had timed out, state and all). Taken when the process leaves the
-    /// ring here; kept a presence timeout.
+    /// session its channels had timed out, state and all). Taken when the next ring change here
+    /// drops the process, and forgotten by any other (seed 676: a report of an absence that had
+    /// ended, kept, made a later one count from the first and timed live sessions out at once).
     public private(set) var reportedGone: [NodeInstance: UInt64] = [:]
     /// When this node last came back from death (monotonic ns).
     private var returnedAt: UInt64?
@@ -425,6 +426,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             if goneSince[gone] == nil { goneSince[gone] = min(now, reportedGone[gone] ?? now) }
             reportedGone[gone] = nil
         }
+        // (a report not confirmed by this change is dropped: the process may have come back
+        // since, and a later absence must be counted from its own start)
+        reportedGone = [:]
         // processes thought gone that are live again (a pause, a healed partition): nothing was
         // sent to them meanwhile, so whoever follows an owned key there gets a fresh start
         let back = Set(goneSince.keys.filter { new.isLive($0.id, boot: $0.boot) }.map(\.id))
@@ -615,7 +619,6 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 reportedGone[sink] = min(reportedGone[sink] ?? since, since)
             }
         }
-        if !reportedGone.isEmpty { reportedGone = reportedGone.filter { now &- $0.value <= presenceTimeout &* 2 } }
         if let i = owned.index(forKey: key) {
             // (another node's whole version, or its handoff, brings a stale takeover up to date)
             if V.isFull(copy) || V.isHandoff(copy) { staleUntil[key] = nil }

@@ -771,7 +771,13 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     private mutating func mergeEach(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
-        sequence = max(sequence, other.sequence)
+        // the merged version follows both: numbered above either, so that a copy of the other
+        // (still in flight from the owner that kept it) cannot pass for it at a replica — with
+        // the other's numbers and only its members, it replaced the merged whole there, and a
+        // failover later served the channel without the members only this side had (found by
+        // the simulation, seed 92)
+        let top = max(sequence, other.sequence)
+        sequence = top < .max ? top + 1 : top
         term = max(term, other.term)
         for c in other.members {
             for s in c.sessions {

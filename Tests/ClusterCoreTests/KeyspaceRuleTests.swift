@@ -562,10 +562,12 @@ import Testing
         // the stand-in owner's version: a session at g, a process gone for 2 s as it hands back
         var standIn = Machine(key: key, maxInstantEvents: 100)
         _ = standIn.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 5_000)
-        func timedOut(returned: Bool) -> (at14: Bool, at16: Bool) {
+        func timedOut(returned: Bool, confirmedFirst: Bool = false) -> (at14: Bool, at16: Bool) {
             var e = space("e", withG, copies: 2)
             if returned { e.returnedFromDeath(now: 10 * second) }
             _ = e.received(standIn.fullCopies(handoff: true)[0], from: "b", gone: [g: 2 * second], now: 10 * second + 1, wall: 10_000)
+            // (a ring change in which g is still live here: the report was of an absence that ended)
+            if confirmedFirst { _ = e.ringChanged(to: withG.removing("a"), now: 10 * second + 2, wall: 10_000) }
             _ = e.ringChanged(to: withoutG, now: 11 * second, wall: 11_000)
             _ = e.sweep(now: 13 * second + 500_000_000, wall: 13_500)
             let at14 = e[owned: key]?.contains(user: "u", session: s) != true
@@ -575,6 +577,8 @@ import Testing
         // gone since 8 s by b's word: timed out at 13 s, not at 16 s (5 s after g left e's ring)
         #expect(timedOut(returned: true) == (true, true))
         #expect(timedOut(returned: false) == (false, true))
+        // a report the next ring change does not confirm is forgotten
+        #expect(timedOut(returned: true, confirmedFirst: true) == (false, true))
     }
 
     /// A node back from death counts how long others' processes have been gone from its return, not from what it counted while cut off.

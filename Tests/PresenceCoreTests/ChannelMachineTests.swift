@@ -656,6 +656,21 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(back.map(\.event.type) == [.remoteJoin])
     }
 
+    /// A merged version is numbered above both it merged: a copy of the other version (in
+    /// flight from the owner that kept it) cannot pass for the merged whole at a replica.
+    @Test func aMergedVersionIsNumberedAboveBothItMerged() throws {
+        var mine = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = mine.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 1)
+        _ = mine.join(user: "bob", session: s2, withPresence: true, sink: "node-b", now: 2)
+        var other = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        other.startLineage(now: 9_000)
+        _ = other.join(user: "ann", session: s1, withPresence: true, sink: "node-a", now: 9_000)
+        let theirs = try #require(other.fullCopies().first)
+        _ = mine.merge(theirs, now: 9_001)
+        #expect(mine.term == theirs.term && mine.sequence > theirs.sequence)
+        #expect(mine.contains(user: "bob"))
+    }
+
     /// The announce of a resume does not bring back a session this owner timed out (its state
     /// went with it): it says the session expired, and nothing changes. A session still here is
     /// moved as any announce moves it; anti-entropy's announce adds a missing one back.
