@@ -639,6 +639,20 @@ public enum SWIM {
             return myself.incarnation
         }
 
+        /// This node found it was frozen long enough to be declared dead (its own clock says so,
+        /// before any member's word): it asks a live member for its whole view, as news of its
+        /// death would have made it (`requestView`). Without it, a member that died during the
+        /// freeze stayed, in the node's stale view, one it waited for to hand back, and the node
+        /// refused its keys for the whole handoff limit (found by the simulation, seed 675).
+        public mutating func syncViewAfterFreeze(now: UInt64) -> [Directive] {
+            var out: [Directive] = []
+            let alive = liveMembers.filter { $0.status == .alive }
+            guard !alive.isEmpty else { return out }
+            let teller = alive[Int(rng.next() % UInt64(alive.count))]
+            requestView(from: teller.id, address: teller.address, now: now, into: &out)
+            return out
+        }
+
         /// Restarting with the same id: start above any incarnation the cluster may remember.
         public mutating func rejoin(withIncarnation incarnation: UInt64) {
             myself.incarnation = incarnation

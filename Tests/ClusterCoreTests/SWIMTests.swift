@@ -691,6 +691,17 @@ struct Simulation {
         #expect(acks.count == 1 && acks[0].contains { $0.id == "b" && $0.status == .suspect }, "\(reply)")
     }
 
+    /// A node that finds it was frozen asks a live member for its whole view (a member dead
+    /// meanwhile is then known dead by news, not only by its stale view); not a dead one.
+    @Test func aNodeBackFromAFreezeAsksALiveMemberForItsView() {
+        var a = SWIM.Instance(id: "a", address: "a", seed: 5)
+        for id in ["b", "c"] { _ = a.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        _ = a.merge([U(id: "c", address: "c", status: .dead, incarnation: 0)], from: "b", now: 1)
+        let ds = a.syncViewAfterFreeze(now: 10 * 1_000_000_000)
+        let asked = ds.compactMap { d -> String? in if case .syncView(let with, _) = d { return with } else { return nil } }
+        #expect(asked == ["b"], "\(ds)")
+    }
+
     @Test func aRestartedNodeComesBackWithAHigherIncarnation() {
         let ids = ["a", "b", "c"]
         var sim = Simulation(ids: ids)

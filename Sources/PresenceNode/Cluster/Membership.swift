@@ -320,6 +320,7 @@ public final class Membership: Sendable {
                 if last > 0, now - last > period + settings.suspicionMax {
                     logger.warning("this node was frozen for \((now - last) / 1_000_000) ms", [:])
                     declaredDead()
+                    carryOut(swim.withLock { $0.syncViewAfterFreeze(now: now) })
                 }
                 let (ds, incarnation) = swim.withLock { s in (s.periodTick(now: now), s.myself.incarnation) }
                 carryOut(ds)
