@@ -2394,7 +2394,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_call__descriptor
   (ProtobufCMessageInit) presence__cluster__v1__channel_call__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[10] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__field_descriptors[11] =
 {
   {
     "error",
@@ -2516,6 +2516,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__channel_result__fie
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "sequence",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__ChannelResult, sequence),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__channel_result__field_indices_by_name[] = {
   0,   /* field[0] = error */
@@ -2523,6 +2535,7 @@ static const unsigned presence__cluster__v1__channel_result__field_indices_by_na
   2,   /* field[2] = found */
   8,   /* field[8] = listing */
   6,   /* field[6] = next */
+  10,   /* field[10] = sequence */
   3,   /* field[3] = state */
   7,   /* field[7] = state_version */
   4,   /* field[4] = total */
@@ -2532,7 +2545,7 @@ static const unsigned presence__cluster__v1__channel_result__field_indices_by_na
 static const ProtobufCIntRange presence__cluster__v1__channel_result__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 10 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descriptor =
 {
@@ -2542,7 +2555,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__channel_result__descript
   "Presence__Cluster__V1__ChannelResult",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ChannelResult),
-  10,
+  11,
   presence__cluster__v1__channel_result__field_descriptors,
   presence__cluster__v1__channel_result__field_indices_by_name,
   1,  presence__cluster__v1__channel_result__number_ranges,

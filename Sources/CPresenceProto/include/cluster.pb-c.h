@@ -374,10 +374,15 @@ struct  Presence__Cluster__V1__ChannelResult
    * ANNOUNCE with `resume`: the owner had timed the session out, and did not add it back.
    */
   protobuf_c_boolean expired;
+  /*
+   * LEAVE: the channel's sequence once the leave was carried out. A SNAPSHOT for the session
+   * numbered at or below it is from before the leave (delayed): its gateway drops it.
+   */
+  uint64_t sequence;
 };
 #define PRESENCE__CLUSTER__V1__CHANNEL_RESULT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__channel_result__descriptor) \
-    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string, 0, {0,NULL}, 0 }
+    , NULL, 0, 0, 0,NULL, 0, 0,NULL, (char *)protobuf_c_empty_string, 0, {0,NULL}, 0, 0 }
 
 
 struct  Presence__Cluster__V1__SessionChannel

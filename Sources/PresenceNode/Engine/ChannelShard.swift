@@ -301,6 +301,7 @@ actor ChannelShard {
                 (m.leave(user: c.user, session: c.id, version: c.version, timedOut: call.timedOut, now: now), !m.contains(user: c.user))
             }
             result.userGone = gone ?? true
+            result.sequence = readOwned(key, { $0.sequence }) ?? 0
             return result
         case .setState:
             let c = try caller(call)

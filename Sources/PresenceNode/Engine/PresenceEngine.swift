@@ -277,7 +277,8 @@ public final class PresenceEngine: Sendable {
         core.gateway.subscriptions.unsubscribe(key, id)
         let call = ClusterChannelCall(channelName: key.name, channelType: key.type, op: .leave, session: ref)
         do {
-            _ = try await router.channelCall(key, call)
+            let r = try await router.channelCall(key, call)
+            core.gateway.subscriptions.left(key, id, atSequence: r.sequence, now: core.clock.monotonicNanoseconds())
         } catch {
             // the session has left here; its owner must hear of it later rather than keep a ghost
             sessions.endLater { [router] () async throws(PresenceError) in _ = try await router.channelCall(key, call) }

@@ -16,7 +16,15 @@ final class Subscriptions: Sendable {
     private final class Shard: Sendable {
         /// (Each channel's subscribers in a `DenseDictionary`: an event walks them in one array.)
         let map = Mutex<[ChannelKey: DenseDictionary<SessionID, Subscriber>]>([:])
+        /// Sessions that left a channel: the channel's sequence at the leave, and until when
+        /// (monotonic ns) it is kept (`left`).
+        let floors = Mutex<[ChannelKey: [SessionID: (sequence: UInt64, until: UInt64)]]>([:])
     }
+    /// How long a leave's sequence is kept to judge SNAPSHOTs by (a delayed one comes within a
+    /// push's retries; 30 s).
+    static let floorMemory: UInt64 = 30_000_000_000
+    /// Floors kept per shard at most: past it, the expired ones go (then the oldest).
+    static let maxFloors = 4_096
     private let shards: [Shard]
 
     /// A session that should get a fresh SNAPSHOT of a channel, numbered above `floor`.
@@ -42,11 +50,47 @@ final class Subscriptions: Sendable {
         }
     }
 
+    /// The session's leave of `key` was carried out at the channel's `sequence`: a SNAPSHOT for
+    /// it numbered at or below that is from before the leave, delayed (a slow link: found by the
+    /// simulation, seed 1399, where one arrived after the session had joined again and started a
+    /// subscription, followed by the events of the time it was away). One such SNAPSHOT that
+    /// started a subscription meanwhile is undone.
+    func left(_ key: ChannelKey, _ id: SessionID, atSequence sequence: UInt64, now: UInt64) {
+        guard sequence > 0 else { return }
+        let shard = shard(key)
+        shard.floors.withLock { f in
+            f[key, default: [:]][id] = (sequence, now &+ Self.floorMemory)
+            if f.values.reduce(0, { $0 + $1.count }) > Self.maxFloors {
+                for k in Array(f.keys) {
+                    f[k] = f[k]!.filter { $0.value.until > now }
+                    if f[k]!.isEmpty { f[k] = nil }
+                }
+            }
+        }
+        shard.map.withLock { m in
+            guard let sub = m[key]?[id], sub.position.last <= sequence else { return }
+            _ = m[key]?.removeValue(forKey: id)
+            if m[key]?.isEmpty == true { m[key] = nil }
+        }
+    }
+
+    /// Whether a SNAPSHOT numbered `sequence` for `id` is from before its last leave of `key`.
+    private func fromBeforeLeave(_ key: ChannelKey, _ id: SessionID, sequence: UInt64, now: UInt64) -> Bool {
+        shard(key).floors.withLock { f in
+            guard let floor = f[key]?[id] else { return false }
+            if floor.until > now && sequence <= floor.sequence { return true }
+            f[key]?[id] = nil
+            if f[key]?.isEmpty == true { f[key] = nil }
+            return false
+        }
+    }
+
     /// A SNAPSHOT for `id` from `from`: starts (or renews) its subscription and passes it on if
     /// it is above what the session saw. Returns a request for a fresher one otherwise.
     func snapshot(_ key: ChannelKey, _ id: SessionID, _ outbox: SessionOutbox, from: NodeInstance, sequence: UInt64,
                   framed: [UInt8], now: UInt64) -> Resnapshot? {
-        shard(key).map.withLock { m -> Resnapshot? in
+        if fromBeforeLeave(key, id, sequence: sequence, now: now) { return nil }
+        return shard(key).map.withLock { m -> Resnapshot? in
             var sub = m[key]?[id] ?? Subscriber(outbox: outbox, position: FeedPosition())
             let decision = sub.position.decide(from: from, sequence: sequence, snapshot: true, now: now)
             m[key, default: [:]][id] = sub

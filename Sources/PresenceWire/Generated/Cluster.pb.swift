@@ -666,10 +666,11 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
     public var stateVersion: UInt64 = 0
     public var listing: [UInt8] = []
     public var expired: Bool = false
+    public var sequence: UInt64 = 0
 
     public init() {}
 
-    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "", stateVersion: UInt64 = 0, listing: [UInt8] = [], expired: Bool = false) {
+    public init(error: ClusterCallError? = nil, userGone: Bool = false, found: Bool = false, state: [StateItem] = [], total: UInt32 = 0, users: [UserState] = [], next: String = "", stateVersion: UInt64 = 0, listing: [UInt8] = [], expired: Bool = false, sequence: UInt64 = 0) {
         self.error = error
         self.userGone = userGone
         self.found = found
@@ -680,6 +681,7 @@ public struct ClusterChannelResult: ProtoMessage, Sendable, Hashable {
         self.stateVersion = stateVersion
         self.listing = listing
         self.expired = expired
+        self.sequence = sequence
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -711,6 +713,7 @@ extension ClusterChannelResult: CMessageBridge {
         self.stateVersion = c.pointee.state_version
         self.listing = WireCodec.readBytes(c.pointee.listing)
         self.expired = c.pointee.expired != 0
+        self.sequence = c.pointee.sequence
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -725,6 +728,7 @@ extension ClusterChannelResult: CMessageBridge {
         c.pointee.state_version = self.stateVersion
         c.pointee.listing = arena.binary(self.listing)
         c.pointee.expired = self.expired ? 1 : 0
+        c.pointee.sequence = self.sequence
     }
 }
 

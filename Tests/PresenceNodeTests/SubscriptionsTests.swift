@@ -1,0 +1,38 @@
+import ClusterCore
+import GRPCTransport
+@testable import PresenceNode
+import PresenceCore
+import PresenceWire
+import Testing
+
+/// The gateway's side of fan-out (`Subscriptions`), as a value fed events in the order a slow
+/// link may deliver them.
+@Suite struct SubscriptionsTests {
+    let key = ChannelKey(name: "room", type: .message)
+    let owner = NodeInstance("n3", boot: 1)
+
+    /// A SNAPSHOT from before the session's leave of a channel, delivered late (after the session
+    /// joined again), starts no subscription: neither it nor the events of the time the session
+    /// was away reach the client; the SNAPSHOT of the new join does, and what follows it.
+    @Test func aSnapshotFromBeforeALeaveArrivingLateStartsNoSubscription() {
+        let subs = Subscriptions(shards: 4)
+        let id = SessionID(raw: 7)
+        let outbox = SessionOutbox(sessionID: id, userID: "u15")
+        let writer = ServerStreamWriter(coalescing: false, scheduleDrain: {})
+        _ = outbox.attach(writer, generation: 1)
+        let frame: [UInt8] = [0, 0, 0, 0, 1, 0]
+        subs.left(key, id, atSequence: 538, now: 0)
+        #expect(subs.snapshot(key, id, outbox, from: owner, sequence: 533, framed: frame, now: 1) == nil)
+        _ = subs.deliver(key, except: nil, from: owner, sequence: 544, framed: frame, now: 2)
+        #expect(writer.takePending().isEmpty)
+        _ = subs.snapshot(key, id, outbox, from: owner, sequence: 547, framed: frame, now: 3)
+        _ = subs.deliver(key, except: nil, from: owner, sequence: 548, framed: frame, now: 4)
+        #expect(writer.takePending().count == 2)
+        // (a leave whose answer comes after such a SNAPSHOT started a subscription undoes it)
+        let other = SessionID(raw: 8)
+        _ = subs.snapshot(key, other, outbox, from: owner, sequence: 540, framed: frame, now: 5)
+        subs.left(key, other, atSequence: 549, now: 6)
+        _ = subs.deliver(key, except: nil, from: owner, sequence: 550, framed: frame, now: 7)
+        #expect(writer.takePending().count == 2)  // (the second session's SNAPSHOT of 540, and the first's event 550)
+    }
+}
