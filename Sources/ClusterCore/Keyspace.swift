@@ -137,6 +137,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public private(set) var reportedGone: [NodeInstance: UInt64] = [:]
     /// When this node last came back from death (monotonic ns).
     private var returnedAt: UInt64?
+    /// Processes this node saw come back (gone, then live again on its ring), and when: another
+    /// node's word that one has been gone since before that is of the earlier absence (that node
+    /// missed the return), and counts for nothing (found by the simulation, seed 676: such a word
+    /// made a process paused twice count as gone from its first pause, and its sessions timed out
+    /// at once at its second). Kept a presence timeout: older words are capped at it anyway.
+    private var cameBackAt: [NodeInstance: UInt64] = [:]
     /// Copies that came as a handoff meant for the key's owner while this node did not own it,
     /// and when (wall ms). Such a copy may be the only whole version left: its sender has handed
     /// off and is leaving, and the owner it was passed on to may be leaving too. A ring change
@@ -432,6 +438,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         // processes thought gone that are live again (a pause, a healed partition): nothing was
         // sent to them meanwhile, so whoever follows an owned key there gets a fresh start
         let back = Set(goneSince.keys.filter { new.isLive($0.id, boot: $0.boot) }.map(\.id))
+        if !cameBackAt.isEmpty { cameBackAt = cameBackAt.filter { now &- $0.value <= presenceTimeout } }
+        for g in goneSince.keys where new.isLive(g.id, boot: g.boot) { cameBackAt[g] = now }
         goneSince = goneSince.filter { !new.isLive($0.key.id, boot: $0.key.boot) }
         guard !leaving else { return [] }
         var out: [Effect] = []
@@ -613,6 +621,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         // timeout), unless that process is live here
         for (sink, age) in gone {
             let since = now > min(age, presenceTimeout) ? now - min(age, presenceTimeout) : 0
+            if let back = cameBackAt[sink], since < back { continue }
             if !isLive(sink) {
                 goneSince[sink] = min(goneSince[sink] ?? since, since)
             } else if let back = returnedAt, now &- back < presenceTimeout {

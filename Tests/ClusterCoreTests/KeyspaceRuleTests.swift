@@ -549,6 +549,33 @@ import Testing
         #expect(c.copies[key]?.contains(user: "u1") == true)
     }
 
+    /// Another node's word that a process has been gone since before it last came back (as this
+    /// node saw it) is of that earlier absence: it counts for nothing, and a later absence is
+    /// counted from its own start.
+    @Test func aWordOfAnAbsenceFromBeforeAProcessCameBackCountsForNothing() throws {
+        let withG = HashRing(members: ["a", "b", "e", "g"], boots: ["a": 1, "b": 1, "e": 1, "g": 1])
+        let withoutG = withG.removing("g")
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            withG.owner(ofHash: StableHash.of($0)) == "e" && withoutG.owner(ofHash: StableHash.of($0)) == "e"
+        })
+        var e = space("e", withG, copies: 2)
+        _ = try e.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        }
+        // g paused from 1 s to 2 s (gone, then back here); paused again at 6 s
+        _ = e.ringChanged(to: withoutG, now: 1 * second + 500_000_000, wall: 1_500)
+        _ = e.ringChanged(to: withG, now: 2 * second, wall: 2_000)
+        _ = e.ringChanged(to: withoutG, now: 6 * second, wall: 6_000)
+        // b never saw g come back: it says g has been gone 5 s (since 1 s)
+        var other = Machine(key: key, maxInstantEvents: 100)
+        _ = other.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        _ = e.received(other.fullCopies(handoff: false)[0], from: "b", gone: [g: 5 * second], now: 6 * second + 1, wall: 6_001)
+        _ = e.sweep(now: 6 * second + 2, wall: 6_002)
+        #expect(e[owned: key]?.contains(user: "u", session: s) == true, "timed out by a word of the earlier absence")
+        _ = e.sweep(now: 11 * second + 1, wall: 11_001)
+        #expect(e[owned: key]?.contains(user: "u", session: s) != true)
+    }
+
     /// A node back from death takes the others' word on how long a process has been gone even
     /// while it still counts that process live (its own view is the stale one): once the process
     /// leaves its ring, its sessions time out a presence timeout after the others saw it go, not
