@@ -35,4 +35,17 @@ import Testing
         _ = subs.deliver(key, except: nil, from: owner, sequence: 550, framed: frame, now: 7)
         #expect(writer.takePending().count == 2)  // (the second session's SNAPSHOT of 540, and the first's event 550)
     }
+
+    /// A session whose join failed without a definite answer is owed a fresh SNAPSHOT once a join
+    /// of that channel succeeds: once, numbered above what it has seen.
+    @Test func aJoinWithoutADefiniteAnswerOwesTheSessionAFreshSnapshot() {
+        let subs = Subscriptions(shards: 4)
+        let id = SessionID(raw: 9)
+        let outbox = SessionOutbox(sessionID: id, userID: "u25")
+        #expect(subs.takeOwed(key, id) == nil)
+        _ = subs.snapshot(key, id, outbox, from: owner, sequence: 346, framed: [0, 0, 0, 0, 0], now: 1)
+        subs.owe(key, id)
+        #expect(subs.takeOwed(key, id) == 346)
+        #expect(subs.takeOwed(key, id) == nil)
+    }
 }

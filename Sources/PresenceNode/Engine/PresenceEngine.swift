@@ -247,9 +247,13 @@ public final class PresenceEngine: Sendable {
             }
         } catch {
             if !j.already { _ = try? g.left(id, channel: key) }
+            if withPresence && error.kind == .unavailable { core.gateway.subscriptions.owe(key, id) }
             throw error
         }
         g.stateAcknowledged(id, channel: key, state: r.state, version: r.stateVersion)
+        if withPresence, let floor = core.gateway.subscriptions.takeOwed(key, id) {
+            sessions.requestSnapshots([Subscriptions.Resnapshot(key: key, session: id, floor: floor)])
+        }
         // the session's record at its home is what a resume on another node starts from: the join
         // is acknowledged only once it is there (a retry of the call repeats both, harmlessly)
         // (a home that knows a later epoch refuses it: the client resumed the session elsewhere,

@@ -19,6 +19,12 @@ final class Subscriptions: Sendable {
         /// Sessions that left a channel: the channel's sequence at the leave, and until when
         /// (monotonic ns) it is kept (`left`).
         let floors = Mutex<[ChannelKey: [SessionID: (sequence: UInt64, until: UInt64)]]>([:])
+        /// Sessions owed a fresh SNAPSHOT of a channel once their join of it is acknowledged (`owe`).
+        let owed = Mutex<Set<Owed>>([])
+    }
+    private struct Owed: Hashable {
+        let key: ChannelKey
+        let session: SessionID
     }
     /// How long a leave's sequence is kept to judge SNAPSHOTs by (a delayed one comes within a
     /// push's retries; 30 s).
@@ -72,6 +78,26 @@ final class Subscriptions: Sendable {
             _ = m[key]?.removeValue(forKey: id)
             if m[key]?.isEmpty == true { m[key] = nil }
         }
+    }
+
+    /// A join of `key` by `id` failed without a definite answer: the owner may have carried it
+    /// out, sent its SNAPSHOT, and then events this gateway dropped (the session was not in the
+    /// channel here), or pushes to it may have been lost meanwhile. A retry that succeeds finds
+    /// the session a member already, which sends nothing; so the session is owed a fresh SNAPSHOT
+    /// (`takeOwed`; found by the simulation, seed 1299: a node frozen during a join missed a state
+    /// change, and the SNAPSHOT that would have repaired it came while the join was undone).
+    func owe(_ key: ChannelKey, _ id: SessionID) {
+        shard(key).owed.withLock { o in
+            if o.count >= Self.maxFloors { o.removeAll() }  // (bounded: at worst, one repair is missed)
+            o.insert(Owed(key: key, session: id))
+        }
+    }
+
+    /// Whether `id` is owed a fresh SNAPSHOT of `key` (`owe`), and the sequence it has seen; clears it.
+    func takeOwed(_ key: ChannelKey, _ id: SessionID) -> UInt64? {
+        let shard = shard(key)
+        guard shard.owed.withLock({ $0.remove(Owed(key: key, session: id)) != nil }) else { return nil }
+        return shard.map.withLock { $0[key]?[id]?.position.last ?? 0 }
     }
 
     /// Whether a SNAPSHOT numbered `sequence` for `id` is from before its last leave of `key`.

@@ -78,11 +78,12 @@ import Testing
     /// suspicion), 159 (a handed copy's pass-on dropped), 1422 and 677 (a resume past a channel's
     /// timeout answered as resumed), 92 again (a merged version numbered as the other side's),
     /// 676 (a kept report of an ended absence), 675 (a frozen node that kept waiting for a dead
-    /// member), 1399 (a SNAPSHOT from before a leave that started a subscription).
+    /// member), 1399 (a SNAPSHOT from before a leave that started a subscription), 1299 (a join
+    /// retried after no definite answer, owed a fresh SNAPSHOT), 349 (a resume's status).
     @Test func regressionSeedsHoldEveryInvariant() {
         for (seed, seconds, maxNodes) in [(UInt64(1), 30.0, 8), (48, 20, 6), (66, 20, 6), (92, 20, 6), (31, 20, 6), (65, 20, 6), (53, 20, 6),
                                           (168, 20, 6), (401, 20, 6), (159, 20, 6), (174, 20, 6), (339, 20, 6), (1308, 20, 6), (978, 20, 6),
-                                          (704, 20, 6), (1422, 20, 6), (677, 20, 6), (676, 20, 6), (675, 20, 6), (1399, 20, 6), (349, 20, 6)] {
+                                          (704, 20, 6), (1422, 20, 6), (677, 20, 6), (676, 20, 6), (675, 20, 6), (1399, 20, 6), (349, 20, 6), (1299, 20, 6)] {
             let r = SimScenario.run(SimScenario.Options.drawn(seed: seed, maxNodes: maxNodes, seconds: seconds))
             #expect(r.violations.isEmpty, "\(r.summary)\n\(r.violations.prefix(10).map { "  \($0)" }.joined(separator: "\n"))")
         }
