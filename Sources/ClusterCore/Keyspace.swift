@@ -126,17 +126,6 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// first dropped: they go when their time is up (the owner may not count this node as a
     /// replica at all), and the owner's whole copy replaces them whatever its lineage.
     public private(set) var unconfirmed: [V.Key: Int64] = [:]
-    /// What other nodes said, since this node came back from death, of processes it still counts
-    /// live: when each has been gone since (monotonic ns). Back from a partition or a pause, its
-    /// own view is the stale one: a process that died meanwhile leaves its ring only later, and
-    /// its sessions are counted from then, past the timeout every other node counts (found by the
-    /// simulation, seed 1422: a home counting 2 s late let a resume after the timeout claim a
-    /// session its channels had timed out, state and all). Taken when the next ring change here
-    /// drops the process, and forgotten by any other (seed 676: a report of an absence that had
-    /// ended, kept, made a later one count from the first and timed live sessions out at once).
-    public private(set) var reportedGone: [NodeInstance: UInt64] = [:]
-    /// When this node last came back from death (monotonic ns).
-    private var returnedAt: UInt64?
     /// Processes this node saw come back (gone, then live again on its ring), and when: another
     /// node's word that one has been gone since before that is of the earlier absence (that node
     /// missed the return), and counts for nothing (found by the simulation, seed 676: such a word
@@ -429,12 +418,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         forgetEmptied(wall: wall)
         for id in old.members where !new.isLive(id, boot: old.boot(of: id)) {
             let gone = NodeInstance(id, boot: old.boot(of: id))
-            if goneSince[gone] == nil { goneSince[gone] = min(now, reportedGone[gone] ?? now) }
-            reportedGone[gone] = nil
+            if goneSince[gone] == nil { goneSince[gone] = now }
         }
-        // (a report not confirmed by this change is dropped: the process may have come back
-        // since, and a later absence must be counted from its own start)
-        reportedGone = [:]
         // processes thought gone that are live again (a pause, a healed partition): nothing was
         // sent to them meanwhile, so whoever follows an owned key there gets a fresh start
         let back = Set(goneSince.keys.filter { new.isLive($0.id, boot: $0.boot) }.map(\.id))
@@ -622,11 +607,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         for (sink, age) in gone {
             let since = now > min(age, presenceTimeout) ? now - min(age, presenceTimeout) : 0
             if let back = cameBackAt[sink], since < back { continue }
-            if !isLive(sink) {
-                goneSince[sink] = min(goneSince[sink] ?? since, since)
-            } else if let back = returnedAt, now &- back < presenceTimeout {
-                reportedGone[sink] = min(reportedGone[sink] ?? since, since)
-            }
+            if !isLive(sink) { goneSince[sink] = min(goneSince[sink] ?? since, since) }
         }
         if let i = owned.index(forKey: key) {
             // (another node's whole version, or its handoff, brings a stale takeover up to date)
@@ -741,7 +722,6 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// time. Each such count starts again now, so a session is timed out only after a presence
     /// timeout of absence seen from here since the return (found by Cluster/chaos, netns seed 52).
     public mutating func returnedFromDeath(now: UInt64) {
-        returnedAt = now
         for sink in goneSince.keys { goneSince[sink] = now }
     }
 

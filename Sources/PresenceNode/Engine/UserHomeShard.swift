@@ -287,8 +287,7 @@ actor UserHomeShard {
                                             "owned": before ? "merged" : (space[owned: copy.record.userID] != nil ? "took over" : "not owner"),
                                             "status": "\(copy.record.chosen)@\(copy.record.chosenVersion)",
                                             "now": space[owned: copy.record.userID].map { "\($0.chosen)@\($0.chosenVersion)" } ?? "-",
-                                            "gone": gone.sorted { $0.key.id < $1.key.id }.map { "\($0.key)=\($0.value / 1_000_000)ms" }.joined(separator: ","),
-                                            "reported_gone": space.reportedGone.keys.map(\.description).sorted().joined(separator: ",")])
+                                            "gone": gone.sorted { $0.key.id < $1.key.id }.map { "\($0.key)=\($0.value / 1_000_000)ms" }.joined(separator: ",")])
         } else if let trace = fabric.trace {
             let user = copy.record.userID
             let before = (space.copies[user]?.sessions.count, space[owned: user]?.sessions.count)
