@@ -128,9 +128,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public private(set) var unconfirmed: [V.Key: Int64] = [:]
     /// Processes this node saw come back (gone, then live again on its ring), and when: another
     /// node's word that one has been gone since before that is of the earlier absence (that node
-    /// missed the return), and counts for nothing (found by the simulation, seed 676: such a word
-    /// made a process paused twice count as gone from its first pause, and its sessions timed out
-    /// at once at its second). Kept a presence timeout: older words are capped at it anyway.
+    /// missed the return), and counts for nothing: else a process paused twice counts as gone
+    /// from its first pause. Kept a presence timeout: older words are capped at it anyway.
     private var cameBackAt: [NodeInstance: UInt64] = [:]
     /// Copies that came as a handoff meant for the key's owner while this node did not own it,
     /// and when (wall ms). Such a copy may be the only whole version left: its sender has handed

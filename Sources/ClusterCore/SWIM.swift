@@ -217,9 +217,8 @@ public enum SWIM {
         /// it (Lifeguard's "buddy system"): the suspect hears of the suspicion from every member
         /// that probes it or that it pings, and refutes before it is declared dead. Left to the
         /// piggy-backed gossip, whose budget goes to random members, a live member may never hear
-        /// it (found by the simulation, seed 704: a member suspected by one returning from a
-        /// partition was declared dead while it kept serving its keys). Not while this node sees
-        /// only a minority: its accusations stay its own (`takeGossip`).
+        /// it, and is declared dead while it keeps serving its keys. Not while this node sees only
+        /// a minority: its accusations stay its own (`takeGossip`).
         private func withSuspicion(of id: String, _ gossip: [Update]) -> [Update] {
             guard let m = members[id], m.status == .suspect, !seesOnlyAMinority, !gossip.contains(where: { $0.id == id }) else { return gossip }
             return gossip + [m]
@@ -642,8 +641,8 @@ public enum SWIM {
         /// This node found it was frozen long enough to be declared dead (its own clock says so,
         /// before any member's word): it asks a live member for its whole view, as news of its
         /// death would have made it (`requestView`). Without it, a member that died during the
-        /// freeze stayed, in the node's stale view, one it waited for to hand back, and the node
-        /// refused its keys for the whole handoff limit (found by the simulation, seed 675).
+        /// freeze stays, in the node's stale view, one it waits for to hand back, and the node
+        /// refuses its keys for the whole handoff limit.
         public mutating func syncViewAfterFreeze(now: UInt64) -> [Directive] {
             var out: [Directive] = []
             let alive = liveMembers.filter { $0.status == .alive }

@@ -772,10 +772,8 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     private mutating func mergeEach(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
         // the merged version follows both: numbered above either, so that a copy of the other
-        // (still in flight from the owner that kept it) cannot pass for it at a replica — with
-        // the other's numbers and only its members, it replaced the merged whole there, and a
-        // failover later served the channel without the members only this side had (found by
-        // the simulation, seed 92)
+        // (still in flight from the owner that kept it), with only that side's members, cannot
+        // pass for it at a replica and replace the merged whole there
         let top = max(sequence, other.sequence)
         sequence = top < .max ? top + 1 : top
         term = max(term, other.term)

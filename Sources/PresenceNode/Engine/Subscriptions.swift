@@ -57,10 +57,9 @@ final class Subscriptions: Sendable {
     }
 
     /// The session's leave of `key` was carried out at the channel's `sequence`: a SNAPSHOT for
-    /// it numbered at or below that is from before the leave, delayed (a slow link: found by the
-    /// simulation, seed 1399, where one arrived after the session had joined again and started a
-    /// subscription, followed by the events of the time it was away). One such SNAPSHOT that
-    /// started a subscription meanwhile is undone.
+    /// it numbered at or below that is from before the leave, delayed (a slow link): it must not
+    /// start a subscription after the session joined again, nor let the events of the time it was
+    /// away through. One such SNAPSHOT that started a subscription meanwhile is undone.
     func left(_ key: ChannelKey, _ id: SessionID, atSequence sequence: UInt64, now: UInt64) {
         guard sequence > 0 else { return }
         let shard = shard(key)
@@ -84,8 +83,8 @@ final class Subscriptions: Sendable {
     /// out, sent its SNAPSHOT, and then events this gateway dropped (the session was not in the
     /// channel here), or pushes to it may have been lost meanwhile. A retry that succeeds finds
     /// the session a member already, which sends nothing; so the session is owed a fresh SNAPSHOT
-    /// (`takeOwed`; found by the simulation, seed 1299: a node frozen during a join missed a state
-    /// change, and the SNAPSHOT that would have repaired it came while the join was undone).
+    /// (`takeOwed`): the SNAPSHOT that would have repaired what it missed may have come while the
+    /// join was undone here.
     func owe(_ key: ChannelKey, _ id: SessionID) {
         shard(key).owed.withLock { o in
             if o.count >= Self.maxFloors { o.removeAll() }  // (bounded: at worst, one repair is missed)
