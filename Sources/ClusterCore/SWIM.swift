@@ -151,6 +151,9 @@ public enum SWIM {
         /// When this node last asked for another's view (`syncView`): at most once a suspicion's
         /// minimum, however many members tell it it was declared dead.
         private var syncedAt: UInt64? = nil
+        /// Members asked for their view since the last one that answered, that did not answer
+        /// (`viewRequestFailed`): the next is asked among the others.
+        private var viewUnanswered = Set<String>()
         /// When another member last reached this node (any message from it: a probe, an answer,
         /// a join), nil before the first.
         private var lastHeardAt: UInt64? = nil
@@ -294,7 +297,25 @@ public enum SWIM {
         private mutating func requestView(from id: String, address: String, now: UInt64, into out: inout [Directive]) {
             guard syncedAt.map({ now &- $0 >= settings.suspicionMin }) ?? true else { return }
             syncedAt = now
+            viewUnanswered = []
             out.append(.syncView(with: id, address: address))
+        }
+
+        /// The member asked for its view (`syncView`) did not answer: it may have died while this
+        /// node was frozen or cut off, which its stale view cannot tell. Another live member it
+        /// has not asked since the last answer is asked at once (no rate limit: this is the same
+        /// request); none left, the sync ends. Without it, a frozen node that asked a member dead
+        /// meanwhile kept that member as one it waits for to hand back, refusing its keys.
+        public mutating func viewRequestFailed(with id: String, now: UInt64) -> [Directive] {
+            viewUnanswered.insert(id)
+            let others = liveMembers.filter { $0.status == .alive && !viewUnanswered.contains($0.id) }
+            guard !others.isEmpty else {
+                viewUnanswered = []
+                return []
+            }
+            let teller = others[Int(rng.next() % UInt64(others.count))]
+            syncedAt = now
+            return [.syncView(with: teller.id, address: teller.address)]
         }
 
         private mutating func apply(_ u: Update, from: String?, now: UInt64, into out: inout [Directive], accuserHeldDead: Bool = false) {
@@ -623,7 +644,8 @@ public enum SWIM {
         /// what it says of this node (which this node has refuted already: taken again, it would
         /// be "declared dead" once more, and ask again).
         public mutating func receivedView(_ view: [Update], from: String, now: UInt64) -> [Directive] {
-            merge(view.filter { $0.id != myself.id }, from: from, now: now)
+            viewUnanswered = []
+            return merge(view.filter { $0.id != myself.id }, from: from, now: now)
         }
 
         /// This node was declared dead (or frozen long enough to be) and is back: it announces a

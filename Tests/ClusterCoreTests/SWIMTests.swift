@@ -702,6 +702,27 @@ struct Simulation {
         #expect(asked == ["b"], "\(ds)")
     }
 
+    /// A view asked of a member that does not answer (dead while this node was frozen, which its
+    /// stale view cannot tell) is asked of another live member at once, each at most once, until
+    /// one answers or none is left.
+    @Test func aViewRequestNobodyAnswersIsAskedOfAnotherLiveMember() {
+        var a = SWIM.Instance(id: "a", address: "a", seed: 5)
+        for id in ["b", "c", "d"] { _ = a.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        func asked(_ ds: [SWIM.Directive]) -> [String] {
+            ds.compactMap { d -> String? in if case .syncView(let with, _) = d { return with } else { return nil } }
+        }
+        let first = asked(a.syncViewAfterFreeze(now: 10 * 1_000_000_000))
+        #expect(first.count == 1)
+        var tried = first
+        for _ in 0..<2 {
+            let next = asked(a.viewRequestFailed(with: tried.last!, now: 10 * 1_000_000_000 + 1))
+            #expect(next.count == 1 && !tried.contains(next[0]), "\(tried) then \(next)")
+            tried += next
+        }
+        #expect(Set(tried) == ["b", "c", "d"])
+        #expect(asked(a.viewRequestFailed(with: tried.last!, now: 10 * 1_000_000_000 + 2)).isEmpty, "every member was asked once")
+    }
+
     @Test func aRestartedNodeComesBackWithAHigherIncarnation() {
         let ids = ["a", "b", "c"]
         var sim = Simulation(ids: ids)

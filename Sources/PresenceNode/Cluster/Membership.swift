@@ -382,7 +382,12 @@ public final class Membership: Sendable {
                 // (a join's exchange: it carries this node's refutation there, and that member's view back)
                 let req = ClusterJoinRequest(member: wire(swim.withLock { $0.myself }))
                 placement.start { [self] in
-                    guard let resp = try? await transport.unary(address, MembershipMethods.join, req, timeout: settings.probeInterval * 2) else { return }
+                    guard let resp = try? await transport.unary(address, MembershipMethods.join, req, timeout: settings.probeInterval * 2) else {
+                        guard running.load(ordering: .relaxed) else { return }
+                        let now = clock.monotonicNanoseconds()
+                        carryOut(swim.withLock { $0.viewRequestFailed(with: with, now: now) })
+                        return
+                    }
                     let now = clock.monotonicNanoseconds()
                     topology.heardFromCluster(at: now)
                     carryOut(swim.withLock { $0.receivedView(resp.members.compactMap(self.update), from: with, now: now) })
