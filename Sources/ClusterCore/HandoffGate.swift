@@ -211,6 +211,9 @@ public struct HandoffGate: Sendable {
             let holders = base.owners(ofHash: keyHash, count: copies)
             guard let before = holders.first else { continue }
             if waiting.contains(before) { return false }
+            // (back from death: the cluster may have lost another of the key's holders while this
+            // node was away, and the next one owned the key meanwhile; its "done" covers that)
+            if !sinceReturn.isEmpty, holders.dropFirst().contains(where: { $0 != me && sinceReturn.contains($0) }) { return false }
             // (an owner gone from the ring hands nothing off: its replicas send their copies)
             if let current, !current.members.contains(before),
                holders.dropFirst().contains(where: { $0 != me && waiting.contains($0) }) { return false }

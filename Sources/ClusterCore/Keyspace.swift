@@ -137,6 +137,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// that gives the key another owner hands it on to that owner, for a presence timeout after
     /// it came (`handOnAfterRingChange`).
     public private(set) var handedHere: [V.Key: Int64] = [:]
+    /// Keys this node handed off as their owner, keeping a copy as a replica, and when (wall ms).
+    /// The handoff went to the owner of the ring it had then; a ring change that gives the key yet
+    /// another owner within a presence timeout hands this copy to that owner too, before this node
+    /// says it is done: the first receiver may be passing it on (or may have lost it) while the
+    /// new owner, counting this node's "done", would serve without it (`handOnAfterRingChange`).
+    public private(set) var handedAway: [V.Key: Int64] = [:]
     /// When the next retired or unconfirmed copy is due to go (wall ms).
     private var retirementDue = Int64.max
     /// When the earliest of `emptied` and `emptiedCopies` may be forgotten (or earlier).
@@ -437,6 +443,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 orphanKeys.remove(key)
                 settled(key)
                 if keepCopy {
+                    handedAway[key] = wall
                     copies[key] = v
                     keepReplica(key, wall: wall)
                 }
@@ -461,6 +468,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         if !restarted.isEmpty { out.append(.deliver(restarted)) }
         let died = Set(old.members.filter { !new.isLive($0, boot: old.boot(of: $0)) })
         handedHere = handedHere.filter { copies[$0.key] != nil && wall - $0.value < retirement }
+        handedAway = handedAway.filter { copies[$0.key] != nil && wall - $0.value < retirement }
         for (key, v) in copies.sorted(by: { $0.key < $1.key }) {
             switch RingMove.copy(keyHash: V.ringHash(of: key), from: old, to: new, me: me, copies: replicationFactor) {
             case .takeOver(_, let newReplicas):
@@ -469,6 +477,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 handedHere[key] = nil
+                handedAway[key] = nil
                 settled(key)
                 out += takeOver(key, from: v, stale: stale, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
             case .keep:
@@ -478,6 +487,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 out += toOwnerAfterDeath(key, v, from: old, died: died, now: now)
                     ?? handOnAfterRingChange(key, v, from: old, now: now)
                 handedHere[key] = nil
+                handedAway[key] = nil
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 retire(key, v, wall: wall)
@@ -506,13 +516,16 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return sendAll(v, to: owner, handoff: true, now: now)
     }
 
-    /// A copy that came here as a handoff (`handedHere`) goes to the key's new owner when the
-    /// ring moves the key, before this node says it is done with the ring change: the new owner
-    /// may have started after that handoff was sent, and nobody else may hold all of it.
+    /// A copy that came here as a handoff (`handedHere`), or that this node kept of a key it
+    /// handed off (`handedAway`), goes to the key's new owner when the ring moves the key, before
+    /// this node says it is done with the ring change: the new owner may have started after that
+    /// handoff was sent, and nobody else may hold all of it.
     private func handOnAfterRingChange(_ key: V.Key, _ v: V, from old: HashRing, now: UInt64) -> [Effect] {
-        guard handedHere[key] != nil else { return [] }
+        guard handedHere[key] != nil || handedAway[key] != nil else { return [] }
         let h = V.ringHash(of: key)
-        guard let owner = ring.owner(ofHash: h), owner != me, owner != old.owner(ofHash: h) else { return [] }
+        // (not a key this node owned until this change: its handoff went out above)
+        let before = old.owner(ofHash: h)
+        guard let owner = ring.owner(ofHash: h), owner != me, owner != before, before != me else { return [] }
         return sendAll(v, to: owner, handoff: true, now: now)
     }
 
@@ -765,7 +778,8 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// here nothing else would send it.
     public func handOn(to node: String, now: UInt64, wall: Int64) -> [Effect] {
         var out: [Effect] = []
-        for (key, since) in handedHere.sorted(by: { $0.key < $1.key }) where wall - since < retirement {
+        let handed = handedHere.merging(handedAway) { max($0, $1) }
+        for (key, since) in handed.sorted(by: { $0.key < $1.key }) where wall - since < retirement {
             guard let v = copies[key], node != me, ring.owner(ofHash: V.ringHash(of: key)) == node else { continue }
             out += sendAll(v, to: node, handoff: true, now: now)
         }

@@ -154,6 +154,8 @@ public enum SWIM {
         /// Members asked for their view since the last one that answered, that did not answer
         /// (`viewRequestFailed`): the next is asked among the others.
         private var viewUnanswered = Set<String>()
+        /// When `periodTick` last ran (nil before the first).
+        private var lastTickAt: UInt64? = nil
         /// When another member last reached this node (any message from it: a probe, an answer,
         /// a join), nil before the first.
         private var lastHeardAt: UInt64? = nil
@@ -438,6 +440,13 @@ public enum SWIM {
         /// Suspects whose time is up become dead.
         public mutating func suspicionsDue(now: UInt64) -> [Directive] {
             var out: [Directive] = []
+            if frozenSinceLastTick(now: now) {
+                // (this timer fired late: the process was frozen, and its suspicions are from
+                // before; the period tick that follows finds the freeze and forgets them,
+                // `syncViewAfterFreeze`. Checked again after it)
+                out.append(.scheduleSuspicionCheck(at: now &+ settings.probeInterval))
+                return out
+            }
             for id in suspicions.keys.sorted() where now >= suspicionDeadline(id) {
                 guard let s = suspicions[id], var m = members[id], m.status == .suspect, m.incarnation == s.incarnation else {
                     suspicions[id] = nil
@@ -483,9 +492,17 @@ public enum SWIM {
         // MARK: Probing
 
         /// The protocol period elapsed: probe the next member.
+        /// Whether the last period tick is further back than a period and a suspicion's longest:
+        /// this process was frozen (a paused VM, SIGSTOP) long enough to be declared dead, and the
+        /// tick that notices it has not run yet (the same measure as the node's own freeze check).
+        private func frozenSinceLastTick(now: UInt64) -> Bool {
+            lastTickAt.map { now &- $0 > settings.probeInterval &+ settings.suspicionMax } ?? false
+        }
+
         public mutating func periodTick(now: UInt64) -> [Directive] {
             var out: [Directive] = []
             periods += 1
+            lastTickAt = now
             // Heard from and seeing a majority again, the node was not the one cut off, or is
             // back: members still dead a suspicion's longest after that are not refuting, and
             // their deaths are not its isolation's. Not at once: the first member heard at a heal
@@ -667,6 +684,10 @@ public enum SWIM {
         /// refuses its keys for the whole handoff limit.
         public mutating func syncViewAfterFreeze(now: UInt64) -> [Directive] {
             var out: [Directive] = []
+            // (the suspicions it raised before the freeze are as stale as the rest of its view: the
+            // suspects could not refute to a frozen process. Left running, their timers declared a
+            // member dead the moment it thawed, and it took that member's keys from its stale copy)
+            forgetOwnAccusations(into: &out)
             let alive = liveMembers.filter { $0.status == .alive }
             guard !alive.isEmpty else { return out }
             let teller = alive[Int(rng.next() % UInt64(alive.count))]

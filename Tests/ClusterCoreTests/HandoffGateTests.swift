@@ -179,6 +179,24 @@ import Testing
         #expect(!h.mayServe(keyHash: mine, now: 2_999) && h.mayServe(keyHash: mine, now: 3_000))
     }
 
+    /// Back from death, a key waits for every one of its holders on the ring without this node,
+    /// not its owner there only: another holder may have owned it meanwhile (its owner there was
+    /// away too), and that holder's "done" says it handed it back.
+    @Test func aNodeBackFromDeathWaitsForEachHolderOfAKey() throws {
+        let ring = HashRing(members: ["a", "b", "c", "d", "e"])
+        let without = ring.removing("e")
+        let key = try #require((0..<10_000).map { StableHash.of("k\($0)") }.first {
+            ring.owner(ofHash: $0) == "e" && without.owners(ofHash: $0, count: 3).count == 3
+        })
+        let holders = without.owners(ofHash: key, count: 3)
+        var g = HandoffGate(me: "e", limit: 3_000, copies: 3)
+        g.returnedFromDeath(ring: ring, incarnation: 1, now: 1_000)
+        g.handoffDone(from: holders[0], fingerprint: ring.fingerprint, toIncarnation: 1, now: 1_001)
+        #expect(!g.mayServe(keyHash: key, now: 1_002), "its owner without e is done; \(holders[1]) may have owned it meanwhile")
+        for h in holders.dropFirst() { g.handoffDone(from: h, fingerprint: ring.fingerprint, toIncarnation: 1, now: 1_003) }
+        #expect(g.mayServe(keyHash: key, now: 1_004))
+    }
+
     /// A "done" decided while its sender knew this node at an incarnation below the one it
     /// returned from death with was decided before the death: read late (a freeze holds what
     /// reached the process unread), it names a ring this node has again, but what the sender took

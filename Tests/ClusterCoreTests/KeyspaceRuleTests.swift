@@ -500,6 +500,45 @@ import Testing
         #expect(!replica.ringChanged(to: after, now: 2, wall: 2_000).contains { if case .send(_, "d", _, _) = $0 { return true } else { return false } })
     }
 
+    /// A key this node handed off as its owner, keeping a copy, goes to the key's next owner too
+    /// when the ring moves it again within a presence timeout (before this node says "done"): the
+    /// first receiver may still be passing it on, while the next owner counts this node's "done".
+    /// One handoff per move: none twice to the first receiver, none when the key stays put.
+    @Test func aKeyHandedOffAndMovedAgainGoesToItsNextOwnerToo() throws {
+        let r0 = HashRing(members: ["b", "f"], boots: ["b": 1, "f": 1])
+        let r1 = HashRing(members: ["b", "c", "f"], boots: ["b": 1, "c": 1, "f": 1])
+        let r2 = HashRing(members: ["b", "c", "d", "f"], boots: ["b": 1, "c": 1, "d": 1, "f": 1])
+        let key = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            r0.owner(ofHash: StableHash.of($0)) == "f" && r1.owners(ofHash: StableHash.of($0), count: 2) == ["c", "f"]
+                && r2.owner(ofHash: StableHash.of($0)) == "d"
+        })
+        func sent(_ out: [Keyspace<Machine>.Effect], to node: String) -> [Machine.Copy] {
+            out.compactMap { e -> Machine.Copy? in if case .send(let c, let n, _, _) = e, n == node { return c } else { return nil } }
+        }
+        var f = space("f", r0, copies: 2)
+        _ = try f.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        }
+        let first = f.ringChanged(to: r1, now: 1, wall: 1_000)
+        #expect(sent(first, to: "c").filter(\.handoff).count == 1, "\(first)")
+        let second = f.ringChanged(to: r2, now: 2, wall: 2_000)
+        let toD = sent(second, to: "d")
+        #expect(toD.count == 1 && toD.allSatisfy(\.handoff), "\(second)")
+        var d = space("d", r2, copies: 2)
+        for c in toD { _ = d.received(c, now: 3, wall: 2_100) }
+        #expect(d[owned: key]?.contains(user: "u1") == true)
+        // a ring change that leaves the key where it is sends nothing more
+        var g = space("f", r0, copies: 2)
+        _ = try g.withOwned(key, create: true, now: 1_000) { m in
+            _ = m.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        }
+        _ = g.ringChanged(to: r1, now: 1, wall: 1_000)
+        let r1e = HashRing(members: ["b", "c", "f", "z"], boots: ["b": 1, "c": 1, "f": 1, "z": 1])
+        if r1e.owner(ofHash: StableHash.of(key)) == "c" {
+            #expect(g.ringChanged(to: r1e, now: 2, wall: 2_000).allSatisfy { if case .send(let c, _, _, _) = $0 { return !c.handoff } else { return true } })
+        }
+    }
+
     /// A copy handed to a non-owner goes to the owner again when the owner asks for its handoffs
     /// (the push that passed it on may have been dropped), for a presence timeout after it came;
     /// a plain replica copy does not, nor to a member that does not own the key.

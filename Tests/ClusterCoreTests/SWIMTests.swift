@@ -702,6 +702,43 @@ struct Simulation {
         #expect(asked == ["b"], "\(ds)")
     }
 
+    /// A node that finds it was frozen forgets the suspicions it held from before: the suspects
+    /// could not refute to a frozen process, and a timer running out at the thaw would declare a
+    /// live member dead from a stale view.
+    @Test func aNodeBackFromAFreezeForgetsTheSuspicionsItHeldBefore() {
+        var a = SWIM.Instance(id: "a", address: "a", seed: 5)
+        for id in ["b", "c", "d", "e"] { _ = a.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        _ = a.periodTick(now: 100 * ms)
+        _ = a.merge([U(id: "b", address: "b", status: .suspect, incarnation: 0, accuser: "c")], from: "c", now: 150 * ms)
+        #expect(a.members["b"]?.status == .suspect)
+        _ = a.syncViewAfterFreeze(now: 8_000 * ms)
+        #expect(a.members["b"]?.status == .alive)
+        _ = a.periodTick(now: 8_000 * ms)
+        let later = a.suspicionsDue(now: 9_000 * ms)
+        #expect(a.members["b"]?.status == .alive, "\(later)")
+    }
+
+    /// A suspicion's timer that fires late, the process frozen past a period and a suspicion's
+    /// longest since its last tick, declares no one dead: it checks again after the tick that
+    /// notices the freeze.
+    @Test func aSuspicionTimerFiringLateAfterAFreezeDeclaresNoOne() {
+        var a = SWIM.Instance(id: "a", address: "a", seed: 5)
+        for id in ["b", "c", "d", "e"] { _ = a.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        _ = a.periodTick(now: 100 * ms)
+        _ = a.merge([U(id: "b", address: "b", status: .suspect, incarnation: 0, accuser: "c")], from: "c", now: 150 * ms)
+        let late = a.suspicionsDue(now: 6_000 * ms)
+        #expect(a.members["b"]?.status == .suspect, "\(late)")
+        #expect(late.contains { if case .scheduleSuspicionCheck = $0 { return true } else { return false } })
+        // (on time, the same suspicion is a verdict)
+        var b = SWIM.Instance(id: "a", address: "a", seed: 5)
+        for id in ["b", "c", "d", "e"] { _ = b.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        _ = b.periodTick(now: 100 * ms)
+        _ = b.merge([U(id: "b", address: "b", status: .suspect, incarnation: 0, accuser: "c")], from: "c", now: 150 * ms)
+        _ = b.periodTick(now: 1_200 * ms)
+        _ = b.suspicionsDue(now: 1_400 * ms)
+        #expect(b.members["b"]?.status == .dead)
+    }
+
     /// A view asked of a member that does not answer (dead while this node was frozen, which its
     /// stale view cannot tell) is asked of another live member at once, each at most once, until
     /// one answers or none is left.
