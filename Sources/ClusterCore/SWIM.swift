@@ -232,7 +232,12 @@ public enum SWIM {
         /// Applies what a message carried (`from`: the sender, a confirmation for suspicions).
         public mutating func merge(_ updates: [Update], from: String?, now: UInt64) -> [Directive] {
             var out: [Directive] = []
-            if let from, from != myself.id { lastHeardAt = now }
+            if let from, from != myself.id {
+                if let last = lastHeardAt, now &- last > settings.probeInterval &+ settings.suspicionMax, myself.status == .alive {
+                    heardAfterASilence(from: from, now: now, into: &out)
+                }
+                lastHeardAt = now
+            }
             // A sender we hold dead has been out of touch (the far side of a partition, a paused
             // process): what it concluded about others meanwhile is a product of its isolation, not
             // news. Take what it says of itself and of us (so that it, or we, refute), not its
@@ -273,6 +278,20 @@ public enum SWIM {
                 out.append(.memberChanged(m))
             }
             reviveVerdictsOfIsolation(into: &out)
+        }
+
+        /// No member reached this node for longer than the others take to declare it dead (a
+        /// period and a suspicion's longest): cut off or frozen, it most likely was declared dead,
+        /// and the first word from a member can come before that news does. It acts as told so (its
+        /// keys wait for their handoff back, a live member's view is asked for) rather than serve
+        /// its keys from its stale view until the news arrives.
+        private mutating func heardAfterASilence(from: String, now: UInt64, into out: inout [Directive]) {
+            out.append(.declaredDead(incarnation: myself.incarnation))
+            if let teller = members[from], teller.status != .dead {
+                requestView(from: from, address: teller.address, now: now, into: &out)
+            } else {
+                out += syncViewAfterFreeze(now: now)
+            }
         }
 
         /// No member reached this node for longer than a suspicion's shortest: it is cut off.

@@ -739,6 +739,21 @@ struct Simulation {
         #expect(b.members["b"]?.status == .dead)
     }
 
+    /// A node no member reached for longer than the others take to declare it dead acts, at the
+    /// first word from a member, as one told it was declared dead (that news may come later):
+    /// its keys wait for their handoff back, and it asks for a live member's view. A node heard
+    /// within that time does not.
+    @Test func aNodeHeardAgainAfterASilenceLongEnoughToBeDeclaredDeadActsAsDeclaredDead() {
+        func returns(_ ds: [SWIM.Directive]) -> Bool { ds.contains { if case .declaredDead = $0 { return true } else { return false } } }
+        var a = SWIM.Instance(id: "a", address: "a", seed: 5)
+        for id in ["b", "c", "d"] { _ = a.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        _ = a.merge([], from: "b", now: 100 * ms)
+        #expect(!returns(a.merge([], from: "c", now: 1_400 * ms)), "heard 1.3 s ago: within a period and a suspicion's longest")
+        let after = a.merge([], from: "d", now: 2_900 * ms)
+        #expect(returns(after), "\(after)")
+        #expect(after.contains { if case .syncView = $0 { return true } else { return false } })
+    }
+
     /// A view asked of a member that does not answer (dead while this node was frozen, which its
     /// stale view cannot tell) is asked of another live member at once, each at most once, until
     /// one answers or none is left.

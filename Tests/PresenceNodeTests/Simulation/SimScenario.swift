@@ -194,6 +194,12 @@ struct SimScenario {
         guard live.count >= 2 else { return nil }
         var kinds = options.kinds
         if !downForever.isEmpty || cluster.live.count < 4 { kinds.removeAll { $0 == .crashForever } }
+        // (Cluster/chaos's floor: a fault that takes a node out leaves at least three nodes
+        // serving, or all but one of a smaller cluster; a cut link needs a third node)
+        let floor = min(3, options.nodes - 1)
+        if live.count - 1 < floor { kinds.removeAll { Self.takesANodeOut.contains($0) } }
+        if live.count < 3 { kinds.removeAll { $0 == .linkCutShort || $0 == .linkCutLong } }
+        guard !kinds.isEmpty else { return nil }
         let kind = kinds[random(kinds.count)]
         let node = live[random(live.count)]
         let ns = { (s: Double) in UInt64(s * 1e9) }
@@ -232,6 +238,8 @@ struct SimScenario {
             return ("\(kind) \(node)", ns(6), { cluster.slow(node, false) })
         }
     }
+
+    static let takesANodeOut: Set<FaultKind> = [.crash0, .crash3, .crashForever, .rolling, .pauseShort, .pauseLong, .partitionShort, .partitionLong]
 
     /// Every node read by a client on the quiet cluster: listings, user channels, statuses.
     private func finalReads() -> [String: SimNodeRead] {
