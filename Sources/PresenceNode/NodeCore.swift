@@ -51,7 +51,7 @@ public final class NodeCore: Sendable {
                                     clock: seams.clock, placement: seams.placement, logger: logger)
         self.membership = membership
         let link = PeerLink(me: { topology.instance }, timings: settings.timings,
-                            relays: { node in topology.ring.members.filter { $0 != node && $0 != topology.me } },
+                            relays: { node in topology.relays(for: node) },
                             trace: logger.debugTrace, transport: seams.transport, clock: seams.clock, placement: seams.placement) { [weak membership] id in
             membership?.peerAddress(of: id)
         }
@@ -66,6 +66,7 @@ public final class NodeCore: Sendable {
         membership.onRefute { engine.antiEntropy.runSoon() }
         membership.onDeclaredDead { engine.ring.returnedFromDeath(incarnation: $0) }
         topology.readIncarnations { [weak membership] in membership?.incarnation(of: $0) }
+        topology.readHealth { [weak membership] in membership?.isHealthy($0) ?? false }
         membership.onMemberAlive { engine.ring.memberAlive($0) }
         ringChanges = queue
         ringTask = seams.placement.start {

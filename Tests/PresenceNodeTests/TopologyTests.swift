@@ -22,6 +22,17 @@ import Testing
         return (t, ring)
     }
 
+    /// A call or push whose direct link failed goes through a member the failure detector holds
+    /// alive: not the destination, not this node, and not one suspected or dead but still on the
+    /// ring (it would cost the attempt its whole timeout).
+    @Test func aRelayIsAMemberHeldAliveOtherThanTheDestinationAndThisNode() {
+        let (t, _) = n4OnFiveNodes(ready: true)
+        #expect(t.relays(for: "n1") == ["n2", "n3", "n5"], "no failure detector wired: every other member")
+        t.readHealth { $0 != "n2" }
+        #expect(t.relays(for: "n1") == ["n3", "n5"])
+        #expect(t.relays(for: "n3") == ["n1", "n5"])
+    }
+
     /// Members' incarnations are read through a lookup membership sets once; reading it costs the
     /// same on the millionth call as on the first (a closure kept bare in a `Mutex` was rewrapped
     /// on every read, and overflowed the stack after about 100,000: see `ObserverSlot`).

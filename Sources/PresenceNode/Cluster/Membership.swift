@@ -163,6 +163,8 @@ public final class Membership: Sendable {
     public var myIncarnation: UInt64 { swim.withLock { $0.myself.incarnation } }
     /// The incarnation this node knows `id` at (nil: not a member it knows).
     public func incarnation(of id: String) -> UInt64? { swim.withLock { $0.members[id]?.incarnation } }
+    /// Whether this node holds `id` alive (not suspected, not dead).
+    public func isHealthy(_ id: String) -> Bool { swim.withLock { $0.members[id]?.status == .alive } }
 
     /// Recomputes the ring from SWIM's view (`MembershipRing`: a restart is two changes, and a
     /// node in a minority keeps its ring). Holding the SWIM lock while the topology changes keeps

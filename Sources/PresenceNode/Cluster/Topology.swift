@@ -44,6 +44,10 @@ public final class Topology: Sendable {
         let read: @Sendable (String) -> UInt64?
     }
     private let incarnations = Mutex<IncarnationLookup?>(nil)
+    private struct HealthLookup: Sendable {
+        let read: @Sendable (String) -> Bool
+    }
+    private let health = Mutex<HealthLookup?>(nil)
 
     public init(me: String, boot: UInt64 = Topology.newBoot(), replicationFactor: Int, handoffLimit: UInt64 = 3_000_000_000,
                 lease: UInt64 = 0, cutOffAfter: UInt64 = 0, ready: Bool = true, clock: EngineClock = SystemClock()) {
@@ -213,6 +217,22 @@ public final class Topology: Sendable {
     /// Sets where members' incarnations are read (`incarnation(of:)`).
     public func readIncarnations(from lookup: @escaping @Sendable (String) -> UInt64?) {
         incarnations.withLock { $0 = IncarnationLookup(read: lookup) }
+    }
+
+    /// Sets where members' health is read (`relays(for:)`): whether the failure detector holds
+    /// a member alive, not suspected.
+    public func readHealth(from lookup: @escaping @Sendable (String) -> Bool) {
+        health.withLock { $0 = HealthLookup(read: lookup) }
+    }
+
+    /// The members a call or push for `node` may go through when the direct link fails: on the
+    /// ring, neither `node` nor this one, and held alive by the failure detector (a member being
+    /// suspected, or dead and not yet off the ring, would cost the attempt its whole timeout).
+    public func relays(for node: String) -> [String] {
+        let lookup = health.withLock { $0 }
+        let candidates = ring.members.filter { $0 != node && $0 != me }
+        guard let lookup else { return candidates }
+        return candidates.filter(lookup.read)
     }
 
     /// The incarnation this node knows `member` at (0 when it knows none): a "done" sent to it

@@ -79,11 +79,11 @@ struct Router: Sendable {
         }
     }
 
-    /// Where an attempt at `owner` goes: to it, or through another live member (any one) when the
-    /// attempt is to take a relay.
+    /// Where an attempt at `owner` goes: to it, or through another healthy member (any one) when
+    /// the attempt is to take a relay (`Topology.relays`).
     private func target(_ owner: String, _ attempt: RoutingWindow.Attempt) -> String {
         guard attempt.throughRelay else { return owner }
-        return core.clock.pick(topology.routingRing.members.filter { $0 != owner && $0 != topology.me }) ?? owner
+        return core.clock.pick(topology.relays(for: owner)) ?? owner
     }
 
     func homeCall(_ user: String, _ op: ClusterHomeOp, _ fill: (inout ClusterHomeCall) -> Void = { _ in }) async throws(PresenceError) -> ClusterHomeResult {

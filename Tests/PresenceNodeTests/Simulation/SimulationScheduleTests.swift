@@ -88,10 +88,13 @@ import Testing
     /// before a leave that started a subscription), 349 (a resume's status), 1299 (a join retried
     /// after no definite answer, owed a fresh SNAPSHOT), 2558 (a frozen node that asked a member
     /// dead meanwhile for its view, and no one else), 8395 (a schedule of three faults at once:
-    /// now two, with the node down for good one of them).
+    /// now two, with the node down for good one of them), 1412 (two nodes back at once; a stale
+    /// copy under a fresh term), 288 (a node heard at a heal before the news of its death came),
+    /// 2495 (an announce over a cut link relayed through a member just killed).
     @Test func replayedSeedsHoldEveryInvariant() {
         Self.holdEveryInvariant([(UInt64(1308), 20.0, 6), (978, 20, 6), (704, 20, 6), (1422, 20, 6), (677, 20, 6), (676, 20, 6),
-                                 (675, 20, 6), (1399, 20, 6), (349, 20, 6), (1299, 20, 6), (2558, 20, 6), (8395, 20, 6)])
+                                 (675, 20, 6), (1399, 20, 6), (349, 20, 6), (1299, 20, 6), (2558, 20, 6), (8395, 20, 6),
+                                 (1412, 20, 6), (288, 20, 6), (2495, 20, 6)])
     }
 
     static func holdEveryInvariant(_ seeds: [(UInt64, Double, Int)]) {
