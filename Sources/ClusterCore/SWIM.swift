@@ -510,7 +510,6 @@ public enum SWIM {
 
         // MARK: Probing
 
-        /// The protocol period elapsed: probe the next member.
         /// Whether the last period tick is further back than a period and a suspicion's longest:
         /// this process was frozen (a paused VM, SIGSTOP) long enough to be declared dead, and the
         /// tick that notices it has not run yet (the same measure as the node's own freeze check).
@@ -518,6 +517,7 @@ public enum SWIM {
             lastTickAt.map { now &- $0 > settings.probeInterval &+ settings.suspicionMax } ?? false
         }
 
+        /// The protocol period elapsed: probe the next member.
         public mutating func periodTick(now: UInt64) -> [Directive] {
             var out: [Directive] = []
             periods += 1

@@ -36,6 +36,23 @@ import Testing
         #expect(writer.takePending().count == 2)  // (the second session's SNAPSHOT of 540, and the first's event 550)
     }
 
+    /// Leave floors are bounded per shard: past `maxFloors`, the expired ones go, and when all are
+    /// still fresh, all of them; a floor that ran out is forgotten when it is next read.
+    @Test func leaveFloorsStayWithinTheirBound() {
+        let subs = Subscriptions(shards: 1)
+        for i in 0..<Subscriptions.maxFloors { subs.left(key, SessionID(raw: UInt64(i + 1)), atSequence: 10, now: 0) }
+        #expect(subs.floorsKept == Subscriptions.maxFloors)
+        subs.left(key, SessionID(raw: 1), atSequence: 11, now: 1)   // (the same session again: no more kept)
+        #expect(subs.floorsKept == Subscriptions.maxFloors)
+        subs.left(key, SessionID(raw: 90_000), atSequence: 10, now: 2)
+        #expect(subs.floorsKept == 0, "all fresh past the bound: forgotten at once")
+        // expired ones go first, the fresh ones stay
+        for i in 0..<Subscriptions.maxFloors { subs.left(key, SessionID(raw: UInt64(i + 1)), atSequence: 10, now: 3) }
+        let later = Subscriptions.floorMemory + 10
+        subs.left(key, SessionID(raw: 90_001), atSequence: 10, now: later)
+        #expect(subs.floorsKept == 1)
+    }
+
     /// A session whose join failed without a definite answer is owed a fresh SNAPSHOT once a join
     /// of that channel succeeds: once, numbered above what it has seen.
     @Test func aJoinWithoutADefiniteAnswerOwesTheSessionAFreshSnapshot() {

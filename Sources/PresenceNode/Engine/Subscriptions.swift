@@ -18,9 +18,33 @@ final class Subscriptions: Sendable {
         let map = Mutex<[ChannelKey: DenseDictionary<SessionID, Subscriber>]>([:])
         /// Sessions that left a channel: the channel's sequence at the leave, and until when
         /// (monotonic ns) it is kept (`left`).
-        let floors = Mutex<[ChannelKey: [SessionID: (sequence: UInt64, until: UInt64)]]>([:])
+        let floors = Mutex(Floors())
         /// Sessions owed a fresh SNAPSHOT of a channel once their join of it is acknowledged (`owe`).
         let owed = Mutex<Set<Owed>>([])
+    }
+    /// Each channel's leave floors, and how many there are in all (kept, not summed per leave).
+    private struct Floors {
+        var byKey: [ChannelKey: [SessionID: (sequence: UInt64, until: UInt64)]] = [:]
+        var count = 0
+
+        mutating func set(_ key: ChannelKey, _ id: SessionID, _ floor: (sequence: UInt64, until: UInt64)) {
+            if byKey[key, default: [:]].updateValue(floor, forKey: id) == nil { count += 1 }
+        }
+
+        mutating func remove(_ key: ChannelKey, _ id: SessionID) {
+            guard byKey[key]?.removeValue(forKey: id) != nil else { return }
+            count -= 1
+            if byKey[key]?.isEmpty == true { byKey[key] = nil }
+        }
+
+        /// Drops the floors that ran out by `now`.
+        mutating func expire(now: UInt64) {
+            for k in Array(byKey.keys) {
+                byKey[k] = byKey[k]!.filter { $0.value.until > now }
+                if byKey[k]!.isEmpty { byKey[k] = nil }
+            }
+            count = byKey.values.reduce(0) { $0 + $1.count }
+        }
     }
     private struct Owed: Hashable {
         let key: ChannelKey
@@ -29,7 +53,7 @@ final class Subscriptions: Sendable {
     /// How long a leave's sequence is kept to judge SNAPSHOTs by (a delayed one comes within a
     /// push's retries; 30 s).
     static let floorMemory: UInt64 = 30_000_000_000
-    /// Floors kept per shard at most: past it, the expired ones go (then the oldest).
+    /// Floors kept per shard at most: past it, the expired ones go (then all of them).
     static let maxFloors = 4_096
     private let shards: [Shard]
 
@@ -64,13 +88,11 @@ final class Subscriptions: Sendable {
         guard sequence > 0 else { return }
         let shard = shard(key)
         shard.floors.withLock { f in
-            f[key, default: [:]][id] = (sequence, now &+ Self.floorMemory)
-            if f.values.reduce(0, { $0 + $1.count }) > Self.maxFloors {
-                for k in Array(f.keys) {
-                    f[k] = f[k]!.filter { $0.value.until > now }
-                    if f[k]!.isEmpty { f[k] = nil }
-                }
-            }
+            f.set(key, id, (sequence, now &+ Self.floorMemory))
+            if f.count > Self.maxFloors { f.expire(now: now) }
+            // (all still fresh: forgotten at once, so each leave past the bound does not walk them
+            // again; at worst, a delayed SNAPSHOT from before one of those leaves is taken)
+            if f.count > Self.maxFloors { f = Floors() }
         }
         shard.map.withLock { m in
             guard let sub = m[key]?[id], sub.position.last <= sequence else { return }
@@ -78,6 +100,9 @@ final class Subscriptions: Sendable {
             if m[key]?.isEmpty == true { m[key] = nil }
         }
     }
+
+    /// How many leave floors are kept in all (tests: the bound).
+    var floorsKept: Int { shards.reduce(0) { n, s in n + s.floors.withLock { $0.count } } }
 
     /// A join of `key` by `id` failed without a definite answer: the owner may have carried it
     /// out, sent its SNAPSHOT, and then events this gateway dropped (the session was not in the
@@ -102,10 +127,9 @@ final class Subscriptions: Sendable {
     /// Whether a SNAPSHOT numbered `sequence` for `id` is from before its last leave of `key`.
     private func fromBeforeLeave(_ key: ChannelKey, _ id: SessionID, sequence: UInt64, now: UInt64) -> Bool {
         shard(key).floors.withLock { f in
-            guard let floor = f[key]?[id] else { return false }
+            guard let floor = f.byKey[key]?[id] else { return false }
             if floor.until > now && sequence <= floor.sequence { return true }
-            f[key]?[id] = nil
-            if f[key]?.isEmpty == true { f[key] = nil }
+            f.remove(key, id)
             return false
         }
     }
