@@ -331,6 +331,18 @@ struct Simulation {
         }
     }
 
+    /// A node told it was declared dead while members kept reaching it (its own messages lost one
+    /// way: no silence to go by) asks the member that told it for its view, once.
+    @Test func aNodeToldItWasDeclaredDeadAsksTheTellerForItsView() {
+        var e = SWIM.Instance(id: "e", address: "e", seed: 3)
+        for id in ["a", "b", "c", "d"] { _ = e.receivedJoin(U(id: id, address: id, status: .alive, incarnation: 0), now: 0) }
+        _ = e.merge([], from: "a", now: 100 * ms)
+        let ds = e.merge([U(id: "e", address: "e", status: .dead, incarnation: 0)], from: "b", now: 200 * ms)
+        let asked = ds.compactMap { d -> String? in if case .syncView(let with, _) = d { return with } else { return nil } }
+        #expect(asked == ["b"], "\(ds)")
+        #expect(ds.contains { if case .declaredDead = $0 { return true } else { return false } })
+    }
+
     /// Deaths a node declared while it saw a majority alive are not undone when it learns it was
     /// declared dead itself: a member that crashed stays dead in its view.
     @Test func aDeathDeclaredWithAMajorityInViewStands() {
