@@ -476,8 +476,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
                 let stale = unconfirmed[key] != nil
                 copies[key] = nil
                 emptiedCopies[key] = nil
-                handedHere[key] = nil
-                handedAway[key] = nil
+                forgetHanded(key)
                 settled(key)
                 out += takeOver(key, from: v, stale: stale, replicas: newReplicas, mayServe: mayServe, now: now, wall: wall)
             case .keep:
@@ -486,8 +485,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             case .drop:
                 out += toOwnerAfterDeath(key, v, from: old, died: died, now: now)
                     ?? handOnAfterRingChange(key, v, from: old, now: now)
-                handedHere[key] = nil
-                handedAway[key] = nil
+                forgetHanded(key)
                 copies[key] = nil
                 emptiedCopies[key] = nil
                 retire(key, v, wall: wall)
@@ -514,6 +512,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         guard holders.contains(me), holders.contains(where: died.contains),
               let owner = ring.owner(ofHash: h), owner != me else { return nil }
         return sendAll(v, to: owner, handoff: true, now: now)
+    }
+
+    /// `key`'s copy here is gone or owned now: nothing of it is handed on any more.
+    private mutating func forgetHanded(_ key: V.Key) {
+        handedHere[key] = nil
+        handedAway[key] = nil
     }
 
     /// A copy that came here as a handoff (`handedHere`), or that this node kept of a key it

@@ -459,7 +459,7 @@ public enum SWIM {
         /// Suspects whose time is up become dead.
         public mutating func suspicionsDue(now: UInt64) -> [Directive] {
             var out: [Directive] = []
-            if frozenSinceLastTick(now: now) {
+            if frozenSinceLastTick(now: now) != nil {
                 // (this timer fired late: the process was frozen, and its suspicions are from
                 // before; the period tick that follows finds the freeze and forgets them,
                 // `syncViewAfterFreeze`. Checked again after it)
@@ -510,11 +510,13 @@ public enum SWIM {
 
         // MARK: Probing
 
-        /// Whether the last period tick is further back than a period and a suspicion's longest:
-        /// this process was frozen (a paused VM, SIGSTOP) long enough to be declared dead, and the
-        /// tick that notices it has not run yet (the same measure as the node's own freeze check).
-        private func frozenSinceLastTick(now: UInt64) -> Bool {
-            lastTickAt.map { now &- $0 > settings.probeInterval &+ settings.suspicionMax } ?? false
+        /// How long since the last period tick, when that is longer than a period and a
+        /// suspicion's longest: this process was frozen (a paused VM, SIGSTOP) long enough to be
+        /// declared dead, and others may hold its keys now (nil otherwise). The node checks it
+        /// before each tick; a suspicion timer that fires before that tick checks it too.
+        public func frozenSinceLastTick(now: UInt64) -> UInt64? {
+            guard let last = lastTickAt, now &- last > settings.probeInterval &+ settings.suspicionMax else { return nil }
+            return now &- last
         }
 
         /// The protocol period elapsed: probe the next member.

@@ -45,7 +45,6 @@ public final class Membership: Sendable {
     private let selfSeeds = Mutex<Set<String>>([])
     /// How often seeds that are not live members are joined through again (`keepFindingSeeds`).
     let seedRecheck: UInt64 = 2_000_000_000
-    private let lastTickAt = Atomic<UInt64>(0)
     /// Derives the ring from SWIM's view (remembers recent deaths for `RingQuorum`).
     private let ringRule: Mutex<MembershipRing>
     private let lastDeath = Atomic<UInt64>(0)
@@ -318,9 +317,8 @@ public final class Membership: Sendable {
                 let now = clock.monotonicNanoseconds()
                 // a tick far later than asked for: this process was frozen (a paused VM, SIGSTOP)
                 // long enough to be declared dead, and others may hold its keys now
-                let last = lastTickAt.exchange(now, ordering: .relaxed)
-                if last > 0, now - last > period + settings.suspicionMax {
-                    logger.warning("this node was frozen for \((now - last) / 1_000_000) ms", [:])
+                if let frozen = swim.withLock({ $0.frozenSinceLastTick(now: now) }) {
+                    logger.warning("this node was frozen for \(frozen / 1_000_000) ms", [:])
                     declaredDead()
                     carryOut(swim.withLock { $0.syncViewAfterFreeze(now: now) })
                 }
