@@ -61,11 +61,20 @@ class Cluster:
             self.start(i, seeds_upto=size)
 
     def start(self, i, seeds_upto):
-        seeds = ",".join(f"127.0.0.1:{pp}" for j, (_, pp) in enumerate(self.ports[:seeds_upto]) if j != i)
-        cp, pp = self.ports[i]
-        self.nodes[i] = Node("--presence-timeout", str(TIMEOUT), "--seeds", seeds,
-                             node_id=f"node-{i}", port=cp, peer_port=pp)
-        return self.nodes[i]
+        # (ports are picked before the nodes start: meanwhile one may be taken as the source port
+        # of another node's connection to a seed not up yet. The node then gets fresh ports, at
+        # most twice; it joins through the others, which learn its new address from it)
+        for attempt in range(3):
+            seeds = ",".join(f"127.0.0.1:{pp}" for j, (_, pp) in enumerate(self.ports[:seeds_upto]) if j != i)
+            cp, pp = self.ports[i]
+            try:
+                self.nodes[i] = Node("--presence-timeout", str(TIMEOUT), "--seeds", seeds,
+                                     node_id=f"node-{i}", port=cp, peer_port=pp)
+                return self.nodes[i]
+            except AssertionError as e:
+                if attempt == 2 or "Address already in use" not in str(e):
+                    raise
+                self.ports[i] = (free_port(), free_port())
 
     def live(self):
         return [n for n in self.nodes.values() if n.proc.poll() is None]
