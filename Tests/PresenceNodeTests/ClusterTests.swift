@@ -252,6 +252,76 @@ import Testing
         for n in nodes { await n.stop() }
     }
 
+    /// RELIABILITY.md, invariant 5: a join that failed without a definite answer is undone at its
+    /// gateway, and so is the subscription its SNAPSHOT started there (the owner did carry the join
+    /// out): the session gets none of that channel's events. Kept, nothing else would end that
+    /// subscription, and it fed the channel's events to the session's stream, or to an old stream
+    /// after the session moved away and came back (simulation seed 2135).
+    @Test func aJoinUndoneAtItsGatewayLeavesNoSubscriptionBehind() async throws {
+        let nodes = try await cluster(2)
+        let far = nodes[1].node.configuration.nodeID
+        let rooms = names(2, ownedBy: far, in: nodes, prefix: "undone-")
+        let (room, marker) = (rooms[0], rooms[1])
+        let ann = nodes[0].client("ann"), bob = nodes[1].client("bob")
+        let inbox = Inbox(ann)
+        try await ann.connect()
+        try await bob.connect()
+        try await ann.join(marker, withPresence: true)
+        let farAddress = try #require(nodes[0].peerAddress(of: far))
+        nodes[0].faults.loseAnswers(from: farAddress, true)
+        await expectError(.unavailable) {
+            _ = try await nodes[0].raw().unary(PresenceMethods.join, JoinRequest(sessionID: try #require(ann.sessionID), channelName: room,
+                                                                                  channelType: .message, withPresence: true))
+        }
+        nodes[0].faults.loseAnswers(from: farAddress, false)
+        // (the same owner, one gateway: the room's event is pushed before the marker's)
+        try await bob.join(room, withPresence: true)
+        try await bob.join(marker, withPresence: true)
+        try await inbox.waitFor(.remoteJoin, publisher: "bob")
+        // (the SNAPSHOT of the attempt the owner carried out may have reached it; nothing after)
+        #expect(inbox.presence.filter { $0.channelName == room && $0.type != .snapshot }.isEmpty,
+                "\(inbox.presence.map { "\($0.channelName) \($0.type) \($0.publisher)" })")
+        await ann.close()
+        await bob.close()
+        for n in nodes { await n.stop() }
+    }
+
+    /// RELIABILITY.md, invariant 3: a resume whose announce could not reach a channel's owner in
+    /// its window (the owner refused it meanwhile) tells the owner later all the same, without
+    /// waiting for anti-entropy, which goes straight to the owner and cannot cross a cut link:
+    /// otherwise the owner keeps the session at its dead gateway and times it out (simulation
+    /// seed 3153).
+    @Test func aResumesAnnounceThatRanOutOfAttemptsIsMadeAgainInTheBackground() async throws {
+        let nodes = try await cluster(3, presenceTimeout: 3)
+        let owner = nodes[1].node.configuration.nodeID
+        let room = try #require(names(1, ownedBy: owner, in: nodes, prefix: "again-").first)
+        let dave = try #require(names(1, ownedBy: nodes[0].node.configuration.nodeID, in: nodes, prefix: "dave", home: true).first)
+        let onC = nodes[2].raw()
+        let first = onC.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: dave))
+        guard case .opened(let o)? = try await next(first)?.event else { Issue.record("no opened"); return }
+        _ = try await onC.unary(PresenceMethods.join, JoinRequest(sessionID: o.sessionID, channelName: room, channelType: .message, withPresence: true))
+        await nodes[2].node.crash()
+        first.cancel()
+        onC.close()
+        try await waitUntil("n2 confirmed dead", within: 5) { !nodes[0].node.engine.topology.ring.members.contains("n2") }
+        let ownerAddress = try #require(nodes[0].peerAddress(of: owner))
+        nodes[0].faults.blockAntiEntropy(to: ownerAddress, true)
+        nodes[0].faults.delayCalls(to: ownerAddress, by: .max)
+        let onA = nodes[0].raw()
+        let second = onA.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: dave, resumeSessionID: o.sessionID))
+        guard case .opened(let again)? = try await next(second)?.event else { Issue.record("no opened"); return }
+        #expect(again.resumed && again.nodeID == "n0")
+        nodes[0].faults.delayCalls(to: ownerAddress, by: nil)
+        let key = ChannelKey(name: room, type: .message), id = try #require(SessionID(text: o.sessionID))
+        try await waitUntil("the owner places the session at its new gateway", within: 2.5) {
+            await nodes[1].node.engine.core.channelShard(key).placement(of: id, in: key)?.id == "n0"
+        }
+        nodes[0].faults.blockAntiEntropy(to: ownerAddress, false)
+        second.cancel()
+        onA.close()
+        for n in nodes[0...1] { await n.stop() }
+    }
+
     /// Names (from `prefix`) whose channel owner, or user home, is `node` on `nodes[0]`'s ring.
     func names(_ count: Int, ownedBy node: String, in nodes: [TestNode], prefix: String, home: Bool = false) -> [String] {
         let topology = nodes[0].node.engine.topology

@@ -22,6 +22,10 @@ final class PeerFaults: PeerTransport {
         /// Push attempts still to lose, by node id.
         var toLose: [String: Int] = [:]
         var callDelays: [String: UInt64] = [:]
+        /// Peer addresses whose channel calls are carried out but never answered.
+        var answersLost: Set<String> = []
+        /// Peer addresses anti-entropy cannot reach.
+        var antiEntropyBlocked: Set<String> = []
 
         /// The node a push is for: the one at `address`, or the one a relay passes it on to.
         func destination(_ address: String, _ request: some ProtoMessage) -> String {
@@ -68,6 +72,22 @@ final class PeerFaults: PeerTransport {
         state.withLock { $0.callDelays[address] = delay }
     }
 
+    /// The channel calls to `address` are carried out by the node there, but their answers are
+    /// lost (each attempt fails as one nobody answered), until called again with `false`.
+    func loseAnswers(from address: String, _ lose: Bool) {
+        state.withLock { s in
+            if lose { s.answersLost.insert(address) } else { s.answersLost.remove(address) }
+        }
+    }
+
+    /// Anti-entropy's calls to `address` fail at once as unreachable (as over a cut link, while
+    /// calls and pushes still go through other members), until called again with `false`.
+    func blockAntiEntropy(to address: String, _ block: Bool) {
+        state.withLock { s in
+            if block { s.antiEntropyBlocked.insert(address) } else { s.antiEntropyBlocked.remove(address) }
+        }
+    }
+
     private func isHeld(_ address: String, _ request: some ProtoMessage) -> Bool {
         state.withLock { s in !s.held.isEmpty && s.held.contains(s.destination(address, request)) }
     }
@@ -75,6 +95,10 @@ final class PeerFaults: PeerTransport {
     func unary<Req: ProtoMessage, Resp: ProtoMessage>(_ address: String, _ method: MethodDescriptor<Req, Resp>, _ request: Req,
                                                       timeout: UInt64) async throws -> Resp {
         let start = MonotonicClock.now()
+        if [PeerPresenceMethods.digest.path, PeerPresenceMethods.exchange.path, PeerPresenceMethods.confirm.path].contains(method.path),
+           state.withLock({ $0.antiEntropyBlocked.contains(address) }) {
+            throw GRPCStatus(.unavailable, "anti-entropy blocked by the test")
+        }
         if method.path == PeerPresenceMethods.push.path {
             if loses(address, request) {
                 try await Task.sleep(nanoseconds: timeout)
@@ -90,7 +114,11 @@ final class PeerFaults: PeerTransport {
             if delay > timeout { throw GRPCStatus(.deadlineExceeded, "delayed by the test past its timeout") }
         }
         let left = timeout - min(timeout, MonotonicClock.now() - start)
-        return try await inner.unary(address, method, request, timeout: max(1, left))
+        let answer = try await inner.unary(address, method, request, timeout: max(1, left))
+        if method.path == PeerPresenceMethods.channel.path, state.withLock({ $0.answersLost.contains(address) }) {
+            throw GRPCStatus(.deadlineExceeded, "answer lost by the test")
+        }
+        return answer
     }
 
     func preferredLoop(of address: String) -> EventLoop? { inner.preferredLoop(of: address) }
@@ -122,6 +150,11 @@ extension ChannelShard {
 }
 
 extension ChannelShard {
+    /// Where this node, as `key`'s owner, places `session` (nil: not owned here, or not there).
+    func placement(of session: SessionID, in key: ChannelKey) -> NodeInstance? {
+        space.owned[key]?.sink(of: session)
+    }
+
     /// The state of `user` in this node's replica copy of `key` (nil: no copy, or not there).
     func copyState(of user: String, in key: ChannelKey) -> [StateItem]? {
         space.copies[key].flatMap { $0.state(of: user) }

@@ -53,6 +53,27 @@ import Testing
         #expect(subs.floorsKept == 1)
     }
 
+    /// A subscription kept for an outbox the session no longer has (it moved away and came back,
+    /// with a new one) starts again at the session's next SNAPSHOT: that SNAPSHOT and the events
+    /// after it go to the outbox the session has now, not to the old one (simulation seed 2135).
+    @Test func aSubscriptionOfAnOutboxTheSessionNoLongerHasStartsAgainAtItsNextSnapshot() {
+        let subs = Subscriptions(shards: 4)
+        let id = SessionID(raw: 11)
+        let old = SessionOutbox(sessionID: id, userID: "u5"), now = SessionOutbox(sessionID: id, userID: "u5")
+        let oldWriter = ServerStreamWriter(coalescing: false, scheduleDrain: {})
+        let newWriter = ServerStreamWriter(coalescing: false, scheduleDrain: {})
+        _ = old.attach(oldWriter, generation: 1)
+        _ = now.attach(newWriter, generation: 1)
+        let frame: [UInt8] = [0, 0, 0, 0, 1, 0]
+        _ = subs.snapshot(key, id, old, from: owner, sequence: 100, framed: frame, now: 1)
+        #expect(oldWriter.takePending().count == 1)
+        let next = NodeInstance("n2", boot: 1)
+        #expect(subs.snapshot(key, id, now, from: next, sequence: 90, framed: frame, now: 2) == nil)
+        _ = subs.deliver(key, except: nil, from: next, sequence: 91, framed: frame, now: 3)
+        #expect(newWriter.takePending().count == 2)
+        #expect(oldWriter.takePending().isEmpty)
+    }
+
     /// A session whose join failed without a definite answer is owed a fresh SNAPSHOT once a join
     /// of that channel succeeds: once, numbered above what it has seen.
     @Test func aJoinWithoutADefiniteAnswerOwesTheSessionAFreshSnapshot() {

@@ -76,8 +76,9 @@ public struct ClusterTimings: Sendable, Equatable {
     /// How long a gateway remembers where a session it held went (its client resumed it on another
     /// node), to tell owners that still place it here (ten presence timeouts).
     public var movedMemory: UInt64
-    /// A session's end that could not reach an owner is tried again this often, this many times
-    /// (anti-entropy would repair it too, but later).
+    /// A session's end (or a resumed session's announce) that could not reach an owner is tried
+    /// again this often, this many times (anti-entropy would repair it too, but later, and not
+    /// across a cut link).
     public var endRetryPause: UInt64
     public var endRetryAttempts: Int
     /// A stopping node waits up to this long for its client streams to end before it says goodbye

@@ -246,7 +246,13 @@ public final class PresenceEngine: Sendable {
                                                                      session: channelRef, items: j.pending))
             }
         } catch {
-            if !j.already { _ = try? g.left(id, channel: key) }
+            // (undone here, the subscription too: the owner may have carried the join out and its
+            // SNAPSHOT started one, which nothing else would end — the session's end and its move
+            // to another gateway end only the channels it is in here)
+            if !j.already {
+                _ = try? g.left(id, channel: key)
+                core.gateway.subscriptions.unsubscribe(key, id)
+            }
             if withPresence && error.kind == .unavailable { core.gateway.subscriptions.owe(key, id) }
             throw error
         }
@@ -285,7 +291,7 @@ public final class PresenceEngine: Sendable {
             core.gateway.subscriptions.left(key, id, atSequence: r.sequence, now: core.clock.monotonicNanoseconds())
         } catch {
             // the session has left here; its owner must hear of it later rather than keep a ghost
-            sessions.endLater { [router] () async throws(PresenceError) in _ = try await router.channelCall(key, call) }
+            sessions.retryLater { [router] () async throws(PresenceError) in _ = try await router.channelCall(key, call) }
             throw error
         }
         // acknowledged only once its home's record says so too (a resume elsewhere starts from it)

@@ -113,7 +113,13 @@ struct SessionLifecycle: Sendable {
                     return (nil, try await announce(s, key, resume: resume))
                 } catch {
                     if error.name == "SESSION_MOVED" { return (error.supersededBy, false) }
-                    // (anti-entropy tells the owner later)
+                    // Tried again in the background, not left to anti-entropy: anti-entropy goes
+                    // straight to the owner, and a cut link between the two would keep the owner
+                    // timing the session out at its old gateway (RELIABILITY.md, invariant 3). A
+                    // session that ended or moved on meanwhile is safe: its later version wins.
+                    if error.kind == .unavailable {
+                        retryLater { [self] () async throws(PresenceError) in _ = try await announce(s, key, resume: resume) }
+                    }
                 }
             case .watch(let users):
                 _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: ref))
@@ -223,7 +229,7 @@ struct SessionLifecycle: Sendable {
         ends.append(.home(ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: ended)))
         let unwatches = unwatchCalls(s.watching.sorted(), by: s).map(EndCall.home)
         _ = await concurrently(ends + unwatches) { [self] end in
-            if (try? await send(end)) == nil, end.mustArrive { endLater { [self] () async throws(PresenceError) in try await send(end) } }
+            if (try? await send(end)) == nil, end.mustArrive { retryLater { [self] () async throws(PresenceError) in try await send(end) } }
         }
     }
 
@@ -247,9 +253,10 @@ struct SessionLifecycle: Sendable {
         }
     }
 
-    /// A session's end must reach its owners even if they were unreachable for the whole retry
-    /// window: tried again a few times (anti-entropy removes it later otherwise).
-    func endLater(_ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
+    /// What must reach an owner or home even if it was unreachable for the call's whole retry
+    /// window (a session's end, a resumed session's announce): tried again in the background a
+    /// few times, each through the router (and so through a relay when the link is cut).
+    func retryLater(_ body: @escaping @Sendable () async throws(PresenceError) -> Void) {
         router.retryInBackground(attempts: core.timings.endRetryAttempts, pause: core.timings.endRetryPause, body)
     }
 

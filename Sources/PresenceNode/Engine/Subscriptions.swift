@@ -140,7 +140,9 @@ final class Subscriptions: Sendable {
                   framed: [UInt8], now: UInt64) -> Resnapshot? {
         if fromBeforeLeave(key, id, sequence: sequence, now: now) { return nil }
         return shard(key).map.withLock { m -> Resnapshot? in
-            var sub = m[key]?[id] ?? Subscriber(outbox: outbox, position: FeedPosition())
+            // (a subscription kept for an outbox the session no longer has — it ended, moved away
+            // and came back — starts again: where that outbox stood says nothing of this one)
+            var sub = m[key]?[id].flatMap { $0.outbox === outbox ? $0 : nil } ?? Subscriber(outbox: outbox, position: FeedPosition())
             let decision = sub.position.decide(from: from, sequence: sequence, snapshot: true, now: now)
             m[key, default: [:]][id] = sub
             switch decision {

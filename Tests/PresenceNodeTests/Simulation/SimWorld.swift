@@ -219,7 +219,7 @@ struct SimTransport: PeerTransport {
         let answer = OneShot<Result<[UInt8], GRPCStatus>>()
         let (network, from, loop) = (self.network, self.from, self.loop)
         loop.after(timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "no answer from \(address)"))) }
-        network.world.log("\(from) -> \(address) \(method.path)")
+        network.world.log("\(from) -> \(address) \(method.path)" + ((request as? ClusterChannelCall).map { " \($0.op) \($0.channelName) \($0.session?.sessionID.prefix(6) ?? "") gw=\($0.session?.gateway ?? "") v=\($0.session?.version ?? 0)" } ?? ""))
         network.observe?(from, address, method.path, request.serializedBytes())
         if let dest = network.deliver(from: from, to: address), let handler = dest.services.methods[method.path]?.asyncUnary {
             let bytes = request.serializedBytes()
