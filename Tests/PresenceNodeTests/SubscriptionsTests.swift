@@ -54,9 +54,11 @@ import Testing
     }
 
     /// A subscription kept for an outbox the session no longer has (it moved away and came back,
-    /// with a new one) starts again at the session's next SNAPSHOT: that SNAPSHOT and the events
-    /// after it go to the outbox the session has now, not to the old one (simulation seed 2135).
-    @Test func aSubscriptionOfAnOutboxTheSessionNoLongerHasStartsAgainAtItsNextSnapshot() {
+    /// with a new one) goes on in the outbox the session has now: its next SNAPSHOT and the events
+    /// after it reach the new stream, not the old one (simulation seed 2135); and where it stood
+    /// stays, so a SNAPSHOT numbered below what the client saw through its old stream does not
+    /// pass (simulation seeds 2026, 2653, 6800 and 9558, when the subscription started afresh).
+    @Test func aSubscriptionKeptForAnOutboxTheSessionNoLongerHasGoesOnInItsNewOne() {
         let subs = Subscriptions(shards: 4)
         let id = SessionID(raw: 11)
         let old = SessionOutbox(sessionID: id, userID: "u5"), now = SessionOutbox(sessionID: id, userID: "u5")
@@ -68,10 +70,38 @@ import Testing
         _ = subs.snapshot(key, id, old, from: owner, sequence: 100, framed: frame, now: 1)
         #expect(oldWriter.takePending().count == 1)
         let next = NodeInstance("n2", boot: 1)
-        #expect(subs.snapshot(key, id, now, from: next, sequence: 90, framed: frame, now: 2) == nil)
-        _ = subs.deliver(key, except: nil, from: next, sequence: 91, framed: frame, now: 3)
+        #expect(subs.snapshot(key, id, now, from: next, sequence: 90, framed: frame, now: 2)?.floor == 100)
+        #expect(newWriter.takePending().isEmpty)
+        #expect(subs.snapshot(key, id, now, from: next, sequence: 120, framed: frame, now: 3) == nil)
+        _ = subs.deliver(key, except: nil, from: next, sequence: 121, framed: frame, now: 4)
         #expect(newWriter.takePending().count == 2)
         #expect(oldWriter.takePending().isEmpty)
+    }
+
+    /// A join undone at its gateway ends the subscription its SNAPSHOT started, and keeps where it
+    /// stood as a floor: a late SNAPSHOT of that join (a repeated push) does not start the
+    /// subscription again below what the client saw, and a session owed a fresh SNAPSHOT is owed
+    /// one above it.
+    @Test func aJoinUndoneEndsItsSubscriptionAndKeepsWhereItStood() {
+        let subs = Subscriptions(shards: 4)
+        let id = SessionID(raw: 12)
+        let outbox = SessionOutbox(sessionID: id, userID: "u9")
+        let writer = ServerStreamWriter(coalescing: false, scheduleDrain: {})
+        _ = outbox.attach(writer, generation: 1)
+        let frame: [UInt8] = [0, 0, 0, 0, 1, 0]
+        _ = subs.snapshot(key, id, outbox, from: owner, sequence: 200, framed: frame, now: 1)
+        _ = subs.deliver(key, except: nil, from: owner, sequence: 203, framed: frame, now: 2)
+        #expect(writer.takePending().count == 2)
+        subs.undone(key, id, now: 3)
+        _ = subs.deliver(key, except: nil, from: owner, sequence: 204, framed: frame, now: 4)
+        #expect(writer.takePending().isEmpty, "no subscription after the undo")
+        subs.owe(key, id)
+        #expect(subs.takeOwed(key, id) == 203)
+        #expect(subs.snapshot(key, id, outbox, from: owner, sequence: 200, framed: frame, now: 5) == nil)
+        _ = subs.deliver(key, except: nil, from: owner, sequence: 205, framed: frame, now: 6)
+        #expect(writer.takePending().isEmpty, "the late SNAPSHOT started nothing")
+        _ = subs.snapshot(key, id, outbox, from: owner, sequence: 206, framed: frame, now: 7)
+        #expect(writer.takePending().count == 1)
     }
 
     /// A session whose join failed without a definite answer is owed a fresh SNAPSHOT once a join

@@ -251,7 +251,7 @@ public final class PresenceEngine: Sendable {
             // to another gateway end only the channels it is in here)
             if !j.already {
                 _ = try? g.left(id, channel: key)
-                core.gateway.subscriptions.unsubscribe(key, id)
+                core.gateway.subscriptions.undone(key, id, now: core.clock.monotonicNanoseconds())
             }
             if withPresence && error.kind == .unavailable { core.gateway.subscriptions.owe(key, id) }
             throw error

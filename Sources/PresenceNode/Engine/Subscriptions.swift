@@ -80,6 +80,19 @@ final class Subscriptions: Sendable {
         }
     }
 
+    /// The session's join of `key` was undone here (it failed without a definite answer): its
+    /// subscription, which a SNAPSHOT of the join may have started, ends, and where it stood is
+    /// kept as a leave's floor, so a late SNAPSHOT from that join does not take the session back
+    /// below what it saw.
+    func undone(_ key: ChannelKey, _ id: SessionID, now: UInt64) {
+        let last = shard(key).map.withLock { m -> UInt64 in
+            guard let sub = m[key]?.removeValue(forKey: id) else { return 0 }
+            if m[key]?.isEmpty == true { m[key] = nil }
+            return sub.position.last
+        }
+        left(key, id, atSequence: last, now: now)
+    }
+
     /// The session's leave of `key` was carried out at the channel's `sequence`: a SNAPSHOT for
     /// it numbered at or below that is from before the leave, delayed (a slow link): it must not
     /// start a subscription after the session joined again, nor let the events of the time it was
@@ -121,7 +134,8 @@ final class Subscriptions: Sendable {
     func takeOwed(_ key: ChannelKey, _ id: SessionID) -> UInt64? {
         let shard = shard(key)
         guard shard.owed.withLock({ $0.remove(Owed(key: key, session: id)) != nil }) else { return nil }
-        return shard.map.withLock { $0[key]?[id]?.position.last ?? 0 }
+        let floor = shard.floors.withLock { $0.byKey[key]?[id]?.sequence ?? 0 }
+        return max(floor, shard.map.withLock { $0[key]?[id]?.position.last ?? 0 })
     }
 
     /// Whether a SNAPSHOT numbered `sequence` for `id` is from before its last leave of `key`.
@@ -140,9 +154,10 @@ final class Subscriptions: Sendable {
                   framed: [UInt8], now: UInt64) -> Resnapshot? {
         if fromBeforeLeave(key, id, sequence: sequence, now: now) { return nil }
         return shard(key).map.withLock { m -> Resnapshot? in
-            // (a subscription kept for an outbox the session no longer has — it ended, moved away
-            // and came back — starts again: where that outbox stood says nothing of this one)
-            var sub = m[key]?[id].flatMap { $0.outbox === outbox ? $0 : nil } ?? Subscriber(outbox: outbox, position: FeedPosition())
+            // (a subscription kept for an outbox the session no longer has — it moved away and
+            // came back with a new one — goes on in the outbox it has now; where it stood stays:
+            // the client saw that much through its earlier stream)
+            var sub = m[key]?[id].map { Subscriber(outbox: outbox, position: $0.position) } ?? Subscriber(outbox: outbox, position: FeedPosition())
             let decision = sub.position.decide(from: from, sequence: sequence, snapshot: true, now: now)
             m[key, default: [:]][id] = sub
             switch decision {

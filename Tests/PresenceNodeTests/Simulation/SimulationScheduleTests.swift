@@ -93,11 +93,14 @@ import Testing
     /// 2495 (an announce over a cut link relayed through a member just killed), 2135 (a join
     /// undone at its gateway whose SNAPSHOT had started a subscription: it outlived the session's
     /// move away and back, and fed the old stream), 3153 (a resume's announce that ran out of
-    /// attempts while the channel's new owner, across a cut link, was taking it over).
+    /// attempts while the channel's new owner, across a cut link, was taking it over), and 2026,
+    /// 2653, 6800 and 9558 (the first fix of 2135 started such a subscription afresh, and a
+    /// SNAPSHOT numbered below what the client had seen passed).
     @Test func replayedSeedsHoldEveryInvariant() {
         Self.holdEveryInvariant([(UInt64(1308), 20.0, 6), (978, 20, 6), (704, 20, 6), (1422, 20, 6), (677, 20, 6), (676, 20, 6),
                                  (675, 20, 6), (1399, 20, 6), (349, 20, 6), (1299, 20, 6), (2558, 20, 6), (8395, 20, 6),
-                                 (1412, 20, 6), (288, 20, 6), (2495, 20, 6), (2135, 20, 6), (3153, 20, 6)])
+                                 (1412, 20, 6), (288, 20, 6), (2495, 20, 6), (2135, 20, 6), (3153, 20, 6),
+                                 (2026, 20, 6), (2653, 20, 6), (6800, 20, 6), (9558, 20, 6)])
     }
 
     static func holdEveryInvariant(_ seeds: [(UInt64, Double, Int)]) {
