@@ -292,7 +292,22 @@ import Testing
     /// otherwise the owner keeps the session at its dead gateway and times it out (simulation
     /// seed 3153).
     @Test func aResumesAnnounceThatRanOutOfAttemptsIsMadeAgainInTheBackground() async throws {
-        let nodes = try await cluster(3, presenceTimeout: 3)
+        try await resumeWhileTheOwnerIsUnreachable(presenceTimeout: 6, waitForTheOwnersTimeout: false)
+    }
+
+    /// The same, when the owner timed the session out at its dead gateway before the announce got
+    /// through: the owner refuses the resume's announce (`expired`), and the gateway, which holds
+    /// the session alive, tells it again as a join; the session is listed again, once.
+    @Test func aBackgroundAnnounceToAnOwnerThatTimedTheSessionOutMeanwhileAddsItBack() async throws {
+        try await resumeWhileTheOwnerIsUnreachable(presenceTimeout: 1.5, waitForTheOwnersTimeout: true)
+    }
+
+    /// A session's gateway dies; its client resumes it on n0 while n0's calls to the channel's
+    /// owner go unanswered and anti-entropy cannot reach it; then the calls go through again
+    /// (after the owner timed the session out, if `waitForTheOwnersTimeout`), and the owner must
+    /// come to place the session at n0.
+    func resumeWhileTheOwnerIsUnreachable(presenceTimeout: Double, waitForTheOwnersTimeout: Bool) async throws {
+        let nodes = try await cluster(3, presenceTimeout: presenceTimeout)
         let owner = nodes[1].node.configuration.nodeID
         let room = try #require(names(1, ownedBy: owner, in: nodes, prefix: "again-").first)
         let dave = try #require(names(1, ownedBy: nodes[0].node.configuration.nodeID, in: nodes, prefix: "dave", home: true).first)
@@ -311,10 +326,16 @@ import Testing
         let second = onA.serverStreaming(PresenceMethods.openSession, OpenSessionRequest(userID: dave, resumeSessionID: o.sessionID))
         guard case .opened(let again)? = try await next(second)?.event else { Issue.record("no opened"); return }
         #expect(again.resumed && again.nodeID == "n0")
-        nodes[0].faults.delayCalls(to: ownerAddress, by: nil)
         let key = ChannelKey(name: room, type: .message), id = try #require(SessionID(text: o.sessionID))
-        try await waitUntil("the owner places the session at its new gateway", within: 2.5) {
-            await nodes[1].node.engine.core.channelShard(key).placement(of: id, in: key)?.id == "n0"
+        let shard = nodes[1].node.engine.core.channelShard(key)
+        if waitForTheOwnersTimeout {
+            try await waitUntil("the owner timed the session out at its dead gateway", within: presenceTimeout + 4) {
+                await shard.placement(of: id, in: key) == nil
+            }
+        }
+        nodes[0].faults.delayCalls(to: ownerAddress, by: nil)
+        try await waitUntil("the owner places the session at its new gateway", within: 4) {
+            await shard.placement(of: id, in: key)?.id == "n0"
         }
         nodes[0].faults.blockAntiEntropy(to: ownerAddress, false)
         second.cancel()

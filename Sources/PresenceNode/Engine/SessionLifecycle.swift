@@ -115,11 +115,8 @@ struct SessionLifecycle: Sendable {
                     if error.name == "SESSION_MOVED" { return (error.supersededBy, false) }
                     // Tried again in the background, not left to anti-entropy: anti-entropy goes
                     // straight to the owner, and a cut link between the two would keep the owner
-                    // timing the session out at its old gateway (RELIABILITY.md, invariant 3). A
-                    // session that ended or moved on meanwhile is safe: its later version wins.
-                    if error.kind == .unavailable {
-                        retryLater { [self] () async throws(PresenceError) in _ = try await announce(s, key, resume: resume) }
-                    }
+                    // timing the session out at its old gateway (RELIABILITY.md, invariant 3).
+                    if error.kind == .unavailable { announceLater(s.id, key, epoch: SessionVersion.epoch(s.version), resume: resume) }
                 }
             case .watch(let users):
                 _ = try? await router.homeCall(ClusterHomeCall(userIDs: users, op: .watch, session: ref))
@@ -128,6 +125,17 @@ struct SessionLifecycle: Sendable {
         }
         if let movedTo = outcomes.compactMap(\.movedTo).max() { superseded(s.id, by: movedTo) }
         return !outcomes.contains(where: \.expired)
+    }
+
+    /// Announces the session to `key`'s owner in the background (`retryLater`), each attempt from
+    /// the session as this gateway holds it then: none once it ended, moved on (another epoch) or
+    /// left the channel, and with how it follows the channel now. An owner that timed it out
+    /// meanwhile is told again as of a join: the session lives here, and is listed again (once).
+    private func announceLater(_ id: SessionID, _ key: ChannelKey, epoch: UInt64, resume: Bool) {
+        retryLater { [self] () async throws(PresenceError) in
+            guard let s = core.gatewayShard(id).held(id), SessionVersion.epoch(s.version) == epoch, s.channels[key] != nil else { return }
+            if try await announce(s, key, resume: resume) { _ = try await announce(s, key, resume: false) }
+        }
     }
 
     private enum Announce: Sendable {
