@@ -85,12 +85,9 @@ final class Subscriptions: Sendable {
     /// kept as a leave's floor, so a late SNAPSHOT from that join does not take the session back
     /// below what it saw.
     func undone(_ key: ChannelKey, _ id: SessionID, now: UInt64) {
-        let last = shard(key).map.withLock { m -> UInt64 in
-            guard let sub = m[key]?.removeValue(forKey: id) else { return 0 }
-            if m[key]?.isEmpty == true { m[key] = nil }
-            return sub.position.last
-        }
-        left(key, id, atSequence: last, now: now)
+        guard let last = shard(key).map.withLock({ $0[key]?[id]?.position.last }) else { return }
+        left(key, id, atSequence: last, now: now)   // (which ends the subscription: it stands at the floor)
+        unsubscribe(key, id)                         // (one that saw nothing yet has no floor to end it)
     }
 
     /// The session's leave of `key` was carried out at the channel's `sequence`: a SNAPSHOT for
