@@ -463,6 +463,23 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(e.leaveUserIDs == ["a"] && e.timeoutUserIDs == ["b"] && e.joinUserIDs.isEmpty)
     }
 
+    /// A user who left or timed out and came back within one interval never left, as far as the
+    /// subscribers know: the interval lists it with its state (which the rejoin reset), neither
+    /// as joined nor as gone.
+    @Test func aUserBackWithinTheIntervalIsListedWithItsStateNotAsJoinedOrGone() {
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1)
+        _ = m.join(user: "w", session: s1, withPresence: true, sink: "w", now: 1)
+        for (i, u) in ["a", "b", "c"].enumerated() { _ = m.join(user: u, session: SessionID(raw: UInt64(10 + i)), withPresence: false, sink: u, now: 2) }
+        _ = m.tick(now: 3)
+        _ = m.leave(user: "a", session: SessionID(raw: 10), now: 4)
+        _ = m.leave(user: "b", session: SessionID(raw: 11), timedOut: true, now: 5)
+        _ = m.join(user: "a", session: SessionID(raw: 20), withPresence: false, sink: "a", now: 6)
+        _ = m.join(user: "b", session: SessionID(raw: 21), withPresence: false, sink: "b", now: 7)
+        let e = m.tick(now: 8)[0].event.interval!
+        #expect(e.joinUserIDs.isEmpty && e.leaveUserIDs.isEmpty && e.timeoutUserIDs.isEmpty)
+        #expect(Set(e.userStates.map(\.userID)) == ["a", "b"])
+    }
+
     @Test func pagesWalkEveryStayingUserOnceWhileOthersChurn() {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 10_000)
         let stayers = (0..<250).map { String(format: "s%04d", $0 * 2) }

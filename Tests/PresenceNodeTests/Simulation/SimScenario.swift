@@ -25,6 +25,11 @@ struct SimScenario {
         var replicationFactor = 2
         var kinds = FaultKind.allCases
         var keepsTrace = false
+        /// A shrunk schedule (`ScheduleShrinker`): only the first `slots` fault slots run (nil:
+        /// as many as `seconds` holds), and the slots in `leftOut` draw their fault but start
+        /// nothing, so that every other slot draws the same one.
+        var slots: Int? = nil
+        var leftOut: Set<Int> = []
 
         /// The schedule's shape drawn from the seed: 3 to `maxNodes` nodes, replication factor 3
         /// (two faults at once) for one seed in four.
@@ -43,6 +48,8 @@ struct SimScenario {
         var traceHash: UInt64 = 0
         var steps = 0
         var faults: [String] = []
+        /// Every fault slot the seed drew, whether it started (a shrunk schedule leaves some out).
+        var slots: [(index: Int, label: String, started: Bool)] = []
         var counts: [String: Int] = [:]
         var violations: [SimViolation] = []
         var trace: [String] = []
@@ -130,7 +137,8 @@ struct SimScenario {
         clients.start()
         run(for: 2_000_000_000)
         let end = world.now + UInt64(options.seconds * 1e9)
-        while world.now < end && !spinning.value {
+        var slot = 0
+        while world.now < end && !spinning.value && slot < (options.slots ?? .max) {
             run(for: 1_000_000_000 + UInt64(random(3_000)) * 1_000_000)
             // (two faults at a time with replication factor 3, RELIABILITY.md's fault model; a node
             // down for good is one of them until it is back: two more would be three, and the
@@ -141,8 +149,12 @@ struct SimScenario {
             var chosen: [String] = []
             var ends: [(at: UInt64, label: String, end: () -> Void)] = []
             for _ in 0..<count {
-                guard let (label, duration, finish) = begin(avoiding: chosen) else { continue }
+                let starts = !options.leftOut.contains(slot) && slot < (options.slots ?? .max)
+                slot += 1
+                guard let (label, duration, finish) = begin(avoiding: chosen, starting: starts) else { continue }
                 chosen.append(contentsOf: label.split(separator: " ").dropFirst().flatMap { $0.split(separator: ",") }.map(String.init))
+                report.slots.append((slot - 1, label, starts))
+                guard starts else { continue }
                 report.faults.append(label)
                 ends.append((world.now + duration, label, finish))
             }
@@ -186,8 +198,9 @@ struct SimScenario {
     }
 
     /// Starts a fault drawn from the seed on nodes not in `avoiding`: its label, how long it
-    /// lasts, and what ends it. Nil when none can start (too few nodes left).
-    private mutating func begin(avoiding: [String]) -> (String, UInt64, () -> Void)? {
+    /// lasts, and what ends it. Nil when none can start (too few nodes left). Not `starting`
+    /// (a slot a shrunk schedule leaves out), it draws the same and starts nothing.
+    private mutating func begin(avoiding: [String], starting: Bool = true) -> (String, UInt64, () -> Void)? {
         let t = options.presenceTimeout
         let cluster = self.cluster, clients = self.clients
         let live = cluster.live.map(\.id).filter { !avoiding.contains($0) && !cluster.paused.contains($0) }
@@ -202,6 +215,9 @@ struct SimScenario {
         guard !kinds.isEmpty else { return nil }
         let kind = kinds[random(kinds.count)]
         let node = live[random(live.count)]
+        let others = live.filter { $0 != node }
+        let other = kind == .linkCutShort || kind == .linkCutLong ? others[random(others.count)] : ""
+        guard starting else { return (other.isEmpty ? "\(kind) \(node)" : "\(kind) \(node),\(other)", 0, {}) }
         let ns = { (s: Double) in UInt64(s * 1e9) }
         func unreachable(_ id: String) -> () -> Void {
             clients.records.unreachable.append((id, cluster.world.now, .max))
@@ -229,8 +245,6 @@ struct SimScenario {
             let reach = unreachable(node)
             return ("\(kind) \(node)", kind == .partitionShort ? ns(t / 2) : ns(t + 2), { cluster.isolate(node, false); reach() })
         case .linkCutShort, .linkCutLong:
-            let others = live.filter { $0 != node }
-            let other = others[random(others.count)]
             cluster.cut(node, other, true)
             return ("\(kind) \(node),\(other)", kind == .linkCutShort ? ns(t / 2) : ns(t + 2), { cluster.cut(node, other, false) })
         case .slow:

@@ -19,7 +19,35 @@ import Testing
         let maxNodes = environment["PRESENCED_SIM_MAX_NODES"].flatMap(Int.init) ?? 6
         var o = SimScenario.Options.drawn(seed: seed, maxNodes: max(3, min(20, maxNodes)), seconds: seconds)
         o.keepsTrace = environment["PRESENCED_SIM_TRACE"] == "1"
+        o.slots = environment["PRESENCED_SIM_SLOTS"].flatMap(Int.init)
+        o.leftOut = Set((environment["PRESENCED_SIM_LEAVE_OUT"] ?? "").split(separator: ",").compactMap { Int($0) })
         return o
+    }
+
+    /// A failing schedule shrunk (`PRESENCED_SIM_SHRINK=1`): the shortest one found that still
+    /// violates one of the invariants the original did, printed with the command that replays it.
+    static func shrunk(_ failed: SimScenario.Report) -> String {
+        let invariants = Set(failed.violations.map(\.invariant))
+        var shrinker = ScheduleShrinker()
+        var last = failed
+        let best = shrinker.shrink(slots: failed.slots.count) { c in
+            var o = failed.options
+            o.slots = c.slots
+            o.leftOut = c.leftOut
+            o.keepsTrace = false
+            let r = SimScenario.run(o)
+            let fails = r.violations.contains { invariants.contains($0.invariant) }
+            if fails { last = r }
+            return fails
+        }
+        let o = failed.options
+        let kept = last.slots.filter(\.started).map { "#\($0.index) \($0.label)" }
+        return """
+            shrunk in \(shrinker.runs) runs: \(failed.slots.count) fault slots to \(best.kept.count) (\(best))
+              faults: \(kept.joined(separator: "; "))
+              violations: \(last.violations.prefix(5).map { "[\($0.invariant)] \($0.title)" }.joined(separator: "; "))
+              replay: Scripts/simulate --replay \(o.seed) --seconds \(Int(o.seconds)) --max-nodes \(environment["PRESENCED_SIM_MAX_NODES"] ?? "6") --slots \(best.slots) --leave-out \(best.leftOut.sorted().map(String.init).joined(separator: ","))
+            """
     }
 
     /// Seeds 1-9 of 20-second schedules on 3 to 6 nodes by default. CI runs this suite from the
@@ -32,6 +60,7 @@ import Testing
             print(r.machineLine)
             fflush(nil)
             if r.options.keepsTrace { for line in r.trace { print(line) } }
+            if !r.violations.isEmpty && Self.environment["PRESENCED_SIM_SHRINK"] == "1" { print(Self.shrunk(r)) }
             #expect(r.violations.isEmpty, """
                 \(r.summary)
                   faults: \(r.faults.joined(separator: "; "))
