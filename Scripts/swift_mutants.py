@@ -277,9 +277,14 @@ def mutants_of_file(path, rel, module):
             add("negate", t.line, [(first.start, first.start, "!("), (last.end, last.end, ")")])
 
     lines = list(_statement_lines(src))
+    # (a line-level mutant needs code where its line starts: not the inside of a string literal,
+    # such as the JavaScript the web assets carry, nor a comment)
+    code_starts = {t.start for t in toks if t.kind != "string"}
     for n, (pos, text) in enumerate(lines, 1):
         body = text.strip()
         indent = len(text) - len(text.lstrip())
+        if body and pos + indent not in code_starts:
+            continue
         if "//" in body or '"' in body and body.count('"') % 2:
             body_code = None
         else:
@@ -298,9 +303,9 @@ def mutants_of_file(path, rel, module):
     # neighbouring single-pattern arms of one switch (same indentation, nothing shallower between)
     prev = None
     for n, (pos, text) in enumerate(lines, 1):
-        m = CASE_ARM.match(text)
         stripped = text.strip()
         indent = len(text) - len(text.lstrip())
+        m = CASE_ARM.match(text) if pos + indent in code_starts else None
         if m:
             if prev and prev[2] == len(m.group(1)) and prev[3] != m.group(2):
                 p_pos, p_n, _, p_name, p_start = prev

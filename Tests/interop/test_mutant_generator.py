@@ -82,6 +82,11 @@ def test_a_call_statement_is_removed_but_not_a_log_line_or_an_assertion(tmp_path
     assert edits(ms, "early-return") == [("func check(a: Int, b: Int?) {", "func check(a: Int, b: Int?) { return;")]
 
 
+def test_code_inside_a_string_literal_is_never_mutated(tmp_path):
+    text = 'let page = """\n    try { await leave(); } catch (_) {}\n    send(x)\n    case .a:\n    case .b:\n    """\n// send(y)\n'
+    assert mutants_of(text, tmp_path) == []
+
+
 def test_neighbouring_arms_of_one_switch_exchange_their_patterns(tmp_path):
     ms = [m for m in mutants_of(SOURCE, tmp_path) if m.kind == "swap-case"]
     assert len(ms) == 1
