@@ -29,18 +29,9 @@ def _toolchain_tool(name):
 
 def sources_hash(root):
     h = hashlib.sha256()
-    for d, dirs, names in os.walk(os.path.join(root, "Sources")):
-        dirs.sort()
-        for n in sorted(names):
-            if n.endswith(".swift"):
-                p = os.path.join(d, n)
-                h.update(os.path.relpath(p, root).encode())
-                h.update(open(p, "rb").read())
-    for d, dirs, names in os.walk(os.path.join(root, "Tests")):
-        dirs.sort()
-        for n in sorted(names):
-            if n.endswith(".swift"):
-                h.update(open(os.path.join(d, n), "rb").read())
+    for rel in _swift_files(root, "Sources") + _swift_files(root, "Tests"):
+        h.update(rel.encode())
+        h.update(open(os.path.join(root, rel), "rb").read())
     return h.hexdigest()[:16]
 
 
@@ -72,11 +63,12 @@ class CoverageMap:
         self.seconds = seconds      # [seconds each test took alone]
 
     def tests_for(self, file, lines):
-        """The tests that run any of these lines of file, fastest first."""
+        """The tests that run any of these lines of file, fastest first, each with the seconds it
+        took alone."""
         hit = set()
         for n in lines:
             hit.update(self.lines.get(file, {}).get(n, ()))
-        return [self.tests[k] for k in sorted(hit, key=lambda k: self.seconds[k])]
+        return [(self.tests[k], self.seconds[k]) for k in sorted(hit, key=lambda k: self.seconds[k])]
 
     def save(self, path, key):
         with open(path, "w", encoding="utf-8") as f:
@@ -114,6 +106,7 @@ def build_map(scratch, log, skip=("SimulationScheduleTests",), progress=print):
     os.makedirs(profiles, exist_ok=True)
     seconds = []
     lines = {}
+    sources = [os.path.join(scratch, f) for f in _swift_files(scratch, "Sources")]
     progress(f"   coverage: {len(tests)} tests, each alone")
     for k, t in enumerate(tests):
         raw = os.path.join(profiles, f"{k}.profraw")
@@ -129,7 +122,6 @@ def build_map(scratch, log, skip=("SimulationScheduleTests",), progress=print):
             continue
         if _run([_toolchain_tool("llvm-profdata"), "merge", "-sparse", raw, "-o", data], scratch, log) != 0:
             raise SystemExit(f"llvm-profdata could not read a test's profile: see {log}")
-        sources = [os.path.join(scratch, f) for f in _swift_sources(scratch)]
         out = subprocess.run([_toolchain_tool("llvm-cov"), "export", "-format=lcov", "-skip-functions", f"-instr-profile={data}", binary] + sources,
                              cwd=scratch, capture_output=True, text=True).stdout
         for f, ns in _lcov_lines(out, scratch).items():
@@ -153,9 +145,10 @@ def filter_for(tests):
     return "^(" + "|".join(escaped) + ")(/|$)"
 
 
-def _swift_sources(root):
+def _swift_files(root, folder):
+    """Every Swift file under root/folder, relative to root, in a fixed order."""
     out = []
-    for d, dirs, names in os.walk(os.path.join(root, "Sources")):
+    for d, dirs, names in os.walk(os.path.join(root, folder)):
         dirs.sort()
         out += [os.path.relpath(os.path.join(d, n), root) for n in sorted(names) if n.endswith(".swift")]
     return out

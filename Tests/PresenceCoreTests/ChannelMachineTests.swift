@@ -452,11 +452,18 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(d[0].event.sequence < d[1].event.sequence)
     }
 
-    @Test func intervalListsLeavesAndTimeouts() {
+    /// A channel in interval mode (one event at most in real time) with a subscriber and users
+    /// a, b and c (sessions 10, 11, 12), its first interval already sent.
+    static func intervalModeWithThreeUsers() -> ChannelMachine<String> {
         var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1)
         _ = m.join(user: "w", session: s1, withPresence: true, sink: "w", now: 1)
         for (i, u) in ["a", "b", "c"].enumerated() { _ = m.join(user: u, session: SessionID(raw: UInt64(10 + i)), withPresence: false, sink: u, now: 2) }
         _ = m.tick(now: 3)
+        return m
+    }
+
+    @Test func intervalListsLeavesAndTimeouts() {
+        var m = Self.intervalModeWithThreeUsers()
         _ = m.leave(user: "a", session: SessionID(raw: 10), now: 4)
         _ = m.leave(user: "b", session: SessionID(raw: 11), timedOut: true, now: 5)
         let e = m.tick(now: 6)[0].event.interval!
@@ -467,10 +474,7 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
     /// subscribers know: the interval lists it with its state (which the rejoin reset), neither
     /// as joined nor as gone.
     @Test func aUserBackWithinTheIntervalIsListedWithItsStateNotAsJoinedOrGone() {
-        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 1)
-        _ = m.join(user: "w", session: s1, withPresence: true, sink: "w", now: 1)
-        for (i, u) in ["a", "b", "c"].enumerated() { _ = m.join(user: u, session: SessionID(raw: UInt64(10 + i)), withPresence: false, sink: u, now: 2) }
-        _ = m.tick(now: 3)
+        var m = Self.intervalModeWithThreeUsers()
         _ = m.leave(user: "a", session: SessionID(raw: 10), now: 4)
         _ = m.leave(user: "b", session: SessionID(raw: 11), timedOut: true, now: 5)
         _ = m.join(user: "a", session: SessionID(raw: 20), withPresence: false, sink: "a", now: 6)
