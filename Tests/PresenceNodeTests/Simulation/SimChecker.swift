@@ -237,6 +237,17 @@ struct SimChecker {
         }
     }
 
+    /// Invariant 7 (every call gets a definite answer) for the calls nodes take from each other
+    /// and from clients: on the quiet cluster, no node still works on one it took more than 10 s
+    /// before. Its caller timed out and moved on; the task is parked for good, with what it holds.
+    mutating func checkNothingLeftWaiting(_ network: SimNetwork, now: UInt64) {
+        let stuck = network.working.values.filter { now - $0.since > 10_000_000_000 }.sorted { $0.since < $1.since }
+        counts["calls never answered", default: 0] += stuck.count
+        guard !stuck.isEmpty else { return }
+        add(7, "\(stuck.count) call(s) taken more than 10 s before the end were never answered",
+            stuck.prefix(5).map { "\($0.address.prefix { $0 != "." }): \($0.what), since \(Self.s($0.since))" })
+    }
+
     /// Invariant 6: after a fault ended, one membership view within 3 s.
     mutating func checkConvergence(_ label: String, took: UInt64?, views: [String: [String]]) {
         counts["convergences measured", default: 0] += 1

@@ -32,12 +32,14 @@ struct SimClientDoor {
             let deadline = cluster.world.now + timeout
             node.loop.after(delay()) {
                 Task(executorPreference: node.loop) {
+                    let work = cluster.network.began(node.address, "\(method.path) from a client")
                     let result: Result<[UInt8], GRPCStatus>
                     do {
                         result = .success(try await handler(bytes, ServerContext(path: method.path, deadline: deadline, metadata: [])))
                     } catch {
                         result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
                     }
+                    cluster.network.ended(work)
                     guard cluster.clientReachable(id) else { return }
                     clients.after(delay()) { answer.complete(result) }
                 }

@@ -40,6 +40,10 @@ final class SimClients: @unchecked Sendable {
         /// The status of the SetStatus in flight, if any: a resume restores the status the user
         /// wants, as an SDK does (it carries the acknowledged one otherwise).
         var wanted: UserStatus?
+        /// A status chosen while the stream was down (an app sent to the background): the resume
+        /// carries it as its initial status, which sets it as the session opens whichever path
+        /// the resume takes (API.md, `initial_status`).
+        var chosenWhileDown: UserStatus?
         var waiters: [OneShot<Void>] = []
         /// What fails each call in flight on a node's connection when its keepalive gives up.
         var inFlight: [String: [() -> Void]] = [:]
@@ -228,21 +232,30 @@ final class SimClients: @unchecked Sendable {
         }
         let from = u.node
         await sleep(100_000_000)
+        if u.wanted == nil && random(3) == 0 { u.chosenWhileDown = [UserStatus.online, .away, .busy][Int(random(3))] }
+        defer { u.chosenWhileDown = nil }
+        // (a resume that did not keep the session: the status chosen meanwhile is the one the
+        // recovery sets)
+        func keepChosen() { if let c = u.chosenWhileDown { u.status = c } }
         while world.now - origin < timeout + 10_000_000_000 {
             for node in nodesInOrder(avoiding: from) {
                 let t0 = world.now
                 // (the resume sets the status it carries as the session's home takes it over: a
                 // write of its own, acknowledged with `opened`)
-                let status = u.wanted ?? u.status
+                let status = u.wanted ?? u.chosenWhileDown ?? u.status
                 switch await openOn(u, node, resume: sid, status: status) {
                 case .opened(let got, let resumed):
                     if resumed && got == sid { u.status = status }
                     records.resumes.append(.init(user: u.name, sid: sid, node: node, t0: t0, origin: origin, outcome: resumed ? .resumed : .newSession))
-                    if !resumed || got != sid { await recover(u, lost: sid, origin: origin, fresh: true) }
+                    if !resumed || got != sid {
+                        keepChosen()
+                        await recover(u, lost: sid, origin: origin, fresh: true)
+                    }
                     return
                 case .failed(let status) where status.code == .notFound || status.code == .permissionDenied:
                     if closedInDoubt() { return }
                     records.resumes.append(.init(user: u.name, sid: sid, node: node, t0: t0, origin: origin, outcome: .refused(status.code)))
+                    keepChosen()
                     await recover(u, lost: sid, origin: origin, fresh: false)
                     return
                 case .failed:
@@ -253,6 +266,7 @@ final class SimClients: @unchecked Sendable {
         }
         if closedInDoubt() { return }
         records.losses.append((u.name, sid, origin, world.now))
+        keepChosen()
         await recover(u, lost: sid, origin: origin, fresh: false)
     }
 

@@ -79,6 +79,9 @@ final class SimCluster: @unchecked Sendable {
     private(set) var paused: Set<String> = []
     /// Told when clients stop reaching a node (paused, cut off): their keepalives start then.
     var onUnreachable: ((String) -> Void)?
+    /// Nodes to kill the moment they answer a peer's Channel or Home call (`crashAtAnswer`): the
+    /// answer is on its way, what the node had not sent yet is lost with it. The time of each kill.
+    private(set) var crashAtAnswer: [String: UInt64?] = [:]
 
     init(world: SimWorld, size: Int, presenceTimeout: Double, replicationFactor: Int) {
         self.world = world
@@ -88,7 +91,19 @@ final class SimCluster: @unchecked Sendable {
         self.replicationFactor = replicationFactor
         ids = (1...size).map { "n\($0)" }
         for id in ids { start(id) }
+        network.answered = { [unowned self] address in
+            guard let id = ids.first(where: { self.address(of: $0) == address }), crashAtAnswer[id] == .some(nil) else { return }
+            world.log("\(id) answered: crash now")
+            crashAtAnswer[id] = world.now
+            kill(id)
+        }
     }
+
+    /// Arms a crash of `id` at its next answer to a peer's call.
+    func armCrashAtAnswer(_ id: String) { crashAtAnswer[id] = .some(nil) }
+
+    /// Disarms it; when the crash happened (nil: it did not).
+    func disarmCrashAtAnswer(_ id: String) -> UInt64? { crashAtAnswer.removeValue(forKey: id) ?? nil }
 
     func address(of id: String) -> String { "\(id).sim:7401" }
     func node(_ id: String) -> SimNode? { running[id] }
@@ -114,6 +129,7 @@ final class SimCluster: @unchecked Sendable {
         world.remove(node.loop)
         paused.remove(id)
         if network.nodes[node.address]?.loop === node.loop { network.nodes[node.address] = nil }
+        network.killed(node.address)
         for hook in node.markKilled() { hook() }
     }
 

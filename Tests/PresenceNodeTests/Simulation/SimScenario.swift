@@ -13,6 +13,10 @@ struct SimScenario {
     enum FaultKind: String, CaseIterable {
         case crash0, crash3, crashForever, rolling, pauseShort, pauseLong, partitionShort, partitionLong
         case linkCutShort, linkCutLong, slow
+        /// A crash right after the node answered a peer's call (an owner's answer to a gateway's
+        /// write, usually) within 2 s, restarted when they are up: what it had not sent yet (a
+        /// replica's copy still queued) is lost with it.
+        case crashAtAnswer
     }
 
     struct Options {
@@ -182,6 +186,7 @@ struct SimScenario {
         checker.checkFinal(reads)
         checker.checkEvents()
         checker.checkResumesAndCalls()
+        checker.checkNothingLeftWaiting(cluster.network, now: world.now)
         return finish()
     }
 
@@ -228,6 +233,13 @@ struct SimScenario {
         case .crash0, .crash3:
             cluster.kill(node)
             return ("\(kind) \(node)", kind == .crash0 ? ns(0.2) : ns(3), { cluster.start(node) })
+        case .crashAtAnswer:
+            // (armed for 2 s: a node that answered nothing meanwhile is killed then)
+            cluster.armCrashAtAnswer(node)
+            return ("\(kind) \(node)", ns(2), {
+                if cluster.disarmCrashAtAnswer(node) == nil { cluster.kill(node) }
+                cluster.start(node)
+            })
         case .crashForever:
             cluster.kill(node)
             downForever.insert(node)
@@ -253,7 +265,8 @@ struct SimScenario {
         }
     }
 
-    static let takesANodeOut: Set<FaultKind> = [.crash0, .crash3, .crashForever, .rolling, .pauseShort, .pauseLong, .partitionShort, .partitionLong]
+    static let takesANodeOut: Set<FaultKind> = [.crash0, .crash3, .crashForever, .rolling, .pauseShort, .pauseLong, .partitionShort, .partitionLong,
+                                                .crashAtAnswer]
 
     /// Every node read by a client on the quiet cluster: listings, user channels, statuses.
     private func finalReads() -> [String: SimNodeRead] {

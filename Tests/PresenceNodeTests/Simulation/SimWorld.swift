@@ -173,6 +173,13 @@ final class SimNetwork: @unchecked Sendable {
     /// Sees each request as it is sent (from, to, method path, protobuf bytes): a focused test's
     /// window on what nodes tell each other.
     var observe: ((String, String, String, [UInt8]) -> Void)?
+    /// Hears each address that has just answered a Channel or Home call (a write, or its read),
+    /// before the answer leaves: where a crash "right after the answer" strikes.
+    var answered: ((String) -> Void)?
+    /// The calls each node's handlers are working on (peer calls, and client calls but streams),
+    /// by token: what a node never answers (a task parked for good) is left here.
+    private(set) var working: [Int: (address: String, what: String, since: UInt64)] = [:]
+    private var nextWork = 0
     private(set) var requests = 0
     private(set) var lost = 0
     private(set) var duplicated = 0
@@ -197,6 +204,17 @@ final class SimNetwork: @unchecked Sendable {
         duplicated += 1
         return true
     }
+
+    func began(_ address: String, _ what: String) -> Int {
+        nextWork += 1
+        working[nextWork] = (address, what, world.now)
+        return nextWork
+    }
+
+    func ended(_ token: Int) { working[token] = nil }
+
+    /// A process killed at `address`: its calls end with it.
+    func killed(_ address: String) { working = working.filter { $0.value.address != address } }
 
     func reachable(_ a: String, _ b: String) -> Bool {
         !isolated.contains(a) && !isolated.contains(b) && !cutLinks.contains([a, b].sorted())
@@ -229,11 +247,16 @@ struct SimTransport: PeerTransport {
                 let there = network.delay(from, address)
                 dest.loop.after(there) {
                     Task(executorPreference: dest.loop) {
+                        let work = network.began(address, "\(method.path) from \(from)")
                         let result: Result<[UInt8], GRPCStatus>
                         do {
                             result = .success(try await handler(bytes, ServerContext(path: method.path, deadline: deadline, metadata: [])))
                         } catch {
                             result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
+                        }
+                        network.ended(work)
+                        if case .success = result, method.path == PeerPresenceMethods.channel.path || method.path == PeerPresenceMethods.home.path {
+                            network.answered?(address)
                         }
                         guard network.reachable(from, address), !network.loses(address, from) else { return }
                         loop.after(network.delay(address, from)) {
