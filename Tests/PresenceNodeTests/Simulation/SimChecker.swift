@@ -237,6 +237,18 @@ struct SimChecker {
         }
     }
 
+    /// Invariant 1 on the way to the final reads (RELIABILITY.md, "Anti-entropy runs all the
+    /// time"): once the cluster has been quiet for a presence timeout, every gateway's digests
+    /// agree with its owners'; a repair still found each round is a divergence anti-entropy does
+    /// not mend, or a digest two sides compute differently.
+    mutating func checkQuietRepairs(since: UInt64, _ repairs: [(node: String, count: Int)]) {
+        let found = repairs.filter { $0.count > 0 }
+        counts["repairs on the quiet cluster", default: 0] += found.reduce(0) { $0 + $1.count }
+        guard !found.isEmpty else { return }
+        add(1, "anti-entropy still repairs on the quiet cluster (from \(Self.s(since)), 4 s)",
+            found.map { "\($0.node): \($0.count) round(s) whose digests differed" })
+    }
+
     /// Invariant 7 (every call gets a definite answer) for the calls nodes take from each other
     /// and from clients: on the quiet cluster, no node still works on one it took more than 10 s
     /// before. Its caller timed out and moved on; the task is parked for good, with what it holds.

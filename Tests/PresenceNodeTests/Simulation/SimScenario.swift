@@ -181,7 +181,14 @@ struct SimScenario {
         for id in downForever.sorted() { cluster.start(id) }
         downForever = []
         checker.checkConvergence("the end (every node back)", took: converge(), views: cluster.views())
-        run(for: t + 4_000_000_000)
+        // (the last 4 s of the quiet cluster: anti-entropy's digests must agree by then)
+        run(for: t)
+        let quiet = world.now
+        let repairsBefore = cluster.live.map { ($0.id, ObjectIdentifier($0.core), $0.core.engine.antiEntropyCounts.repairs) }
+        run(for: 4_000_000_000)
+        checker.checkQuietRepairs(since: quiet, repairsBefore.compactMap { id, process, before in
+            cluster.node(id).flatMap { ObjectIdentifier($0.core) == process ? (id, $0.core.engine.antiEntropyCounts.repairs - before) : nil }
+        })
         let reads = finalReads()
         checker.checkFinal(reads)
         checker.checkEvents()
