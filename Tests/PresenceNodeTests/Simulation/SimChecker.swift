@@ -204,7 +204,9 @@ struct SimChecker {
         for x in r.resumes {
             counts["resumes", default: 0] += 1
             guard x.outcome != .resumed else { continue }
-            let window = x.t0 - x.origin
+            // (a stream on a node cut off from the others: the cluster's last sign of the
+            // session is the cut's start, whenever the client noticed)
+            let window = x.t0 - min(x.origin, r.cutOffSince(x.sid, at: x.origin) ?? .max)
             if window < timeout {
                 add(4, "\(x.user) s=\(x.sid.prefix(6)): resume on \(x.node) \(x.outcome == .newSession ? "answered with a new session" : "refused (\(x.outcome))") \(Self.d(window)) after the stream stopped",
                     ["stream stopped at \(Self.s(x.origin)); resume sent at \(Self.s(x.t0))"])

@@ -169,6 +169,13 @@ final class SimCluster: @unchecked Sendable {
         if on { onUnreachable?(id) }
     }
 
+    /// Cuts `id` off from every other node (or heals it); its clients still reach it (a split
+    /// that leaves a node on its clients' side).
+    func isolateFromPeers(_ id: String, _ on: Bool) {
+        world.log("\(on ? "isolate from peers" : "heal from peers") \(id)")
+        if on { network.isolatedFromPeers.insert(address(of: id)) } else { network.isolatedFromPeers.remove(address(of: id)) }
+    }
+
     func cut(_ a: String, _ b: String, _ on: Bool) {
         world.log("\(on ? "cut" : "heal") \(a)<->\(b)")
         let link = [address(of: a), address(of: b)].sorted()

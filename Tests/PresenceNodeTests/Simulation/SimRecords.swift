@@ -71,6 +71,8 @@ final class SimRecords: @unchecked Sendable {
     var attachments: [String: [(t: UInt64, node: String)]] = [:]
     /// When clients could not reach a node (paused, cut off): (node, from, to).
     var unreachable: [(node: String, from: UInt64, to: UInt64)] = []
+    /// When a node was cut off from every other node while its clients still reached it.
+    var cutOff: [(node: String, from: UInt64, to: UInt64)] = []
     /// Each fault's window: from its start to the membership's convergence after it ended (two
     /// faults started at once have the same window). Invariant 7 promises 5 s during a single
     /// fault: a call whose first 5 s overlap the windows of two faults is held to 5 s for each.
@@ -109,16 +111,26 @@ final class SimRecords: @unchecked Sendable {
     }
 
     /// The window, if any, in which `sid`'s stream sat at least `atLeast` on a node clients could
-    /// not reach, without the client moving, around time `t`: then the session was effectively
-    /// disconnected and its timeout is legitimate (RELIABILITY.md invariant 3).
+    /// not reach, or that was cut off from every other node, without the client moving, around
+    /// time `t`: then the session was effectively disconnected and its timeout is legitimate
+    /// (RELIABILITY.md invariant 3: its gateway cut off for longer than the timeout).
     func stall(_ sid: String, at t: UInt64, atLeast: UInt64) -> Int? {
         let att = attachments[sid] ?? []
         guard let i = att.lastIndex(where: { $0.t <= t }) else { return nil }
         let node = att[i].node
         let next = i + 1 < att.count ? att[i + 1].t : .max
-        return unreachable.indices.first { k in
-            let w = unreachable[k]
+        let windows = unreachable + cutOff
+        return windows.indices.first { k in
+            let w = windows[k]
             return w.node == node && w.from <= t && min(w.to, next) - w.from >= atLeast
         }
+    }
+
+    /// When the cluster last heard of `sid` if its stream sat at `t` on a node cut off from every
+    /// other node (its clients still reaching it): the start of that cut. Nil otherwise.
+    func cutOffSince(_ sid: String, at t: UInt64) -> UInt64? {
+        let att = attachments[sid] ?? []
+        guard let i = att.lastIndex(where: { $0.t <= t }) else { return nil }
+        return cutOff.filter { $0.node == att[i].node && $0.from <= t && $0.to >= t }.map(\.from).min()
     }
 }

@@ -168,6 +168,8 @@ final class SimNetwork: @unchecked Sendable {
     /// Addresses cut off from every other node (a partition), and single links cut.
     var isolated: Set<String> = []
     var cutLinks: Set<[String]> = []
+    /// Addresses cut off from every other node while their clients still reach them.
+    var isolatedFromPeers: Set<String> = []
     /// Addresses on a bad link (delay, loss, duplication).
     var slow: Set<String> = []
     /// Sees each request as it is sent (from, to, method path, protobuf bytes): a focused test's
@@ -217,7 +219,8 @@ final class SimNetwork: @unchecked Sendable {
     func killed(_ address: String) { working = working.filter { $0.value.address != address } }
 
     func reachable(_ a: String, _ b: String) -> Bool {
-        !isolated.contains(a) && !isolated.contains(b) && !cutLinks.contains([a, b].sorted())
+        !isolated.contains(a) && !isolated.contains(b) && !isolatedFromPeers.contains(a) && !isolatedFromPeers.contains(b)
+            && !cutLinks.contains([a, b].sorted())
     }
 
     func deliver(from: String, to address: String) -> (services: ServiceRegistry, loop: EventLoop)? {

@@ -4,7 +4,8 @@ import Testing
 /// Seeded fault schedules on real nodes, every invariant checked (RELIABILITY.md, "The real node
 /// in a deterministic simulation"). Environment: `PRESENCED_SIM_SEEDS=FROM-TO` (default: the CI
 /// set), `PRESENCED_SIM_SECONDS` (of faults per schedule), `PRESENCED_SIM_MAX_NODES` (3 to it,
-/// drawn by the seed), `PRESENCED_SIM_TRACE=1` (print a failing seed's trace). `Scripts/simulate`
+/// drawn by the seed), `PRESENCED_SIM_TRACE=1` (print a failing seed's trace),
+/// `PRESENCED_SIM_EXTRA_KINDS=A,B` (fault kinds not drawn by default, drawn too). `Scripts/simulate`
 /// runs long sweeps of it and sums the `SIM` lines it prints.
 @Suite struct SimulationScheduleTests {
     static let environment = ProcessInfo.processInfo.environment
@@ -19,6 +20,12 @@ import Testing
         let maxNodes = environment["PRESENCED_SIM_MAX_NODES"].flatMap(Int.init) ?? 6
         var o = SimScenario.Options.drawn(seed: seed, maxNodes: max(3, min(20, maxNodes)), seconds: seconds)
         o.keepsTrace = environment["PRESENCED_SIM_TRACE"] == "1"
+        for name in (environment["PRESENCED_SIM_EXTRA_KINDS"] ?? "").split(separator: ",") {
+            guard let kind = SimScenario.FaultKind(rawValue: String(name)) else {
+                preconditionFailure("PRESENCED_SIM_EXTRA_KINDS: no fault kind \(name) (\(SimScenario.FaultKind.allCases.map(\.rawValue).joined(separator: ", ")))")
+            }
+            if !o.kinds.contains(kind) { o.kinds.append(kind) }
+        }
         o.slots = environment["PRESENCED_SIM_SLOTS"].flatMap(Int.init)
         o.leftOut = Set((environment["PRESENCED_SIM_LEAVE_OUT"] ?? "").split(separator: ",").compactMap { Int($0) })
         return o
