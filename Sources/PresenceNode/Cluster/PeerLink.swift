@@ -146,12 +146,15 @@ public final class PeerLink: Sendable {
     }
 
     /// Waits until the nodes acknowledged what the tickets stand for, or gave up on it (the node
-    /// died or left), or `timeout` ns passed.
-    public func waitSent(_ tickets: [Ticket], timeout: UInt64) async {
+    /// died or left), or `timeout` ns passed. Whether every node acknowledged it.
+    @discardableResult
+    public func waitSent(_ tickets: [Ticket], timeout: UInt64) async -> Bool {
         let deadline = clock.monotonicNanoseconds() + timeout
+        var all = true
         for t in tickets {
-            await t.queue.waitAcked(t.sequence, deadline: deadline)
+            if !(await t.queue.waitAcked(t.sequence, deadline: deadline)) { all = false }
         }
+        return all
     }
 
     /// Waits (up to `timeout` ns) until everything queued so far for every node was sent.
@@ -374,8 +377,11 @@ final class PushQueue: Sendable {
         for c in ready { c.resume() }
     }
 
-    func waitAcked(_ sequence: UInt64, deadline: UInt64) async {
-        guard clock.monotonicNanoseconds() < deadline else { return }
+    /// Waits until the destination acknowledged `sequence`, or it was given up on, or the
+    /// deadline passed. Whether it was acknowledged.
+    @discardableResult
+    func waitAcked(_ sequence: UInt64, deadline: UInt64) async -> Bool {
+        guard clock.monotonicNanoseconds() < deadline else { return state.withLock { $0.acked >= sequence } }
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let (waiting, startWatchdog) = state.withLock { s -> (Bool, Bool) in
                 guard s.acked < sequence else { return (false, false) }
@@ -387,6 +393,7 @@ final class PushQueue: Sendable {
             if !waiting { c.resume() }
             if startWatchdog { watch() }
         }
+        return state.withLock { $0.acked >= sequence }
     }
 
     /// Releases waiters whose deadline passed (the destination is stuck) while any wait: at the

@@ -82,6 +82,11 @@ public final class Topology: Sendable {
         let now = now ?? self.now
         return state.withLock { s in s.cutOffAfter > 0 && s.ring.members.count > 1 && s.lease.silent(for: s.cutOffAfter, now: now) }
     }
+    /// Whether this node heard from the cluster recently enough to answer for its keys
+    /// (`ServingLease`; always, alone).
+    public var holdsLease: Bool {
+        state.withLock { s in s.ring.members.count == 1 || s.lease.holds(now: self.now) }
+    }
     /// Whether the engine has carried out the current ring.
     public var isSettled: Bool { state.withLock { $0.settled } }
 

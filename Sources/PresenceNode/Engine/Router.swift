@@ -123,9 +123,22 @@ struct Router: Sendable {
 
     /// A local answer once its copies reached the replicas (or the wait for them timed out).
     func finish(_ answer: LocalAnswer, answerBy: UInt64?) async throws(PresenceError) -> ClusterChannelResult {
-        if !answer.tickets.isEmpty, let link = core.link { await link.waitSent(answer.tickets, timeout: replicaWait(answerBy: answerBy)) }
+        try await replicate(answer.tickets, answerBy: answerBy)
         if let e = answer.result.error { throw PresenceError(wire: e) }
         return answer.result
+    }
+
+    /// Waits for a change's copies to reach the replicas (up to `replicaWait`). A change whose
+    /// copies did not arrive is still acknowledged while this node holds its lease (a replica
+    /// slow or dying: the ring moves on and anti-entropy restores the copy); one whose node lost
+    /// its lease meanwhile is refused, retryably: cut off from the others (its clients may still
+    /// reach it), this node cannot know they did not take its keys over without the change, which
+    /// would be acknowledged to the client and lost (RELIABILITY.md invariant 1).
+    private func replicate(_ tickets: [PeerLink.Ticket], answerBy: UInt64?) async throws(PresenceError) {
+        guard !tickets.isEmpty, let link = core.link else { return }
+        if await link.waitSent(tickets, timeout: replicaWait(answerBy: answerBy)) || topology.holdsLease { return }
+        throw PresenceError(.unavailable, "NOT_SERVING",
+                            "NO_LEASE: this node lost touch with the cluster before its replicas had the change; retry, or go elsewhere")
     }
 
     /// How long an answer waits for its copies to reach the replicas: the replication wait, or
@@ -178,7 +191,7 @@ struct Router: Sendable {
     /// replicas (or the wait for them timed out); a refusal is thrown.
     private func localHomePart(_ i: Int, _ call: ClusterHomeCall, answerBy: UInt64?) async throws(PresenceError) -> ClusterHomeResult {
         let (r, tickets) = await core.userHomes[i].serve(call, users: call.userIDs)
-        if !tickets.isEmpty, let link = core.link { await link.waitSent(tickets, timeout: replicaWait(answerBy: answerBy)) }
+        try await replicate(tickets, answerBy: answerBy)
         if let e = r.error { throw PresenceError(wire: e) }
         return r
     }

@@ -117,6 +117,44 @@ import Testing
         #expect(resumed.all == [true])
     }
 
+    /// A node cut off from the others while its clients still reach it takes a write within its
+    /// lease, as owner or home, but its replicas never get the copy: once its lease has run out
+    /// it must not acknowledge the write (the others take its keys over without it; a session
+    /// opened so was refused NOT_FOUND on its resume elsewhere), and refuses it retryably; a
+    /// write whose replica is only slow, the lease held, is still acknowledged.
+    @Test func aNodeCutOffFromTheOthersDoesNotAcknowledgeWhatItsReplicasNeverGot() throws {
+        let c = Self.cluster(seed: 7, size: 3)
+        c.world.run(for: 4_000_000_000)
+        let n1 = try #require(c.node("n1"))
+        let user = try #require((0..<200).map { "u\($0)" }.first { n1.core.topology.home(of: $0) == "n1" })
+        c.isolateFromPeers("n1", true)
+        c.world.run(for: 100_000_000)
+        #expect(n1.core.topology.holdsLease)
+        let answers = Outcomes<String>()
+        Self.client(c) {
+            do throws(PresenceError) {
+                _ = try await n1.core.engine.openSession(user: user, resume: "", initialStatus: .unknown)
+                answers.add("opened")
+            } catch { answers.add("\(error.kind) \(error.name)") }
+        }
+        c.world.run(for: 3_000_000_000)
+        #expect(!n1.core.topology.holdsLease)
+        #expect(answers.all == ["unavailable NOT_SERVING"])
+        // (with the others in reach, the same open is acknowledged, and a resume elsewhere finds it)
+        c.isolateFromPeers("n1", false)
+        c.world.run(for: 4_000_000_000)
+        let session = Outcomes<String>()
+        Self.client(c) {
+            if let s = try? await n1.core.engine.openSession(user: user, resume: "", initialStatus: .unknown) { session.add(s.id.description) }
+        }
+        c.world.run(for: 2_000_000_000)
+        let sid = try #require(session.all.first)
+        let resumed = Outcomes<Bool>()
+        Self.client(c) { resumed.add((try? await c.node("n2")!.core.engine.openSession(user: user, resume: sid, initialStatus: .unknown))?.resumed ?? false) }
+        c.world.run(for: 2_000_000_000)
+        #expect(resumed.all == [true])
+    }
+
     /// What the members tell `to` that they have handed off: (sender, fingerprint, incarnation of
     /// `to` it was decided for), as sent, from when this is called.
     static func handoffDones(to: String, in c: SimCluster) -> Outcomes<(String, UInt64, UInt64)> {
