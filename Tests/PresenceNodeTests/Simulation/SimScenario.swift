@@ -76,7 +76,7 @@ struct SimScenario {
                 + "steps=\(steps) faults=\(kinds.joined(separator: ",")) calls=\(counts["calls"] ?? 0) retried=\(counts["calls retried"] ?? 0) twofaults=\(counts["calls during two faults"] ?? 0) "
                 + "resumes=\(counts["resumes"] ?? 0) events=\(counts["events checked"] ?? 0) messages=\(counts["peer messages"] ?? 0) "
                 + "lost=\(counts["messages lost"] ?? 0) duplicated=\(counts["messages duplicated"] ?? 0) "
-                + "violations=\(violations.count) by=\(byInvariant.joined(separator: ","))"
+                + "p99ms=\(counts["call p99 ms"] ?? 0) violations=\(violations.count) by=\(byInvariant.joined(separator: ","))"
         }
 
         var summary: String {
