@@ -645,8 +645,13 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         }
         if isOwner(key) && !leaving {
             // this node owns the key and holds nothing of it yet: a handoff (or a copy from a
-            // node that still thinks it owns it) starts it; only a whole copy can
-            guard V.isFull(copy) else { return [] }
+            // node that still thinks it owns it) starts it; only a whole copy can, and only from
+            // a member of this node's ring. A node the ring holds dead (the other side of a
+            // partition, back before the news of its return) hands off the copy it kept while the
+            // members went on changing the key: started from it, this owner would serve it —
+            // SNAPSHOTs without members who stayed — before the live holder's handoff came. The
+            // live holders' handoffs, and the gateways' anti-entropy, bring the key.
+            guard V.isFull(copy), sender.map({ ring.members.contains($0) }) ?? true else { return [] }
             var v = copies.removeValue(forKey: key) ?? retired[key]?.value ?? make(key)
             settled(key)
             emptiedCopies[key] = nil

@@ -539,6 +539,33 @@ import Testing
         }
     }
 
+    /// An owner that holds nothing of a key starts it from a whole copy only when the copy's
+    /// sender is a member of its ring: a node its ring holds dead (the other side of a partition,
+    /// back before the news of its return) hands off the copy it kept while the key went on
+    /// changing without it, and served from it the owner's SNAPSHOTs would leave out members who
+    /// stayed. From a member, the same copy starts the key.
+    @Test func anOwnerDoesNotStartAKeyFromTheHandoffOfANodeItsRingHoldsDead() throws {
+        let ring = HashRing(members: ["b", "o"], boots: ["b": 1, "o": 1])
+        let xRing = HashRing(members: ["o", "x"], boots: ["o": 1, "x": 1])
+        let k = try #require((0..<10_000).lazy.map { ChannelKey(name: "k\($0)", type: .message) }.first {
+            ring.owner(ofHash: StableHash.of($0)) == "o" && xRing.owner(ofHash: StableHash.of($0)) == "o"
+        })
+        var x = space("x", HashRing(members: ["x"], boots: ["x": 1]), copies: 2)
+        _ = try x.withOwned(k, create: true, now: 1_000) { m in
+            _ = m.join(user: "u1", session: s, withPresence: false, sink: a, version: v(1, 1), now: 1_000)
+        }
+        let handed = x.ringChanged(to: xRing, now: 1, wall: 1_000).compactMap { e -> Machine.Copy? in
+            if case .send(let c, "o", _, _) = e, c.handoff { return c } else { return nil }
+        }
+        try #require(!handed.isEmpty)
+        var fromDead = space("o", ring, copies: 2)
+        for c in handed { _ = fromDead.received(c, from: "x", now: 2, wall: 1_100) }
+        #expect(fromDead[owned: k] == nil)
+        var fromMember = space("o", ring, copies: 2)
+        for c in handed { _ = fromMember.received(c, from: "b", now: 2, wall: 1_100) }
+        #expect(fromMember[owned: k]?.contains(user: "u1") == true)
+    }
+
     /// A copy handed to a non-owner goes to the owner again when the owner asks for its handoffs
     /// (the push that passed it on may have been dropped), for a presence timeout after it came;
     /// a plain replica copy does not, nor to a member that does not own the key.
