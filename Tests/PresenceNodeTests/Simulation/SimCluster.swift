@@ -79,7 +79,7 @@ final class SimCluster: @unchecked Sendable {
     private(set) var paused: Set<String> = []
     /// Told when clients stop reaching a node (paused, cut off): their keepalives start then.
     var onUnreachable: ((String) -> Void)?
-    /// Nodes to kill the moment they answer a peer's Channel or Home call (`crashAtAnswer`): the
+    /// Nodes to kill the moment they answer a gateway's membership change (`crashAtAnswer`): the
     /// answer is on its way, what the node had not sent yet is lost with it. The time of each kill.
     private(set) var crashAtAnswer: [String: UInt64?] = [:]
 

@@ -13,9 +13,9 @@ struct SimScenario {
     enum FaultKind: String, CaseIterable {
         case crash0, crash3, crashForever, rolling, pauseShort, pauseLong, partitionShort, partitionLong
         case linkCutShort, linkCutLong, slow
-        /// A crash right after the node answered a peer's call (an owner's answer to a gateway's
-        /// write, usually) within 2 s, restarted when they are up: what it had not sent yet (a
-        /// replica's copy still queued) is lost with it.
+        /// A crash right after the node, as a channel's owner, answered a gateway's membership
+        /// change (within 2 s; restarted when they are up): what it had not sent yet (a replica's
+        /// copy still queued) is lost with it.
         case crashAtAnswer
         /// A node cut off from every other node for T/2 or T + 2 s while its clients still reach
         /// it (a split that leaves it on their side). Not drawn by default: it finds a cut-off

@@ -175,8 +175,10 @@ final class SimNetwork: @unchecked Sendable {
     /// Sees each request as it is sent (from, to, method path, protobuf bytes): a focused test's
     /// window on what nodes tell each other.
     var observe: ((String, String, String, [UInt8]) -> Void)?
-    /// Hears each address that has just answered a Channel or Home call (a write, or its read),
-    /// before the answer leaves: where a crash "right after the answer" strikes.
+    /// Hears each address that has just answered a channel membership change (a join, a leave or
+    /// a resume's announce), before the answer leaves: where a crash "right after the answer"
+    /// strikes. (A lost state change is restored by anti-entropy from its gateway and shows
+    /// nowhere; a lost membership change shows as a SNAPSHOT without the user, or with a ghost.)
     var answered: ((String) -> Void)?
     /// The calls each node's handlers are working on (peer calls, and client calls but streams),
     /// by token: what a node never answers (a task parked for good) is left here.
@@ -258,7 +260,7 @@ struct SimTransport: PeerTransport {
                             result = .failure(error as? GRPCStatus ?? GRPCStatus(.internal, "\(error)"))
                         }
                         network.ended(work)
-                        if case .success = result, method.path == PeerPresenceMethods.channel.path || method.path == PeerPresenceMethods.home.path {
+                        if case .success = result, let op = (request as? ClusterChannelCall)?.op, op == .join || op == .leave || op == .announce {
                             network.answered?(address)
                         }
                         guard network.reachable(from, address), !network.loses(address, from) else { return }
