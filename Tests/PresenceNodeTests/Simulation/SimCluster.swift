@@ -80,8 +80,8 @@ final class SimCluster: @unchecked Sendable {
     /// Told when clients stop reaching a node (paused, cut off): their keepalives start then.
     var onUnreachable: ((String) -> Void)?
     /// Nodes to kill the moment they answer a gateway's membership change (`crashAtAnswer`): the
-    /// answer is on its way, what the node had not sent yet is lost with it. The time of each kill.
-    private(set) var crashAtAnswer: [String: UInt64?] = [:]
+    /// answer is on its way, what the node had not sent yet is lost with it.
+    private var armedToCrash: Set<String> = []
 
     init(world: SimWorld, size: Int, presenceTimeout: Double, replicationFactor: Int) {
         self.world = world
@@ -92,18 +92,17 @@ final class SimCluster: @unchecked Sendable {
         ids = (1...size).map { "n\($0)" }
         for id in ids { start(id) }
         network.answered = { [unowned self] address in
-            guard let id = ids.first(where: { self.address(of: $0) == address }), crashAtAnswer[id] == .some(nil) else { return }
+            guard let id = ids.first(where: { self.address(of: $0) == address }), armedToCrash.remove(id) != nil else { return }
             world.log("\(id) answered: crash now")
-            crashAtAnswer[id] = world.now
             kill(id)
         }
     }
 
     /// Arms a crash of `id` at its next answer to a peer's call.
-    func armCrashAtAnswer(_ id: String) { crashAtAnswer[id] = .some(nil) }
+    func armCrashAtAnswer(_ id: String) { armedToCrash.insert(id) }
 
-    /// Disarms it; when the crash happened (nil: it did not).
-    func disarmCrashAtAnswer(_ id: String) -> UInt64? { crashAtAnswer.removeValue(forKey: id) ?? nil }
+    /// Disarms it; whether it was still armed (the node answered nothing meanwhile).
+    func disarmCrashAtAnswer(_ id: String) -> Bool { armedToCrash.remove(id) != nil }
 
     func address(of id: String) -> String { "\(id).sim:7401" }
     func node(_ id: String) -> SimNode? { running[id] }

@@ -240,11 +240,13 @@ struct SimScenario {
         let other = kind == .linkCutShort || kind == .linkCutLong ? others[random(others.count)] : ""
         guard starting else { return (other.isEmpty ? "\(kind) \(node)" : "\(kind) \(node),\(other)", 0, {}) }
         let ns = { (s: Double) in UInt64(s * 1e9) }
-        func unreachable(_ id: String) -> () -> Void {
-            clients.records.unreachable.append((id, cluster.world.now, .max))
-            let i = clients.records.unreachable.count - 1
-            return { clients.records.unreachable[i].to = cluster.world.now }
+        /// Opens a window of `id` in one of the records' window lists; what closes it.
+        func window(_ list: ReferenceWritableKeyPath<SimRecords, [(node: String, from: UInt64, to: UInt64)]>, _ id: String) -> () -> Void {
+            clients.records[keyPath: list].append((id, cluster.world.now, .max))
+            let i = clients.records[keyPath: list].count - 1
+            return { clients.records[keyPath: list][i].to = cluster.world.now }
         }
+        func unreachable(_ id: String) -> () -> Void { window(\.unreachable, id) }
         switch kind {
         case .crash0, .crash3:
             cluster.kill(node)
@@ -253,7 +255,7 @@ struct SimScenario {
             // (armed for 2 s: a node that answered nothing meanwhile is killed then)
             cluster.armCrashAtAnswer(node)
             return ("\(kind) \(node)", ns(2), {
-                if cluster.disarmCrashAtAnswer(node) == nil { cluster.kill(node) }
+                if cluster.disarmCrashAtAnswer(node) { cluster.kill(node) }
                 cluster.start(node)
             })
         case .crashForever:
@@ -274,11 +276,10 @@ struct SimScenario {
             return ("\(kind) \(node)", kind == .partitionShort ? ns(t / 2) : ns(t + 2), { cluster.isolate(node, false); reach() })
         case .peersCutShort, .peersCutLong:
             cluster.isolateFromPeers(node, true)
-            clients.records.cutOff.append((node, cluster.world.now, .max))
-            let i = clients.records.cutOff.count - 1
+            let healed = window(\.cutOff, node)
             return ("\(kind) \(node)", kind == .peersCutShort ? ns(t / 2) : ns(t + 2), {
                 cluster.isolateFromPeers(node, false)
-                clients.records.cutOff[i].to = cluster.world.now
+                healed()
             })
         case .linkCutShort, .linkCutLong:
             cluster.cut(node, other, true)
