@@ -147,6 +147,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public private(set) var watchers: [SessionID: Watcher] = [:]
     public private(set) var departed: [SessionID: Departure] = [:]
     private var counter: UInt64 = 0
+    /// The lowest epoch a claim under this home's lineage gives a session (`startLineage`). Kept
+    /// by this node only: a copy's receiver that takes the record over starts its own lineage.
+    private var claimFloor: UInt64 = 0
 
     public init(userID: String) {
         self.userID = userID
@@ -206,7 +209,20 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         let ms = UInt64(clamping: max(0, min(now, 1 << 41)))
         term = max(overflow ? .max : fromCopy, ms << 22)
         counter = max(counter, term)
+        // A previous home cut off from the others may still have claimed sessions that never
+        // reached its replicas (a resume refused there, its client gone elsewhere). A claim here
+        // must not reuse the epoch of such a claim for another gateway: merged after the heal, the
+        // two would tie, and the record might keep the gateway the client left. So this lineage's
+        // claims start `claimEpochMargin` epochs above every epoch the copy knows.
+        let known = sessions.values.map(\.version) + departed.values.map(\.version) + watchers.values.map(\.version)
+        let highest = known.map(SessionVersion.epoch).max() ?? 0
+        claimFloor = max(claimFloor, min(highest + Self.claimEpochMargin, 0xffff_ffff))
     }
+
+    /// How many claims of one session a cut-off home could make unseen (each is a resume that
+    /// its lease let it take, about one a retry pause for under a second), with room to spare.
+    /// Epochs are 32 bits: four million lineages of one session.
+    static var claimEpochMargin: UInt64 { 1 << 10 }
 
     // MARK: Versions
 
@@ -261,7 +277,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public mutating func claim(session: SessionID, sink: Sink) -> (record: Session, previous: Sink)? {
         guard var s = sessions[session] else { return nil }
         let previous = s.sink
-        s.version = SessionVersion.nextEpoch(s.version)
+        s.version = max(SessionVersion.nextEpoch(s.version), SessionVersion.make(epoch: claimFloor, counter: 0))
         s.sink = sink
         // (every message of the old epoch is refused by its epoch from now on)
         s.lastChange = [:]
@@ -466,6 +482,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         change { r in
             r.term = max(r.term, other.term)
             r.counter = max(r.counter, other.counter)
+            r.claimFloor = max(r.claimFloor, other.claimFloor)
             r.everOpened = r.everOpened || other.everOpened
             if other.chosenVersion > r.chosenVersion {
                 r.chosen = other.chosen

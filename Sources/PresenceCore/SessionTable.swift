@@ -112,12 +112,16 @@ public struct SessionTable {
 
     /// Takes over a session at `version` (the new epoch its user's home gave it): from another
     /// gateway (its client resumed it here; the channels and watched users come from the home), or
-    /// one this gateway still holds (its channels and state here are kept).
-    public mutating func adopt(_ id: SessionID, user: String, version: UInt64, channels: [ChannelKey: Bool], watching: Set<String>) -> OpenOutcome {
+    /// one this gateway still holds (its channels and state here are kept, unless its home had
+    /// placed it at another gateway since: `heldElsewhere`).
+    /// (The home says where the session was, not the distance between epochs: a new home's
+    /// claims jump epochs, `HomeRecord.startLineage`.)
+    public mutating func adopt(_ id: SessionID, user: String, version: UInt64, heldElsewhere: Bool,
+                               channels: [ChannelKey: Bool], watching: Set<String>) -> OpenOutcome {
         if var s = sessions[id], s.userID == user {
             s.liveness = .connected
             s.generation += 1
-            if SessionVersion.epoch(s.version) + 1 < SessionVersion.epoch(version) {
+            if heldElsewhere {
                 // (this gateway's copy is from before the session was held elsewhere — it came
                 // back here after another gateway: what it joined and left meanwhile is in its
                 // home's record, not here)

@@ -337,12 +337,14 @@ import Testing
         _ = t.open(user: "u", resume: nil, newID: s, now: 0)
         _ = try t.joined(s, channel: k1, withPresence: true)
         // its client resumed it elsewhere (epoch 2: left k1, joined k2 there), then came back (epoch 3)
-        _ = t.adopt(s, user: "u", version: v(3, 0), channels: [k2: false], watching: [])
+        _ = t.adopt(s, user: "u", version: v(3, 0), heldElsewhere: true, channels: [k2: false], watching: [])
         #expect(t[s]?.channels.keys.sorted() == [k2])
         #expect(t[s]?.channels[k2] == SessionTable.Membership(withPresence: false, joinVersion: v(3, 0)))
-        // resumed where it is held (epoch 3, then 4): what it holds here stays
+        // resumed where it is held (epoch 3, then 4; or, under a new home, 1028): what it holds here stays
         _ = try t.joined(s, channel: k3, withPresence: true)
-        _ = t.adopt(s, user: "u", version: v(4, 0), channels: [k2: false], watching: [])
+        _ = t.adopt(s, user: "u", version: v(4, 0), heldElsewhere: false, channels: [k2: false], watching: [])
+        #expect(t[s]?.channels.keys.sorted() == [k3, k2].sorted())
+        _ = t.adopt(s, user: "u", version: v(1028, 0), heldElsewhere: false, channels: [k2: false], watching: [])
         #expect(t[s]?.channels.keys.sorted() == [k3, k2].sorted())
     }
 

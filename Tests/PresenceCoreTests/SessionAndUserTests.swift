@@ -499,6 +499,29 @@ extension SessionTableTests {
         #expect(r.claim(session: s2, sink: "gw2") == nil)
     }
 
+    /// A home cut off from the others claims a session for its gateway (a resume it then refuses:
+    /// its replicas never got the claim), and the client resumes the session elsewhere, where a
+    /// new home, taking the record over from its copy, claims it for another gateway. The second
+    /// claim must not reuse the first one's epoch: merged after the heal, the two tied, each side
+    /// kept its own, and the cut-off home, whose gateway held no such session, ended it for good.
+    @Test func aNewHomesClaimIsAboveAnyClaimItsPreviousHomeMadeUnseen() {
+        var r = HomeRecord<String>(userID: "ann")
+        r.startLineage(now: 1_000)
+        _ = r.sessionOpened(session: s1, sink: "gw1", version: SessionVersion.make(epoch: 3, counter: 2), initial: .unknown)
+        var newHome = r  // the majority's copy
+        _ = r.claim(session: s1, sink: "cutOffGateway")
+        newHome.startLineage(now: 2_000)
+        let second = newHome.claim(session: s1, sink: "gw3")
+        #expect(second.map { SessionVersion.epoch($0.record.version) } == 3 + 1_024)
+        // merged either way, the later claim stands
+        var back = r
+        _ = back.merge(newHome)
+        _ = newHome.merge(r)
+        #expect(back.sessions[s1]?.sink == "gw3" && newHome.sessions[s1]?.sink == "gw3")
+        // and under the new home, the next claim is the next epoch
+        #expect(newHome.claim(session: s1, sink: "gw4").map { SessionVersion.epoch($0.record.version) } == 3 + 1_025)
+    }
+
     @Test func anEndedSessionDoesNotComeBackFromAnOlderCopy() {
         var r = HomeRecord<String>(userID: "ann")
         _ = r.sessionOpened(session: s1, sink: "gw1", version: 10, initial: .unknown)

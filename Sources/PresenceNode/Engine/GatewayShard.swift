@@ -72,11 +72,12 @@ final class GatewayShard: Sendable {
 
     /// Takes over a session at `version` (the epoch its home gave this gateway by a claim): one
     /// this gateway still holds keeps its channels, state and outbox; another comes with the
-    /// channels and watched users from its home's record.
-    func adopt(_ id: SessionID, user: String, version: UInt64, channels: [ChannelKey: Bool], watching: Set<String>) -> Opened? {
+    /// channels and watched users from its home's record (`SessionTable.adopt`).
+    func adopt(_ id: SessionID, user: String, version: UInt64, heldElsewhere: Bool, channels: [ChannelKey: Bool], watching: Set<String>) -> Opened? {
         state.withLock { st -> Opened? in
             if let held = st.table[id], held.userID != user { return nil }
-            guard case .resumed(_, let generation) = st.table.adopt(id, user: user, version: version, channels: channels, watching: watching) else { return nil }
+            guard case .resumed(_, let generation) = st.table.adopt(id, user: user, version: version, heldElsewhere: heldElsewhere,
+                                                                    channels: channels, watching: watching) else { return nil }
             st.moved[id] = nil
             let outbox = st.outboxes[id] ?? SessionOutbox(sessionID: id, userID: user, counters: counters)
             st.outboxes[id] = outbox

@@ -80,7 +80,8 @@ struct SessionLifecycle: Sendable {
             throw error
         }
         guard found.found, let (_, record) = found.session?.record else { return nil }
-        guard let o = core.gatewayShard(id).adopt(id, user: user, version: record.version, channels: record.channels, watching: Set(record.watching)),
+        guard let o = core.gatewayShard(id).adopt(id, user: user, version: record.version, heldElsewhere: record.sink != core.me,
+                                                  channels: record.channels, watching: Set(record.watching)),
               let s = core.gatewayShard(id).held(id) else {
             throw PresenceError(.permissionDenied, "NOT_YOUR_SESSION", "session \(id) belongs to another user")
         }
@@ -205,10 +206,18 @@ struct SessionLifecycle: Sendable {
         if topology.isLeaving {
             throw PresenceError(.unavailable, "SHUTTING_DOWN", "this node is leaving the cluster: resume the session on another node and close it there")
         }
+        // Cut off from the others (its client may still reach it), this node cannot tell the
+        // session's owners and home that it ended: they time it out later, and a new session of
+        // the user that joins meanwhile inherits its state. Acknowledged, that close would be lost
+        // (RELIABILITY.md, invariant 1). So it is refused retryably, before and after the ends
+        // were tried; the client moves, resumes the session elsewhere and closes it there (a
+        // retry here while the node is still cut off is refused too).
+        if !topology.holdsLease { throw Self.cutOffClose }
         switch core.gatewayShard(id).close(id) {
         case .closed(let s, let outbox):
-            await end(s, timedOut: false)
+            let told = await end(s, timedOut: false)
             outbox.end(.closed)
+            if !told && !topology.holdsLease { throw Self.cutOffClose }
         case .alreadyClosed:
             return  // a retry whose first attempt's answer was lost: closed it is
         case nil:
@@ -227,7 +236,9 @@ struct SessionLifecycle: Sendable {
     /// is started last, as before (started first, a watcher got the user's OFFLINE before the
     /// channel's REMOTE_TIMEOUT: allowed, API.md promises no order between status and presence
     /// events; the interop suite's helpers now keep the events of the other kind they read past).
-    private func end(_ s: SessionTable.Session, timedOut: Bool) async {
+    /// Whether every end that must arrive did at once (the others are retried in the background).
+    @discardableResult
+    private func end(_ s: SessionTable.Session, timedOut: Bool) async -> Bool {
         let ended = core.ref(s, version: SessionVersion.bumped(s.version))
         var ends: [EndCall] = []
         for key in s.channels.keys.sorted() {
@@ -236,10 +247,16 @@ struct SessionLifecycle: Sendable {
         }
         ends.append(.home(ClusterHomeCall(userIDs: [s.userID], op: .sessionEnded, session: ended)))
         let unwatches = unwatchCalls(s.watching.sorted(), by: s).map(EndCall.home)
-        _ = await concurrently(ends + unwatches) { [self] end in
-            if (try? await send(end)) == nil, end.mustArrive { retryLater { [self] () async throws(PresenceError) in try await send(end) } }
+        let missed = await concurrently(ends + unwatches) { [self] end -> Bool in
+            guard (try? await send(end)) == nil, end.mustArrive else { return false }
+            retryLater { [self] () async throws(PresenceError) in try await send(end) }
+            return true
         }
+        return !missed.contains(true)
     }
+
+    static let cutOffClose = PresenceError(.unavailable, "NOT_SERVING",
+        "NO_LEASE: this node lost touch with the cluster and cannot tell the session's channels and home that it ended; resume the session on another node and close it there")
 
     /// One of the calls that tell a session's owners and homes it ended.
     private enum EndCall: Sendable {

@@ -169,7 +169,10 @@ actor UserHomeShard {
                                    "version": String(claimed?.record.version ?? 0), "previous": claimed.map { "\($0.previous)" } ?? "-"])
             guard let claimed else { return result }
             result.found = true
-            result.session = record(id, claimed.record)
+            // (with its new version, and the gateway it had before: cluster.proto's HomeResult)
+            var before = claimed.record
+            before.sink = claimed.previous
+            result.session = record(id, before)
             if claimed.previous != sink {
                 // the gateway it left stops speaking for it (it may still think it holds it)
                 if claimed.previous == fabric.instance {

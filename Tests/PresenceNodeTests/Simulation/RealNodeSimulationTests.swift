@@ -155,6 +155,62 @@ import Testing
         #expect(resumed.all == [true])
     }
 
+    /// A node cut off from the others while its client still reaches it cannot tell the session's
+    /// channel owner and home that the session ended: a CloseSession there is refused retryably,
+    /// whether the node had already lost its lease when the call came or lost it while the ends
+    /// were tried (acknowledged, the close was lost: the owner kept the session until its
+    /// timeout, and a new session of the user that joined meanwhile inherited its state). The
+    /// client resumes the session on another node and closes it there, and the user is gone.
+    @Test func aNodeCutOffFromTheOthersDoesNotAcknowledgeACloseItCannotTellTheChannelsOf() throws {
+        let c = Self.cluster(seed: 11, size: 3)
+        c.world.run(for: 4_000_000_000)
+        let n1 = try #require(c.node("n1")), n2 = try #require(c.node("n2"))
+        let users = (0..<400).map { "u\($0)" }.filter { n1.core.topology.home(of: $0) != "n1" }.prefix(2)
+        let channel = try #require((0..<400).map { "room\($0)" }.first { n1.core.topology.owner(of: ChannelKey(name: $0, type: .message)) != "n1" })
+        try #require(users.count == 2)
+        for (user, cutFor) in zip(users, [UInt64(1_000_000_000), 100_000_000]) {
+            let opened = Outcomes<String>()
+            Self.client(c) {
+                guard let s = try? await n1.core.engine.openSession(user: user, resume: "", initialStatus: .unknown) else { return }
+                if (try? await n1.core.engine.join(s.id.description, channel: channel, type: .message, withPresence: true)) != nil { opened.add(s.id.description) }
+            }
+            c.world.run(for: 2_000_000_000)
+            let sid = try #require(opened.all.first, "\(user)")
+            #expect(Self.listed(c, on: n2, channel) == [user])
+            c.isolateFromPeers("n1", true)
+            c.world.run(for: cutFor)
+            #expect(n1.core.topology.holdsLease == (cutFor < 600_000_000), "\(user): lease after \(cutFor / 1_000_000) ms")
+            let answers = Outcomes<String>()
+            Self.client(c) {
+                do throws(PresenceError) {
+                    try await n1.core.engine.closeSession(sid)
+                    answers.add("closed")
+                } catch { answers.add("\(error.kind) \(error.name)") }
+                do throws(PresenceError) {
+                    try await n1.core.engine.closeSession(sid)
+                    answers.add("closed")
+                } catch { answers.add("\(error.kind) \(error.name)") }
+            }
+            c.world.run(for: 2_000_000_000)
+            #expect(answers.all == ["unavailable NOT_SERVING", "unavailable NOT_SERVING"], "\(user), cut off \(cutFor / 1_000_000) ms before")
+            // (the client moves: resumed on n2, the session closes there, and the user is gone)
+            let moved = Outcomes<String>()
+            Self.client(c) {
+                do throws(PresenceError) {
+                    let r = try await n2.core.engine.openSession(user: user, resume: sid, initialStatus: .unknown)
+                    moved.add(r.resumed ? "resumed" : "new")
+                    try await n2.core.engine.closeSession(sid)
+                    moved.add("closed")
+                } catch { moved.add("\(error.kind) \(error.name)") }
+            }
+            c.world.run(for: 1_500_000_000)
+            #expect(moved.all == ["resumed", "closed"], "\(user)")
+            #expect(Self.listed(c, on: n2, channel) == [], "\(user)")
+            c.isolateFromPeers("n1", false)
+            c.world.run(for: 6_000_000_000)
+        }
+    }
+
     /// What the members tell `to` that they have handed off: (sender, fingerprint, incarnation of
     /// `to` it was decided for), as sent, from when this is called.
     static func handoffDones(to: String, in c: SimCluster) -> Outcomes<(String, UInt64, UInt64)> {

@@ -127,10 +127,13 @@ final class SimRecords: @unchecked Sendable {
     }
 
     /// When the cluster last heard of `sid` if its stream sat at `t` on a node cut off from every
-    /// other node (its clients still reaching it): the start of that cut. Nil otherwise.
-    func cutOffSince(_ sid: String, at t: UInt64) -> UInt64? {
+    /// other node (its clients still reaching it), or had until less than `afterHeal` before: the
+    /// start of that cut. Nil otherwise. (Just after the heal, the node answers NO_LEASE until a
+    /// probe is answered, and its sessions reach their homes again with the next anti-entropy
+    /// round: a client that moves then finds its session as the cluster last knew it.)
+    func cutOffSince(_ sid: String, at t: UInt64, afterHeal: UInt64 = 0) -> UInt64? {
         let att = attachments[sid] ?? []
         guard let i = att.lastIndex(where: { $0.t <= t }) else { return nil }
-        return cutOff.filter { $0.node == att[i].node && $0.from <= t && $0.to >= t }.map(\.from).min()
+        return cutOff.filter { $0.node == att[i].node && $0.from <= t && $0.to &+ afterHeal >= t }.map(\.from).min()
     }
 }
