@@ -48,6 +48,9 @@ INVARIANTS = {
 EV = {0: "UNSPECIFIED", 1: "SNAPSHOT", 2: "INTERVAL", 3: "REMOTE_JOIN", 4: "REMOTE_LEAVE", 5: "REMOTE_TIMEOUT",
       6: "REMOTE_STATE_CHANGED"}
 MARGIN = 0.5
+# After a cut from the others heals, the node's sessions reach their homes again within an
+# anti-entropy round and a probe period.
+HEAL_ROUND = 1.5
 ANSWER_BOUND = 5.0
 
 
@@ -461,11 +464,25 @@ class Checker:
         if node is None:
             return False
         for f in self.env.faults.history:
-            if node in f.client_nodes and f.t_start <= t and f.kind.startswith(("pause", "partition")):
+            if (node in f.client_nodes and f.kind.startswith(("pause", "partition")) or node in f.cut_off) and f.t_start <= t:
                 end = min(f.t_end if f.t_end is not None else INF, t_next)
                 if end - f.t_start >= self.env.timeout - MARGIN:
                     return True
         return False
+
+    def cut_off_since(self, sid, t, after_heal=HEAL_ROUND):
+        """When the cluster last heard of the session if its stream sat at time t on a node cut off
+        from every other node (its clients still reaching it), or had until less than after_heal
+        before: the start of that cut (just after the heal, the node answers NO_LEASE until a probe
+        is answered, and its sessions reach their homes with the next anti-entropy round). None
+        otherwise."""
+        node = None
+        for ta, n in self.env.attachments.get(sid, []):
+            if ta <= t:
+                node = n
+        starts = [f.t_start for f in self.env.faults.history
+                  if node in f.cut_off and f.t_start <= t <= (f.t_end if f.t_end is not None else INF) + after_heal]
+        return min(starts) if starts else None
 
     def all_stalled(self, uid, ch, a, b):
         sids = self.model.sessions_certain_during(uid, ch, a, b)
@@ -587,7 +604,10 @@ class Checker:
     def check_resumes(self, attempts, losses, timeout):
         for r in attempts:
             if r["outcome"] in ("new-session", "failed") and (r["outcome"] == "new-session" or r["code"] in ("NOT_FOUND", "PERMISSION_DENIED")):
-                window = r["t0"] - r["origin"]
+                # (a stream on a node cut off from the others: the cluster's last sign of the
+                # session is the cut's start, whenever the client noticed)
+                since = self.cut_off_since(r["sid"], r["origin"])
+                window = r["t0"] - min(r["origin"], since if since is not None else INF)
                 if window < timeout - 0.25:
                     how = "answered with a new session" if r["outcome"] == "new-session" else f"refused with {r['code']}"
                     self.add(Violation(4, f"{r['device']} s={short(r['sid'])}: resume on {r['node']} {how} "

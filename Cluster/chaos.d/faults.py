@@ -15,6 +15,9 @@ Kinds (durations scale with --presence-timeout T):
   partition-long  one node's link down for T + 2 s (netns only)
   linkcut-short   the A<->B link only (blackhole routes), T/2 (netns only)
   linkcut-long    the same for T + 2 s (netns only)
+  peerscut-short  one node cut off from every other node (blackhole routes to each) while its clients
+                  still reach it, T/2 (netns only)
+  peerscut-long   the same for T + 2 s (netns only)
   slow            one node's peer link through the proxy at 50 ms ± 20 ms per chunk and 5% ~200 ms
                   stalls, for 6 s
 
@@ -29,9 +32,9 @@ import grpc
 from clock import now
 
 DEFAULT_KINDS = ["crash0", "crash3", "crashforever", "rolling", "pause-short", "pause-long", "partition-short",
-                 "partition-long", "linkcut-short", "linkcut-long", "slow"]
+                 "partition-long", "linkcut-short", "linkcut-long", "peerscut-short", "peerscut-long", "slow"]
 ALL_KINDS = DEFAULT_KINDS + ["rollall"]
-NETNS_ONLY = {"partition-short", "partition-long", "linkcut-short", "linkcut-long"}
+NETNS_ONLY = {"partition-short", "partition-long", "linkcut-short", "linkcut-long", "peerscut-short", "peerscut-long"}
 CONVERGENCE_BOUND = 3.0      # invariant 6
 CONVERGENCE_WAIT = 10.0      # how long we keep measuring past the bound
 
@@ -44,6 +47,7 @@ class Fault:
         self.kind = kind
         self.nodes = nodes             # node ids concerned
         self.client_nodes = []         # node indices whose clients lose their connection
+        self.cut_off = []              # node indices cut off from every other node, clients still in reach
         self.t_start = t_start
         self.t_end = None
         self.convergence = None        # seconds from t_end until one membership view (None: not within the wait)
@@ -212,7 +216,8 @@ class Faults:
         can_take_one_out = len(live) - 1 >= floor
         options = []
         for k in self.kinds:
-            if k in ("crash0", "crash3", "rolling", "pause-short", "pause-long", "partition-short", "partition-long"):
+            if k in ("crash0", "crash3", "rolling", "pause-short", "pause-long", "partition-short", "partition-long",
+                     "peerscut-short", "peerscut-long"):
                 if can_take_one_out:
                     options.append(k)
             elif k == "crashforever":
@@ -311,6 +316,17 @@ class Faults:
                         self.hold(self.timeout / 2 if kind == "linkcut-short" else self.timeout + 2.0)
                     finally:
                         cluster.linkcut(node, other, False)
+                elif kind in ("peerscut-short", "peerscut-long"):
+                    fault.cut_off = [node.index]
+                    others = [n for n in cluster.nodes if n is not node]
+                    try:
+                        for other in others:
+                            cluster.linkcut(node, other, True)
+                        self.hold(self.timeout / 2 if kind == "peerscut-short" else self.timeout + 2.0)
+                    finally:
+                        for other in others:
+                            if (node.index, other.index) in cluster.cuts:
+                                cluster.linkcut(node, other, False)
                 elif kind == "slow":
                     cluster.slow(node, True)
                     try:
