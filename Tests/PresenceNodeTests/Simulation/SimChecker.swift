@@ -87,6 +87,25 @@ struct SimChecker {
         }
     }
 
+    /// Invariant 5 for statuses (as `Cluster/chaos`'s `check_watches`): the last status each live
+    /// session received for each user it watches (its Watch answer or a later status event) is
+    /// that user's visible status.
+    mutating func checkWatches() {
+        let r = clients.records
+        for u in clients.users where !u.watchUncertain {
+            guard let sid = u.sid else { continue }
+            for w in u.watching.sorted() where !r.tainted.contains(w) {
+                guard let other = clients.users.first(where: { $0.name == w }), let got = r.statusSeen[sid]?[w] else { continue }
+                let want = other.sid == nil ? UserStatus.offline : other.status
+                counts["watch views compared", default: 0] += 1
+                if got.status != want {
+                    add(5, "\(u.name) s=\(sid.prefix(6)) watches \(w): last status received \(got.status), but \(w) is \(want)",
+                        ["last received at \(Self.s(got.t)) (\(got.how))"])
+                }
+            }
+        }
+    }
+
     // MARK: invariants 3 and 5: the events every session received
 
     mutating func checkEvents() {

@@ -44,6 +44,11 @@ final class SimClients: @unchecked Sendable {
         /// carries it as its initial status, which sets it as the session opens whichever path
         /// the resume takes (API.md, `initial_status`).
         var chosenWhileDown: UserStatus?
+        /// Users the session watches, as acknowledged (a Watch answered; the home keeps the list
+        /// across resumes, and a recovered session watches them again).
+        var watching: Set<String> = []
+        /// A Watch without a definite answer: what the session watches is not known exactly.
+        var watchUncertain = false
         var waiters: [OneShot<Void>] = []
         /// What fails each call in flight on a node's connection when its keepalive gives up.
         var inFlight: [String: [() -> Void]] = [:]
@@ -66,8 +71,12 @@ final class SimClients: @unchecked Sendable {
     var timeout: UInt64 { UInt64(cluster.presenceTimeout * 1e9) }
     var world: SimWorld { cluster.world }
 
-    init(cluster: SimCluster, count: Int) {
+    /// Whether the clients Watch other users too (`SimScenario.Options.clientsWatch`).
+    let watches: Bool
+
+    init(cluster: SimCluster, count: Int, watching: Bool = false) {
         self.cluster = cluster
+        watches = watching
         door = SimClientDoor(cluster: cluster)
         users = (1...count).map { User(name: "u\($0)") }
         cluster.onUnreachable = { [unowned self] in unreachable($0) }
@@ -120,8 +129,14 @@ final class SimClients: @unchecked Sendable {
             } else if r < 85 {
                 counter += 1
                 await setState(u, joined[Int(random(UInt64(joined.count)))], key: "k\(random(3))", value: "v\(counter)")
-            } else if r < 96 {
+            } else if r < (watches ? 93 : 96) {
                 await setStatus(u, [UserStatus.online, .away, .busy][Int(random(3))])
+            } else if watches && r < 97 {
+                // (as the chaos clients: watch one more user, and now and then stop watching one)
+                let others = users.map(\.name).filter { $0 != u.name }
+                let remove = u.watching.isEmpty || random(2) == 0 ? [] : [u.watching.sorted()[Int(random(UInt64(u.watching.count)))]]
+                let add = [others[Int(random(UInt64(others.count)))]].filter { !remove.contains($0) }
+                await watch(u, add: add, remove: remove)
             } else {
                 await close(u)
                 await sleep(500_000_000 + random(1_500_000_000))
@@ -153,6 +168,11 @@ final class SimClients: @unchecked Sendable {
                     records.received.append(.init(t: world.now, sid: sid, node: node, event: p))
                     world.detail("\(u.name) s=\(sid.prefix(6)) via \(node) got \(p.type) \(p.channelName) seq \(p.sequence) \(p.publisher) "
                                  + "\(p.snapshot.count) listed\(p.snapshotContinues ? " (continues)" : "")")
+                }
+            case .status(let s)?:
+                if u.gen == gen, let sid = streamSid.value {
+                    records.sawStatus(sid, of: s.userID, s.status, at: world.now, how: "a status event via \(node)")
+                    world.detail("\(u.name) s=\(sid.prefix(6)) via \(node) got status \(s.userID) \(s.status)")
                 }
             default: break
             }
@@ -282,6 +302,11 @@ final class SimClients: @unchecked Sendable {
             for (k, v) in state.sorted(by: { $0.key < $1.key }) { await setState(u, ch, key: k, value: v) }
         }
         await setStatus(u, u.status)
+        if !u.watching.isEmpty {
+            let again = u.watching.sorted()
+            u.watching = []
+            await watch(u, add: again, remove: [])
+        }
     }
 
     /// Waits up to `ns` for `u` to be connected; its (sid, node, gen) then.
@@ -301,6 +326,7 @@ final class SimClients: @unchecked Sendable {
 
     /// One session call, retried to a definite answer (see the type's comment); its outcome.
     private func call<Req: ProtoMessage, Resp: ProtoMessage>(_ u: User, _ method: MethodDescriptor<Req, Resp>, channel: String?,
+                                                             answered: ((Resp) -> Void)? = nil,
                                                              _ build: (String) -> Req) async -> SimRecords.Outcome {
         let t0 = world.now
         let sid0 = u.sid ?? ""
@@ -321,7 +347,8 @@ final class SimClients: @unchecked Sendable {
             let result = await door.unary(node, method, build(sid), timeout: Self.attemptDeadline) { u.inFlight[node, default: []].append($0) }
             world.detail("\(u.name) \(name)\(channel.map { " " + $0 } ?? "") attempt \(records.calls[i].attempts) on \(node): \(result.map { _ in "ok" })")
             switch result {
-            case .success:
+            case .success(let response):
+                answered?(response)
                 outcome = .ok
             case .failure(let s) where s.code == .unavailable || s.code == .deadlineExceeded:
                 if u.gen != gen { continue }
@@ -387,6 +414,20 @@ final class SimClients: @unchecked Sendable {
         if o == .ok { u.status = status }
     }
 
+    private func watch(_ u: User, add: [String], remove: [String]) async {
+        let sid = u.sid
+        let o = await call(u, PresenceMethods.watch, channel: nil, answered: { [self] r in
+            guard let sid, u.sid == sid else { return }
+            for e in r.statuses { records.sawStatus(sid, of: e.userID, e.status, at: world.now, how: "the Watch answer") }
+        }) { WatchRequest(sessionID: $0, userIDs: add, unwatchUserIDs: remove) }
+        if o == .ok {
+            u.watching.subtract(remove)
+            u.watching.formUnion(add)
+        } else if o != .sessionLost {
+            u.watchUncertain = true
+        }
+    }
+
     private func close(_ u: User) async {
         guard let sid = u.sid else { return }
         records.left(sid, nil, at: world.now)
@@ -400,5 +441,7 @@ final class SimClients: @unchecked Sendable {
         u.sid = nil
         u.node = nil
         u.channels = [:]
+        u.watching = []
+        u.watchUncertain = false
     }
 }

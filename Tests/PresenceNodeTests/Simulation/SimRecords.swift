@@ -79,6 +79,13 @@ final class SimRecords: @unchecked Sendable {
     var faultWindows: [(from: UInt64, to: UInt64)] = []
     /// Users whose model is not exact (a call gave up): left out of the listing checks.
     var tainted: Set<String> = []
+    /// The last status each session received for each user (a Watch answer or a status event).
+    var statusSeen: [String: [String: (t: UInt64, status: UserStatus, how: String)]] = [:]
+
+    func sawStatus(_ sid: String, of user: String, _ status: UserStatus, at t: UInt64, how: String) {
+        if let last = statusSeen[sid]?[user], last.t > t { return }
+        statusSeen[sid, default: [:]][user] = (t, status, how)
+    }
 
     func began(_ call: Call) -> Int {
         calls.append(call)

@@ -37,6 +37,11 @@ struct SimScenario {
         var presenceTimeout = 4.0
         var replicationFactor = 2
         var kinds = FaultKind.drawnByDefault
+        /// Model clients that also Watch other users (as `Cluster/chaos`'s do), with the checker
+        /// of what each watcher last received. Not on by default until the seeds of the CI shape
+        /// hold with it (BENCHMARKS.md: a watcher left at the gateway a session moved from);
+        /// `PRESENCED_SIM_WATCH=1` turns it on.
+        var clientsWatch = false
         var keepsTrace = false
         /// A shrunk schedule (`ScheduleShrinker`): only the first `slots` fault slots run (nil:
         /// as many as `seconds` holds), and the slots in `leftOut` draw their fault but start
@@ -104,7 +109,7 @@ struct SimScenario {
         world = SimWorld(seed: options.seed, keepsTrace: options.keepsTrace)
         cluster = SimCluster(world: world, size: options.nodes, presenceTimeout: options.presenceTimeout,
                              replicationFactor: options.replicationFactor)
-        clients = SimClients(cluster: cluster, count: options.users)
+        clients = SimClients(cluster: cluster, count: options.users, watching: options.clientsWatch)
         checker = SimChecker(clients: clients)
         report = Report(options: options)
         rng = SplitMix64(seed: options.seed &* UInt64(0x9e37_79b9_7f4a_7c15))
@@ -201,6 +206,7 @@ struct SimScenario {
         let reads = finalReads()
         checker.checkFinal(reads)
         checker.checkEvents()
+        checker.checkWatches()
         checker.checkResumesAndCalls()
         checker.checkNothingLeftWaiting(cluster.network, now: world.now)
         return finish()

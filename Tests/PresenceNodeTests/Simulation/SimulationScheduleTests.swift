@@ -5,7 +5,8 @@ import Testing
 /// in a deterministic simulation"). Environment: `PRESENCED_SIM_SEEDS=FROM-TO` (default: the CI
 /// set), `PRESENCED_SIM_SECONDS` (of faults per schedule), `PRESENCED_SIM_MAX_NODES` (3 to it,
 /// drawn by the seed), `PRESENCED_SIM_TRACE=1` (print a failing seed's trace),
-/// `PRESENCED_SIM_EXTRA_KINDS=A,B` (fault kinds not drawn by default, drawn too). `Scripts/simulate`
+/// `PRESENCED_SIM_EXTRA_KINDS=A,B` (fault kinds not drawn by default, drawn too),
+/// `PRESENCED_SIM_WATCH=1` (model clients that Watch, not on by default yet). `Scripts/simulate`
 /// runs long sweeps of it and sums the `SIM` lines it prints.
 @Suite struct SimulationScheduleTests {
     static let environment = ProcessInfo.processInfo.environment
@@ -26,6 +27,7 @@ import Testing
             }
             if !o.kinds.contains(kind) { o.kinds.append(kind) }
         }
+        o.clientsWatch = environment["PRESENCED_SIM_WATCH"] == "1"
         o.slots = environment["PRESENCED_SIM_SLOTS"].flatMap(Int.init)
         o.leftOut = Set((environment["PRESENCED_SIM_LEAVE_OUT"] ?? "").split(separator: ",").compactMap { Int($0) })
         return o
