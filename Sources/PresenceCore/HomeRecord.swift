@@ -147,6 +147,13 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public private(set) var watchers: [SessionID: Watcher] = [:]
     public private(set) var departed: [SessionID: Departure] = [:]
     private var counter: UInt64 = 0
+    /// The last unwatches this home took, with the epoch of each (`unwatch(by:at:version:)`).
+    /// Kept by this node only, as a session's `lastChange`.
+    private var unwatched: [Unwatch] = []
+    private struct Unwatch: Equatable, Sendable {
+        let session: SessionID
+        let epoch: UInt64
+    }
     /// The lowest epoch a claim under this home's lineage gives a session (`startLineage`). Kept
     /// by this node only: a copy's receiver that takes the record over starts its own lineage.
     private var claimFloor: UInt64 = 0
@@ -426,6 +433,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     @_specialize(exported: true, where Sink == NodeInstance)
     public mutating func watch(by session: SessionID, sink: Sink, version: UInt64 = 0) -> StatusChange? {
         if let w = watchers[session], SessionVersion.epoch(w.version) > SessionVersion.epoch(version) { return nil }
+        if isUnwatchedLater(session, than: version) { return nil }
         let before = watchers[session]
         watchers[session] = Watcher(sink: sink, version: max(before?.version ?? 0, version))
         revised()
@@ -447,6 +455,32 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         watchers[session] = nil
         revised()
     }
+
+    /// The session's gateway says, at `version`, that the session stops watching this user. The
+    /// epoch is remembered: a gateway the session left may still list the watcher in its
+    /// anti-entropy facts (it learns of the move later), and must not put it back under the older
+    /// epoch — the watcher would sit at a gateway that no longer has the session, and be asked
+    /// about there every round. A watch of the same epoch or later (the client watching again)
+    /// is taken.
+    public mutating func unwatch(by session: SessionID, at sink: Sink, version: UInt64) {
+        let epoch = SessionVersion.epoch(version)
+        if let w = watchers[session], w.sink == sink || SessionVersion.epoch(w.version) < epoch {
+            watchers[session] = nil
+            revised()
+        }
+        unwatched.removeAll { $0.session == session }
+        unwatched.append(Unwatch(session: session, epoch: epoch))
+        if unwatched.count > Self.unwatchesRemembered { unwatched.removeFirst(unwatched.count - Self.unwatchesRemembered) }
+    }
+
+    /// Whether the session's gateway unwatched this user at a later epoch than `version`'s.
+    func isUnwatchedLater(_ session: SessionID, than version: UInt64) -> Bool {
+        unwatched.contains { $0.session == session && $0.epoch > SessionVersion.epoch(version) }
+    }
+
+    /// How many unwatches a record remembers (the oldest is forgotten first): a gateway's stale
+    /// word comes within seconds of the move, and a user has few watchers leaving at once.
+    static var unwatchesRemembered: Int { 64 }
 
     // MARK: Gateways gone
 
@@ -515,7 +549,8 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
                     r.departed[id] = nil
                 }
             }
-            for (id, w) in other.watchers where (r.watchers[id]?.version ?? 0) <= w.version && r.watchers[id] == nil {
+            for (id, w) in other.watchers where (r.watchers[id]?.version ?? 0) <= w.version && r.watchers[id] == nil
+                && !r.isUnwatchedLater(id, than: w.version) {
                 r.watchers[id] = w
             }
         }

@@ -522,6 +522,35 @@ extension SessionTableTests {
         #expect(newHome.claim(session: s1, sink: "gw4").map { SessionVersion.epoch($0.record.version) } == 3 + 1_025)
     }
 
+    /// A session that moved from gw1 to gw3 and then stopped watching this user: gw1, told of the
+    /// move only later, still lists the watcher in its anti-entropy facts under the older epoch.
+    /// That must not bring the watcher back (it sat at gw1, which no longer had the session, and
+    /// the home asked gw1 about it every round); a watch of the same epoch (the client watching
+    /// again) is taken.
+    @Test func anUnwatchIsNotUndoneByTheWordOfAGatewayTheSessionLeft() {
+        var r = HomeRecord<String>(userID: "tony")
+        let v1 = SessionVersion.make(epoch: 2_048, counter: 0), v2 = SessionVersion.make(epoch: 2_049, counter: 3)
+        r.watch(by: s1, sink: "gw1", version: v1)
+        r.watch(by: s1, sink: "gw3", version: v2)
+        r.unwatch(by: s1, at: "gw3", version: v2)
+        #expect(r.watchers[s1] == nil)
+        r.watch(by: s1, sink: "gw1", version: v1 + 5)
+        #expect(r.watchers[s1] == nil)
+        // nor does a copy that still has it, merged
+        var old = HomeRecord<String>(userID: "tony")
+        old.watch(by: s1, sink: "gw1", version: v1)
+        _ = r.merge(old)
+        #expect(r.watchers[s1] == nil)
+        // an unwatch from the session's epoch removes the watcher where it sits, even at a
+        // gateway it left; the client watching again at that epoch is taken
+        r.watch(by: s1, sink: "gw3", version: v2 + 1)
+        #expect(r.watchers[s1]?.sink == "gw3")
+        var moved = HomeRecord<String>(userID: "tony")
+        moved.watch(by: s2, sink: "gw1", version: v1)
+        moved.unwatch(by: s2, at: "gw3", version: v2)
+        #expect(moved.watchers[s2] == nil)
+    }
+
     @Test func anEndedSessionDoesNotComeBackFromAnOlderCopy() {
         var r = HomeRecord<String>(userID: "ann")
         _ = r.sessionOpened(session: s1, sink: "gw1", version: 10, initial: .unknown)

@@ -231,10 +231,10 @@ actor UserHomeShard {
             result.statuses = users.map { u in UserStatusEntry(userID: u, status: readOwned(u, { $0.visibleStatus }) ?? .unknown) }
             scheduleSweep()
         case .unwatch:
-            let (id, sink, _) = try caller(call)
+            let (id, sink, version) = try caller(call)
             for u in users {
                 try update(u, create: false) { r in
-                    r.unwatch(by: id, at: sink)
+                    r.unwatch(by: id, at: sink, version: version)
                     return (nil, ())
                 }
             }
