@@ -451,16 +451,22 @@ class Checker:
                 rec = stale.setdefault((u, ch, ev.type, ev.sequence), [set(), t, ts])
                 rec[0].add(dev.name)
 
-    def stalled(self, sid, t):
-        """True when the session's stream, at time t, sat on a node that clients could not reach
-        (paused, cut off) for at least the presence timeout without the client moving: the session
-        was then effectively disconnected, and timing it out is legitimate."""
+    def attachment(self, sid, t):
+        """The node the session's stream was attached to at time t (None: not yet), and when it
+        next moved (INF: never)."""
         att = self.env.attachments.get(sid, [])
         node, t_next = None, INF
         for i, (ta, n) in enumerate(att):
             if ta <= t:
                 node = n
                 t_next = att[i + 1][0] if i + 1 < len(att) else INF
+        return node, t_next
+
+    def stalled(self, sid, t):
+        """True when the session's stream, at time t, sat on a node that clients could not reach
+        (paused, cut off) for at least the presence timeout without the client moving: the session
+        was then effectively disconnected, and timing it out is legitimate."""
+        node, t_next = self.attachment(sid, t)
         if node is None:
             return False
         for f in self.env.faults.history:
@@ -476,10 +482,7 @@ class Checker:
         before: the start of that cut (just after the heal, the node answers NO_LEASE until a probe
         is answered, and its sessions reach their homes with the next anti-entropy round). None
         otherwise."""
-        node = None
-        for ta, n in self.env.attachments.get(sid, []):
-            if ta <= t:
-                node = n
+        node, _ = self.attachment(sid, t)
         starts = [f.t_start for f in self.env.faults.history
                   if node in f.cut_off and f.t_start <= t <= (f.t_end if f.t_end is not None else INF) + after_heal]
         return min(starts) if starts else None

@@ -474,7 +474,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     }
 
     /// Whether the session's gateway unwatched this user at a later epoch than `version`'s.
-    func isUnwatchedLater(_ session: SessionID, than version: UInt64) -> Bool {
+    private func isUnwatchedLater(_ session: SessionID, than version: UInt64) -> Bool {
         unwatched.contains { $0.session == session && $0.epoch > SessionVersion.epoch(version) }
     }
 

@@ -122,10 +122,7 @@ final class SimRecords: @unchecked Sendable {
     /// time `t`: then the session was effectively disconnected and its timeout is legitimate
     /// (RELIABILITY.md invariant 3: its gateway cut off for longer than the timeout).
     func stall(_ sid: String, at t: UInt64, atLeast: UInt64) -> Int? {
-        let att = attachments[sid] ?? []
-        guard let i = att.lastIndex(where: { $0.t <= t }) else { return nil }
-        let node = att[i].node
-        let next = i + 1 < att.count ? att[i + 1].t : .max
+        guard let (node, next) = attachment(of: sid, at: t) else { return nil }
         let windows = unreachable + cutOff
         return windows.indices.first { k in
             let w = windows[k]
@@ -139,8 +136,14 @@ final class SimRecords: @unchecked Sendable {
     /// probe is answered, and its sessions reach their homes again with the next anti-entropy
     /// round: a client that moves then finds its session as the cluster last knew it.)
     func cutOffSince(_ sid: String, at t: UInt64, afterHeal: UInt64 = 0) -> UInt64? {
+        guard let (node, _) = attachment(of: sid, at: t) else { return nil }
+        return cutOff.filter { $0.node == node && $0.from <= t && $0.to &+ afterHeal >= t }.map(\.from).min()
+    }
+
+    /// The node `sid`'s stream was attached to at `t`, and when it next moved (`.max`: never).
+    private func attachment(of sid: String, at t: UInt64) -> (node: String, next: UInt64)? {
         let att = attachments[sid] ?? []
         guard let i = att.lastIndex(where: { $0.t <= t }) else { return nil }
-        return cutOff.filter { $0.node == att[i].node && $0.from <= t && $0.to &+ afterHeal >= t }.map(\.from).min()
+        return (att[i].node, i + 1 < att.count ? att[i + 1].t : .max)
     }
 }
