@@ -862,6 +862,51 @@ void   presence__cluster__v1__user_record__free_unpacked
   assert(message->base.descriptor == &presence__cluster__v1__user_record__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   presence__cluster__v1__unwatched__init
+                     (Presence__Cluster__V1__Unwatched         *message)
+{
+  static const Presence__Cluster__V1__Unwatched init_value = PRESENCE__CLUSTER__V1__UNWATCHED__INIT;
+  *message = init_value;
+}
+size_t presence__cluster__v1__unwatched__get_packed_size
+                     (const Presence__Cluster__V1__Unwatched *message)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__unwatched__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t presence__cluster__v1__unwatched__pack
+                     (const Presence__Cluster__V1__Unwatched *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__unwatched__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t presence__cluster__v1__unwatched__pack_to_buffer
+                     (const Presence__Cluster__V1__Unwatched *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &presence__cluster__v1__unwatched__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Presence__Cluster__V1__Unwatched *
+       presence__cluster__v1__unwatched__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Presence__Cluster__V1__Unwatched *)
+     protobuf_c_message_unpack (&presence__cluster__v1__unwatched__descriptor,
+                                allocator, len, data);
+}
+void   presence__cluster__v1__unwatched__free_unpacked
+                     (Presence__Cluster__V1__Unwatched *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &presence__cluster__v1__unwatched__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   presence__cluster__v1__delivery__init
                      (Presence__Cluster__V1__Delivery         *message)
 {
@@ -3363,7 +3408,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__gone_gateway__descriptor
   (ProtobufCMessageInit) presence__cluster__v1__gone_gateway__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_descriptors[11] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_descriptors[12] =
 {
   {
     "user_id",
@@ -3497,6 +3542,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__user_record__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "unwatched",
+    12,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__UserRecord, n_unwatched),
+    offsetof(Presence__Cluster__V1__UserRecord, unwatched),
+    &presence__cluster__v1__unwatched__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__user_record__field_indices_by_name[] = {
   1,   /* field[1] = chosen */
@@ -3508,13 +3565,14 @@ static const unsigned presence__cluster__v1__user_record__field_indices_by_name[
   9,   /* field[9] = handoff */
   3,   /* field[3] = sessions */
   5,   /* field[5] = term */
+  11,   /* field[11] = unwatched */
   0,   /* field[0] = user_id */
   4,   /* field[4] = watchers */
 };
 static const ProtobufCIntRange presence__cluster__v1__user_record__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 11 }
+  { 0, 12 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor =
 {
@@ -3524,11 +3582,62 @@ const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor 
   "Presence__Cluster__V1__UserRecord",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__UserRecord),
-  11,
+  12,
   presence__cluster__v1__user_record__field_descriptors,
   presence__cluster__v1__user_record__field_indices_by_name,
   1,  presence__cluster__v1__user_record__number_ranges,
   (ProtobufCMessageInit) presence__cluster__v1__user_record__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor presence__cluster__v1__unwatched__field_descriptors[2] =
+{
+  {
+    "session_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Unwatched, session_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "epoch",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Unwatched, epoch),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned presence__cluster__v1__unwatched__field_indices_by_name[] = {
+  1,   /* field[1] = epoch */
+  0,   /* field[0] = session_id */
+};
+static const ProtobufCIntRange presence__cluster__v1__unwatched__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor presence__cluster__v1__unwatched__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "presence.cluster.v1.Unwatched",
+  "Unwatched",
+  "Presence__Cluster__V1__Unwatched",
+  "presence.cluster.v1",
+  sizeof(Presence__Cluster__V1__Unwatched),
+  2,
+  presence__cluster__v1__unwatched__field_descriptors,
+  presence__cluster__v1__unwatched__field_indices_by_name,
+  1,  presence__cluster__v1__unwatched__number_ranges,
+  (ProtobufCMessageInit) presence__cluster__v1__unwatched__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor presence__cluster__v1__delivery__field_descriptors[7] =

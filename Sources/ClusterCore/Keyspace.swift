@@ -42,7 +42,7 @@ public protocol ReplicatedValue: Sendable {
     /// A replica applies a copy from the owner, silently.
     mutating func install(_ copy: Copy)
     /// The owner merges another version of the value; the events it makes.
-    mutating func merge(_ copy: Copy, isLive: (NodeInstance) -> Bool, now: Int64) -> [Output]
+    mutating func merge(_ copy: Copy, keepsSessionsOf: (NodeInstance) -> Bool, now: Int64) -> [Output]
     /// This node became the owner (the previous one died or handed it off): events may have been
     /// lost on the way, so everyone following gets a fresh start (SNAPSHOTs).
     mutating func tookOver(now: Int64) -> [Output]
@@ -612,10 +612,13 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// A copy from another node: its owner's change (this node is a replica), a handoff from its
     /// previous owner, or another version of a key this node owns (merged). Stale copies — from an
-    /// owner superseded by a later lineage — change nothing.
+    /// owner superseded by a later lineage — change nothing. A key started here from a handoff while
+    /// `mayServe` refuses it (this node still waits for other members' handoffs) is held back, as a
+    /// takeover is: its followers' SNAPSHOTs wait for `releaseHeldBack`.
     @_specialize(exported: true, where V == ChannelMachine<NodeInstance>)
     @_specialize(exported: true, where V == HomeRecord<NodeInstance>)
-    public mutating func received(_ copy: V.Copy, from sender: String? = nil, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64) -> [Effect] {
+    public mutating func received(_ copy: V.Copy, from sender: String? = nil, gone: [NodeInstance: UInt64] = [:], now: UInt64, wall: Int64,
+                                  mayServe: (V.Key) -> Bool = { _ in true }) -> [Effect] {
         let key = V.key(of: copy)
         forgetEmptied(wall: wall)
         // the sender's word on how long a process has been gone counts (capped at a presence
@@ -628,10 +631,15 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         if let i = owned.index(forKey: key) {
             // (another node's whole version, or its handoff, brings a stale takeover up to date)
             if V.isFull(copy) || V.isHandoff(copy) { staleUntil[key] = nil }
-            // (liveness read from a copy of the ring: given `self.isLive`, the merge would reach
-            // `self` while `owned` is changed, and the value would be copied out and back)
-            let ring = self.ring
-            let events = owned[valueAt: i].merge(copy, isLive: { ring.isLive($0.id, boot: $0.boot) }, now: wall)
+            // (a timeout the other version decided counts for a gateway this node has given up on
+            // too: one gone from here for less than a presence timeout — a crash the other side,
+            // cut off from it, had timed out before — is timed out by this node's own count.
+            // Read from copies: given `self`, the merge would reach `self` while `owned` is changed,
+            // and the value would be copied out and back)
+            let ring = self.ring, goneSince = self.goneSince, timeout = presenceTimeout
+            let events = owned[valueAt: i].merge(copy, keepsSessionsOf: { sink in
+                ring.isLive(sink.id, boot: sink.boot) || goneSince[sink].map { now < $0 &+ timeout } ?? true
+            }, now: wall)
             let v = owned[valueAt: i]
             keep(key, wall: wall)
             noteOrphans(key, now: now)
@@ -657,7 +665,14 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             emptiedCopies[key] = nil
             v.install(copy)
             v.startLineage(now: wall)
-            let events = v.tookOver(now: wall)
+            // (the first of several handoffs — one from a node that was cut off holds a stale
+            // version — must not give followers SNAPSHOTs without what the others bring)
+            var events: [V.Output] = []
+            if mayStart(key, now: now, mayServe) {
+                events = v.tookOver(now: wall)
+            } else {
+                heldBack.insert(key)
+            }
             owned[key] = v
             keep(key, wall: wall)
             noteOrphans(key, now: now)
@@ -833,6 +848,14 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         heldBack = heldBack.filter { hasOwned($0) }
         staleUntil = staleUntil.filter { hasOwned($0.key) && now < $0.value }
         return events.isEmpty ? [] : [.deliver(events)]
+    }
+
+    /// A key held back that the shell is about to serve a call on (the gate lets it, and it is not
+    /// a stale takeover in its hold): its fresh start comes first, so the call's events follow
+    /// the SNAPSHOTs instead of reaching followers that do not follow this owner yet.
+    public mutating func releaseHeldBack(_ key: V.Key, wall: Int64) -> [Effect] {
+        guard heldBack.remove(key) != nil, let events = owned.modify(key, { $0.tookOver(now: wall) }), !events.isEmpty else { return [] }
+        return [.deliver(events)]
     }
 
     // MARK: Anti-entropy (owner side)

@@ -62,8 +62,8 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
 
     // (Each change is routed by the channel after it: `routing`, not `route(change())`.)
 
-    public mutating func merge(_ copy: Copy, isLive: (NodeInstance) -> Bool, now: Int64) -> [Output] {
-        routing { $0.merge(copy, isLive: isLive, now: now) }
+    public mutating func merge(_ copy: Copy, keepsSessionsOf: (NodeInstance) -> Bool, now: Int64) -> [Output] {
+        routing { $0.merge(copy, keepsSessionsOf: keepsSessionsOf, now: now) }
     }
 
     public mutating func tookOver(now: Int64) -> [Output] { routing { $0.snapshotForAll(now: now) } }
@@ -211,8 +211,8 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
     public func fullCopies(handoff: Bool) -> [HomeCopy] { [HomeCopy(record: self, handoff: handoff)] }
     public mutating func install(_ copy: HomeCopy) { install(copy.record) }
 
-    public mutating func merge(_ copy: HomeCopy, isLive: (NodeInstance) -> Bool, now: Int64) -> [StatusChange] {
-        merge(copy.record, isLive: isLive).map { [$0] } ?? []
+    public mutating func merge(_ copy: HomeCopy, keepsSessionsOf: (NodeInstance) -> Bool, now: Int64) -> [StatusChange] {
+        merge(copy.record, keepsSessionsOf: keepsSessionsOf).map { [$0] } ?? []
     }
 
     /// A new home: watchers may have missed a change on the way; they are told the current status.
@@ -242,7 +242,7 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
                 if let c = o.change { r.outputs.append(c) }
                 if let v = o.superseded { r.superseded[id] = v }
             case .watcher(let id, let version):
-                if let c = watch(by: id, sink: sink, version: version) { r.outputs.append(c) }
+                if let c = restoreWatcher(by: id, sink: sink, version: version) { r.outputs.append(c) }
             }
         }
         for (id, s) in sessions where s.sink == sink && !mentioned.contains(id) { r.suspects[id] = s.version }

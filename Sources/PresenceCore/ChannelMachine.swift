@@ -746,11 +746,12 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// one): a session is here if either version has it and the other did not see it leave later;
     /// each user's state is the one with the later version. Returns the joins, leaves and state
     /// changes that makes, as events, and SNAPSHOTs for subscribers that came with the other version.
-    /// A timeout the other side decided is not applied to a session whose gateway `isLive` here:
-    /// that gateway, not a copy, says whether its session lives.
+    /// A timeout the other side decided is not applied to a session whose gateway this node
+    /// `keepsSessionsOf` (live here, or gone for less than a presence timeout as counted here):
+    /// that gateway, or this node's own count of its absence, says whether its session lives.
     @_specialize(exported: true, where Sink == NodeInstance)
-    public mutating func merge(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool = { _ in false }, now: Int64) -> [Delivery] {
-        let (out, snapshots) = batched(now: now) { $0.mergeEach(other, isLive: isLive, now: now) }
+    public mutating func merge(_ other: ChannelCopy<Sink>, keepsSessionsOf: (Sink) -> Bool = { _ in false }, now: Int64) -> [Delivery] {
+        let (out, snapshots) = batched(now: now) { $0.mergeEach(other, keepsSessionsOf: keepsSessionsOf, now: now) }
         return snapshots + out
     }
 
@@ -769,7 +770,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         return (result, snapshots)
     }
 
-    private mutating func mergeEach(_ other: ChannelCopy<Sink>, isLive: (Sink) -> Bool, now: Int64) -> [Delivery] {
+    private mutating func mergeEach(_ other: ChannelCopy<Sink>, keepsSessionsOf: (Sink) -> Bool, now: Int64) -> [Delivery] {
         var out: [Delivery] = []
         // the merged version follows both: numbered above either, so that a copy of the other
         // (still in flight from the owner that kept it), with only that side's members, cannot
@@ -792,7 +793,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
                 }
                 // it left here after that — unless this version only timed it out and its gateway
                 // is live (this side was cut off from that gateway: found by Cluster/chaos, seed 67)
-                if let d = departed[s.id], d.version >= s.version, d.byGateway || !isLive(s.sink) { continue }
+                if let d = departed[s.id], d.version >= s.version, d.byGateway || !keepsSessionsOf(s.sink) { continue }
                 out += join(user: c.userID, session: s.id, withPresence: s.withPresence, sink: s.sink, version: s.version,
                             pendingState: [], datingState: false, now: now)
                 learnt(s.written, of: s.id, version: s.version)
@@ -809,7 +810,7 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         // sessions are placed: a user who left with one session and is back with another stays a
         // member throughout, with no LEAVE and JOIN for a presence that never ended)
         for (id, d) in other.departed {
-            if let p = place(of: id), d.version >= p.version, d.byGateway || !isLive(p.sink) {
+            if let p = place(of: id), d.version >= p.version, d.byGateway || !keepsSessionsOf(p.sink) {
                 out += leave(user: p.user, session: id, version: d.version, timedOut: !d.byGateway, byGateway: d.byGateway, now: now)
             } else if placements[id] == nil, departed[id].map({ $0.version < d.version }) ?? true {
                 departed[id] = d

@@ -147,8 +147,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public private(set) var watchers: [SessionID: Watcher] = [:]
     public private(set) var departed: [SessionID: Departure] = [:]
     private var counter: UInt64 = 0
-    /// The last unwatches this home took, with the epoch of each (`unwatch(by:at:version:)`).
-    /// Kept by this node only, as a session's `lastChange`.
+    /// The last unwatches this home took, with the epoch of each (`unwatch(by:at:version:)`),
+    /// oldest first. Copies carry them: a replica that takes the record over (a handoff merged
+    /// into a copy it kept from before) must not keep or take back a watcher one of them removed.
     private var unwatched: [Unwatch] = []
     private struct Unwatch: Equatable, Sendable {
         let session: SessionID
@@ -164,8 +165,11 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
     /// A record as a copy carries it (replication and handoff).
     public init(userID: String, term: UInt64, chosen: UserStatus, chosenVersion: UInt64, everOpened: Bool,
-                sessions: DenseDictionary<SessionID, Session>, watchers: [SessionID: Watcher], departed: [SessionID: Departure], counter: UInt64) {
+                sessions: DenseDictionary<SessionID, Session>, watchers: [SessionID: Watcher], departed: [SessionID: Departure], counter: UInt64,
+                unwatched: [(session: SessionID, epoch: UInt64)] = []) {
         self.userID = userID
+        // (a peer's list past the bound keeps its last entries, as this home would have)
+        self.unwatched = unwatched.suffix(Self.unwatchesRemembered).map { Unwatch(session: $0.session, epoch: $0.epoch) }
         self.term = term
         self.chosen = chosen
         self.chosenVersion = chosenVersion
@@ -175,6 +179,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         self.departed = departed
         self.counter = counter
     }
+
+    /// The last unwatches, oldest first, with the epoch of each (copies carry them).
+    public var unwatches: [(session: SessionID, epoch: UInt64)] { unwatched.map { ($0.session, $0.epoch) } }
 
     /// The counter versions are drawn from (copies carry it).
     public var counterValue: UInt64 { counter }
@@ -441,6 +448,17 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         return StatusChange(userID: userID, status: visibleStatus, watchers: [session: sink])
     }
 
+    /// A watcher a gateway's anti-entropy facts list and this home lacked (or placed elsewhere):
+    /// taken as `watch` takes it, and told the user's visible status — while the home lacked it,
+    /// it missed whatever changed.
+    @_specialize(exported: true, where Sink == NodeInstance)
+    public mutating func restoreWatcher(by session: SessionID, sink: Sink, version: UInt64) -> StatusChange? {
+        let had = watchers[session] != nil
+        let moved = watch(by: session, sink: sink, version: version)
+        guard moved == nil, !had, let w = watchers[session], everOpened else { return moved }
+        return StatusChange(userID: userID, status: visibleStatus, watchers: [session: w.sink])
+    }
+
     /// The user's visible status for every watcher (`at`: only those living at these sinks), for
     /// watchers that may have missed changes.
     public func currentStatus(at: ((Sink) -> Bool)? = nil) -> StatusChange? {
@@ -468,8 +486,16 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             watchers[session] = nil
             revised()
         }
-        unwatched.removeAll { $0.session == session }
-        unwatched.append(Unwatch(session: session, epoch: epoch))
+        remember(Unwatch(session: session, epoch: epoch))
+    }
+
+    /// Keeps an unwatch (the later epoch of a session's two), forgetting the oldest past the bound.
+    private mutating func remember(_ u: Unwatch) {
+        if let i = unwatched.firstIndex(where: { $0.session == u.session }) {
+            guard unwatched[i].epoch < u.epoch else { return }
+            unwatched.remove(at: i)
+        }
+        unwatched.append(u)
         if unwatched.count > Self.unwatchesRemembered { unwatched.removeFirst(unwatched.count - Self.unwatchesRemembered) }
     }
 
@@ -512,7 +538,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// Merges another version of this record (each side of a partition kept one): a session is
     /// here if either version has it and the other did not see it end later (the later version of
     /// a session wins); watchers likewise; the later status choice wins. Returns the visible change.
-    public mutating func merge(_ other: HomeRecord, isLive: (Sink) -> Bool = { _ in false }) -> StatusChange? {
+    /// A timeout the other side decided is not applied to a session whose gateway this node
+    /// `keepsSessionsOf` (live here, or gone for less than a presence timeout as counted here).
+    public mutating func merge(_ other: HomeRecord, keepsSessionsOf: (Sink) -> Bool = { _ in false }) -> StatusChange? {
         change { r in
             r.term = max(r.term, other.term)
             r.counter = max(r.counter, other.counter)
@@ -523,7 +551,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
                 r.chosenVersion = other.chosenVersion
             }
             for (id, d) in other.departed {
-                if let s = r.sessions[id], d.version >= s.version, d.byGateway || !isLive(s.sink) {
+                if let s = r.sessions[id], d.version >= s.version, d.byGateway || !keepsSessionsOf(s.sink) {
                     r.sessions[id] = nil
                     r.departed[id] = d
                 } else if r.sessions[id] == nil, r.departed[id].map({ $0.version < d.version }) ?? true {
@@ -542,15 +570,20 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
                             r.sessions[id] = mine
                         }
                     }
-                } else if !(r.departed[id].map { $0.version >= s.version && ($0.byGateway || !isLive(s.sink)) } ?? false) {
+                } else if !(r.departed[id].map { $0.version >= s.version && ($0.byGateway || !keepsSessionsOf(s.sink)) } ?? false) {
                     // (a timeout this record decided while cut off from a gateway that is live
                     // does not keep the session out: found by Cluster/chaos, netns seed 67)
                     r.sessions[id] = s
                     r.departed[id] = nil
                 }
             }
-            for (id, w) in other.watchers where (r.watchers[id]?.version ?? 0) <= w.version && r.watchers[id] == nil
-                && !r.isUnwatchedLater(id, than: w.version) {
+            // (an unwatch either side took removes the watcher the other side still has from an
+            // earlier epoch: a watch is never added back by a merge after its session dropped it)
+            for u in other.unwatched { r.remember(u) }
+            for (id, w) in r.watchers where r.isUnwatchedLater(id, than: w.version) { r.watchers[id] = nil }
+            // (the later epoch wins: a stale side lists the watcher at the gateway its session left)
+            for (id, w) in other.watchers where !r.isUnwatchedLater(id, than: w.version) {
+                if let mine = r.watchers[id], SessionVersion.epoch(mine.version) >= SessionVersion.epoch(w.version) { continue }
                 r.watchers[id] = w
             }
         }

@@ -46,12 +46,12 @@ import Testing
             }
             machine.install(copy)
         }
-        mutating func merge(_ copy: Machine.Copy, isLive: (NodeInstance) -> Bool, now: Int64) -> [Machine.Output] {
+        mutating func merge(_ copy: Machine.Copy, keepsSessionsOf: (NodeInstance) -> Bool, now: Int64) -> [Machine.Output] {
             if !isKnownUniquelyReferenced(&storage) {
                 sharedMerges += 1
                 storage = Storage()
             }
-            return machine.merge(copy, isLive: isLive, now: now)
+            return machine.merge(copy, keepsSessionsOf: keepsSessionsOf, now: now)
         }
         mutating func tookOver(now: Int64) -> [Machine.Output] { machine.tookOver(now: now) }
         mutating func timeOut(at sink: NodeInstance, now: Int64) -> [Machine.Output] { machine.timeOut(at: sink, now: now) }

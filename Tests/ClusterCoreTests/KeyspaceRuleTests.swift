@@ -235,6 +235,74 @@ import Testing
         #expect(ks.heldBack.isEmpty)
     }
 
+    /// A node back from a cut handed its stale version of a key to the new owner, which had nothing
+    /// of it and still waited for the live holder's handoff. It started the key from the stale
+    /// one and sent every follower a SNAPSHOT without the users the live holder had; their joins
+    /// came with its handoff a moment later (simulation seed 184 with model clients that Watch).
+    /// Started while the handoff gate refuses it, the key is held back; its fresh start comes
+    /// once the gate opens, or when a call the gate lets through reaches it first.
+    @Test func aKeyStartedByTheFirstOfSeveralHandoffsWaitsForTheGateBeforeItsSnapshots() {
+        let ring = HashRing(members: ["n", "o"], boots: ["n": 1, "o": 1])
+        let key = key(ownedBy: "n", on: ring)
+        var stale = Machine(key: key, maxInstantEvents: 100), live = stale
+        stale.startLineage(now: 1_000)
+        _ = stale.join(user: "u", session: s, withPresence: true, sink: a, version: v(1, 1), now: 1_000)
+        live = stale
+        _ = live.join(user: "w", session: SessionID(raw: 9), withPresence: true, sink: b, version: v(1, 1), now: 2_000)
+        var ks = space("n", ring)
+        for c in stale.fullCopies(handoff: true) {
+            #expect(snapshots(in: ks.received(c, from: "o", now: 1, wall: 3_000, mayServe: { _ in false })).isEmpty)
+        }
+        #expect(ks.owned[key] != nil && ks.heldBack == [key])
+        for c in live.fullCopies(handoff: true) { _ = ks.received(c, from: "o", now: 2, wall: 3_100, mayServe: { _ in false }) }
+        let released = snapshots(in: ks.releaseHeldBack(now: 3, wall: 3_200, mayServe: { _ in true }))
+        #expect(Set(released.map(\.sink)) == [a, b] && released.allSatisfy { $0.event.snapshot.map(\.userID) == ["u", "w"] })
+        #expect(ks.heldBack.isEmpty)
+        // a call the gate lets through before the release loop's next look releases it first
+        var early = space("n", ring)
+        for c in stale.fullCopies(handoff: true) { _ = early.received(c, from: "o", now: 1, wall: 3_000, mayServe: { _ in false }) }
+        #expect(snapshots(in: early.releaseHeldBack(key, wall: 3_100)).map(\.sink) == [a] && early.heldBack.isEmpty)
+        #expect(early.releaseHeldBack(key, wall: 3_200).isEmpty)
+        // with the gate open, the first handoff starts the key at once
+        var open = space("n", ring)
+        var started: [Keyspace<Machine>.Effect] = []
+        for c in stale.fullCopies(handoff: true) { started += open.received(c, from: "o", now: 1, wall: 3_000) }
+        #expect(snapshots(in: started).map(\.sink) == [a] && open.heldBack.isEmpty)
+    }
+
+    /// The other side of a partition, cut off from a gateway, timed its session out; the gateway
+    /// crashed just before the heal, and the version with the timeout reached the owner less
+    /// than a presence timeout after the crash. The owner applied it: the user left the channel
+    /// while its client was still within the timeout to resume (simulation seed 385 with model
+    /// clients that Watch). A timeout the other version decided counts only for a gateway this
+    /// node has given up on too; else this node's own count of the absence times the session out.
+    @Test func aTimeoutTheOtherVersionDecidedWaitsForThisNodesOwnCountOfTheGatewaysAbsence() {
+        let ring = HashRing(members: ["n", "g"], boots: ["n": 1, "g": 1]), alone = HashRing(members: ["n"], boots: ["n": 1])
+        let key = key(ownedBy: "n", on: ring)
+        var mine = Machine(key: key, maxInstantEvents: 100)
+        mine.startLineage(now: 1_000)
+        _ = mine.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        var other = mine
+        _ = other.timeOut(at: g, now: 2_000)
+        func owner() -> Keyspace<Machine> {
+            var ks = space("n", ring)
+            _ = try? ks.withOwned(key, create: true, now: 1_000) { $0 = mine }
+            _ = ks.ringChanged(to: alone, now: 10 * second, wall: 10_000)   // g gone from here at 10 s
+            return ks
+        }
+        var ks = owner()
+        for c in other.fullCopies(handoff: true) { _ = ks.received(c, from: "n", now: 11 * second, wall: 11_000) }
+        #expect(ks.owned[key]?.contains(user: "u", session: s) == true)
+        _ = ks.sweep(now: 15 * second - 1, wall: 14_999)
+        #expect(ks.owned[key]?.contains(user: "u", session: s) == true)
+        _ = ks.sweep(now: 15 * second, wall: 15_000)
+        #expect(ks.owned[key]?.contains(user: "u", session: s) == false)
+        // the sender's word that g has been gone a presence timeout already counts
+        var told = owner()
+        for c in other.fullCopies(handoff: true) { _ = told.received(c, from: "n", gone: [g: 5 * second], now: 11 * second, wall: 11_000) }
+        #expect(told.owned[key]?.contains(user: "u", session: s) == false)
+    }
+
     /// Followers at a process that comes back get a fresh start only from the keys this node keeps; a key it hands off is the new owner's
     /// to restart.
     @Test func aKeyHandedOffInTheRingChangeThatBringsItsFollowersBackSendsThemNoSnapshot() throws {
@@ -281,7 +349,7 @@ import Testing
         _ = owner.timeOut(at: g, now: 7_000)
         var routed: [RoutedDelivery<NodeInstance>] = []
         for c in other.fullCopies(handoff: true) {
-            routed += owner.merge(c, isLive: { (_: NodeInstance) in true }, now: 16_000) as [RoutedDelivery<NodeInstance>]
+            routed += owner.merge(c, keepsSessionsOf: { (_: NodeInstance) in true }, now: 16_000) as [RoutedDelivery<NodeInstance>]
         }
         #expect(owner.contains(user: "u4", session: s4))
         // u4's session gets the merged channel's SNAPSHOT at g, and its join reaches b and g

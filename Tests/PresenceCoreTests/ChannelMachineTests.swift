@@ -273,18 +273,18 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         _ = cutOff.timeOut(sessionsAt: "gw-far", now: 5)
         #expect(!cutOff.contains(user: "a"))
         // back together: gw-far was alive all along
-        let d = cutOff.merge(majority.fullCopies()[0], isLive: { $0 == "gw-far" }, now: 12)
+        let d = cutOff.merge(majority.fullCopies()[0], keepsSessionsOf: { $0 == "gw-far" }, now: 12)
         #expect(cutOff.contains(user: "a"), "a live gateway's session comes back with the merge")
         #expect(d.map(\.event.type) == [.remoteJoin])
         // while a gateway that is gone indeed keeps its session out
         var cutOff2 = base
         _ = cutOff2.timeOut(sessionsAt: "gw-far", now: 5)
-        _ = cutOff2.merge(majority.fullCopies()[0], isLive: { _ in false }, now: 12)
+        _ = cutOff2.merge(majority.fullCopies()[0], keepsSessionsOf: { _ in false }, now: 12)
         #expect(!cutOff2.contains(user: "a"))
         // and a leave the gateway itself made does too
         var left = base
         _ = left.leave(user: "a", session: s2, version: 2, now: 5)
-        _ = left.merge(majority.fullCopies()[0], isLive: { _ in true }, now: 12)
+        _ = left.merge(majority.fullCopies()[0], keepsSessionsOf: { _ in true }, now: 12)
         #expect(!left.contains(user: "a"))
     }
 

@@ -214,7 +214,7 @@ extension SessionTableTests {
         var newer = HomeRecord<String>(userID: "ann")
         _ = newer.sessionOpened(session: s1, sink: "gw", version: v(6), initial: .online)
         var copy = r
-        _ = copy.merge(newer, isLive: { _ in true })
+        _ = copy.merge(newer, keepsSessionsOf: { _ in true })
         #expect(copy.sessions[s1]?.version == v(6))
         _ = copy.sessionJoined(session: s1, channel: ch, withPresence: false, version: v(3))
         #expect(copy.channels.isEmpty, "a late join after a merge")
@@ -278,7 +278,7 @@ extension SessionTableTests {
         #expect(r.setStatus(.away, by: s1, version: v(5), write: 4) == nil)
         var newer = HomeRecord<String>(userID: "ann")
         _ = newer.sessionOpened(session: s1, sink: "gw", version: v(9), initial: .unknown)
-        _ = r.merge(newer, isLive: { _ in true })
+        _ = r.merge(newer, keepsSessionsOf: { _ in true })
         #expect(r.sessions[s1]?.version == v(9))
         #expect(r.setStatus(.away, by: s1, version: v(9), write: 4) == nil)
         #expect(r.visibleStatus == .online)
@@ -350,7 +350,7 @@ extension SessionTableTests {
         // the other side of a partition: the session claimed by gw-b (epoch 2)
         var other = HomeRecord<String>(userID: "ann")
         _ = other.sessionOpened(session: s1, sink: "gw-b", version: e2(0), initial: .unknown)
-        _ = r.merge(other, isLive: { _ in true })
+        _ = r.merge(other, keepsSessionsOf: { _ in true })
         #expect(r.sessions[s1]?.sink == "gw-b")
         #expect(r.setStatus(.busy, by: s1, version: e2(0), write: 2)?.status == .busy)
         #expect(r.sessionWatching(session: s1, watching: ["cy"], version: e2(0), write: 3) == nil)
@@ -551,6 +551,67 @@ extension SessionTableTests {
         #expect(moved.watchers[s2] == nil)
     }
 
+    /// A user's home knew of an unwatch (the session, moved to gw3, closed there), and handed the
+    /// record to a node that kept a copy from before the move, listing the watcher at gw1, the
+    /// gateway the session left. The merged record kept the watcher: the home asked gw1 about
+    /// it every round, and gw1 could not say (simulation seed 7 with model clients that Watch).
+    /// The unwatches travel with the record, and a merge removes a watcher the other side
+    /// unwatched at a later epoch.
+    @Test func aHomeThatTakesOverKeepsNoWatcherItsPreviousHomeSawUnwatch() {
+        let v1 = SessionVersion.make(epoch: 1, counter: 2), v2 = SessionVersion.make(epoch: 1_024, counter: 4)
+        var stale = HomeRecord<String>(userID: "tony")
+        stale.watch(by: s1, sink: "gw1", version: v1)
+        var home = stale
+        home.watch(by: s1, sink: "gw3", version: v2)
+        home.unwatch(by: s1, at: "gw3", version: v2)
+        let copy = HomeRecord<String>(userID: "tony", term: home.term, chosen: home.chosen, chosenVersion: home.chosenVersion,
+                                      everOpened: home.everOpened, sessions: home.sessions, watchers: home.watchers,
+                                      departed: home.departed, counter: home.counterValue, unwatched: home.unwatches)
+        #expect(copy.unwatches.map(\.session) == [s1])
+        _ = stale.merge(copy)
+        #expect(stale.watchers[s1] == nil)
+        // and the merged record remembers it: the old gateway's word does not bring it back
+        stale.watch(by: s1, sink: "gw1", version: v1)
+        #expect(stale.watchers[s1] == nil)
+        // a copy carries at most the last `unwatchesRemembered` unwatches
+        let many = (0..<200).map { (session: SessionID(raw: UInt64(1_000 + $0)), epoch: UInt64(5)) }
+        let capped = HomeRecord<String>(userID: "tony", term: 0, chosen: .online, chosenVersion: 0, everOpened: false,
+                                        sessions: [:], watchers: [:], departed: [:], counter: 0, unwatched: many)
+        #expect(capped.unwatches.count == 64 && capped.unwatches.last?.session == many.last?.session)
+    }
+
+    /// Two versions of a record list one watcher at two gateways: the later epoch's gateway wins
+    /// the merge. The home had kept the side listing gw1, which the session had left: an unwatch
+    /// from gw1 then removed the watcher, and the user's next change of status reached no one at
+    /// gw3 (simulation seed 111 with model clients that Watch).
+    @Test func aMergedWatcherLivesAtTheGatewayOfItsLaterEpoch() {
+        let v1 = SessionVersion.make(epoch: 1, counter: 2), v2 = SessionVersion.make(epoch: 1_024, counter: 1)
+        var stale = HomeRecord<String>(userID: "tony"), other = HomeRecord<String>(userID: "tony")
+        stale.watch(by: s1, sink: "gw1", version: v1)
+        other.watch(by: s1, sink: "gw3", version: v2)
+        var r = stale
+        _ = r.merge(other)
+        #expect(r.watchers[s1]?.sink == "gw3")
+        // the other way round, the later one stays
+        r = other
+        _ = r.merge(stale)
+        #expect(r.watchers[s1]?.sink == "gw3")
+    }
+
+    /// A watcher anti-entropy brings back (the home had lost it: a handoff from a stale copy) may
+    /// have missed changes of the user's status meanwhile: it is told the current one.
+    @Test func aWatcherRestoredByAntiEntropyIsToldTheCurrentStatus() {
+        var r = HomeRecord<String>(userID: "tony")
+        _ = r.sessionOpened(session: s2, sink: "gw2", version: SessionVersion.make(epoch: 1, counter: 0), initial: .away)
+        let v = SessionVersion.make(epoch: 3, counter: 1)
+        let told = r.restoreWatcher(by: s1, sink: "gw3", version: v)
+        #expect(told?.status == .away && told?.watchers == [s1: "gw3"])
+        // one it already has where the facts say is told nothing
+        #expect(r.restoreWatcher(by: s1, sink: "gw3", version: v) == nil)
+        // a client's Watch is answered with the statuses: the call tells nothing more
+        #expect(r.watch(by: s2, sink: "gw2", version: v) == nil)
+    }
+
     @Test func anEndedSessionDoesNotComeBackFromAnOlderCopy() {
         var r = HomeRecord<String>(userID: "ann")
         _ = r.sessionOpened(session: s1, sink: "gw1", version: 10, initial: .unknown)
@@ -570,9 +631,9 @@ extension SessionTableTests {
         var other = r
         _ = other.timeOut(at: "gw1", now: 5)
         #expect(other.visibleStatus == .offline)
-        #expect(r.merge(other, isLive: { $0 == "gw1" }) == nil)
+        #expect(r.merge(other, keepsSessionsOf: { $0 == "gw1" }) == nil)
         #expect(r.sessions[s1] != nil)
-        #expect(r.merge(other, isLive: { _ in false })?.status == .offline)
+        #expect(r.merge(other, keepsSessionsOf: { _ in false })?.status == .offline)
     }
 
     /// The other direction (Cluster/chaos, netns seed 67): the record that timed the session out
@@ -585,12 +646,12 @@ extension SessionTableTests {
         var cutOff = r
         _ = cutOff.timeOut(at: "gw1", now: 5)
         #expect(cutOff.sessions[s1] == nil)
-        _ = cutOff.merge(majority, isLive: { $0 == "gw1" })
+        _ = cutOff.merge(majority, keepsSessionsOf: { $0 == "gw1" })
         #expect(cutOff.sessions[s1] != nil && cutOff.visibleStatus == .online)
         // a gateway gone indeed keeps it out
         var gone = r
         _ = gone.timeOut(at: "gw1", now: 5)
-        _ = gone.merge(majority, isLive: { _ in false })
+        _ = gone.merge(majority, keepsSessionsOf: { _ in false })
         #expect(gone.sessions[s1] == nil)
     }
 

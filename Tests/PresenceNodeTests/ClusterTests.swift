@@ -636,6 +636,10 @@ import Testing
         nodes.append(try TestNode(presenceTimeout: 1.5, nodeID: "n2", seeds: [seed], replicationFactor: replicationFactor))
         try await converge(nodes)
         try await waitUntil("n2 owns some channels") { await nodes[2].node.engine.channelCounts().owned > 0 }
+        // ann follows every channel: each one handed to n2 sends her n2's SNAPSHOT once its
+        // handoff has landed, before any call reaches it
+        let moved = await nodes[2].node.engine.channelCounts().owned
+        try await inbox.waitFor(.snapshot, count: Self.channels.count + moved)
         try await expectEveryNodeLists(nodes, ["ann": [:], "bob": ["x": "1"]])
         // events keep flowing through the new owner
         for ch in Self.channels { try await bob.setState(ch, ["x": "2"]) }

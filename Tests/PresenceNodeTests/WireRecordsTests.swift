@@ -22,4 +22,19 @@ import Testing
         #expect(arrived.setStatus(.away, by: session, version: v, write: 1) == nil)
         #expect(arrived.visibleStatus == .busy)
     }
+
+    /// A home copy carries the record's last unwatches (`HomeRecord.unwatches`): the node that
+    /// takes it over does not take back a watcher from the word of a gateway the session left.
+    @Test func aHomeCopyCarriesTheLastUnwatches() throws {
+        let watcher = SessionID(raw: 43)
+        let v = SessionVersion.make(epoch: 1_024, counter: 3)
+        var home = HomeRecord<NodeInstance>(userID: "ann")
+        home.watch(by: watcher, sink: NodeInstance("n3", boot: 2), version: v)
+        home.unwatch(by: watcher, at: NodeInstance("n3", boot: 2), version: v)
+        let bytes = ClusterUserRecord(HomeCopy(record: home, handoff: true)).serializedBytes()
+        var arrived = try #require(try ClusterUserRecord(serializedBytes: bytes).copy).record
+        #expect(arrived.unwatches.map(\.session) == [watcher] && arrived.unwatches.map(\.epoch) == [1_024])
+        arrived.watch(by: watcher, sink: NodeInstance("n1", boot: 1), version: SessionVersion.make(epoch: 1, counter: 9))
+        #expect(arrived.watchers[watcher] == nil)
+    }
 }

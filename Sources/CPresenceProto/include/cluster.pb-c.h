@@ -35,6 +35,7 @@ typedef struct Presence__Cluster__V1__Departure Presence__Cluster__V1__Departure
 typedef struct Presence__Cluster__V1__ChannelRecord Presence__Cluster__V1__ChannelRecord;
 typedef struct Presence__Cluster__V1__GoneGateway Presence__Cluster__V1__GoneGateway;
 typedef struct Presence__Cluster__V1__UserRecord Presence__Cluster__V1__UserRecord;
+typedef struct Presence__Cluster__V1__Unwatched Presence__Cluster__V1__Unwatched;
 typedef struct Presence__Cluster__V1__Delivery Presence__Cluster__V1__Delivery;
 typedef struct Presence__Cluster__V1__SessionMoved Presence__Cluster__V1__SessionMoved;
 typedef struct Presence__Cluster__V1__PushBatch Presence__Cluster__V1__PushBatch;
@@ -592,10 +593,30 @@ struct  Presence__Cluster__V1__UserRecord
   protobuf_c_boolean handoff;
   size_t n_gone;
   Presence__Cluster__V1__GoneGateway **gone;
+  /*
+   * The home's last unwatches (at most 64), so a copy that takes over does not put back a watcher
+   * that a gateway the session left still lists.
+   */
+  size_t n_unwatched;
+  Presence__Cluster__V1__Unwatched **unwatched;
 };
 #define PRESENCE__CLUSTER__V1__USER_RECORD__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__user_record__descriptor) \
-    , (char *)protobuf_c_empty_string, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, 0, 0,NULL, 0,NULL, 0, 0, 0,NULL, 0, 0, 0,NULL }
+    , (char *)protobuf_c_empty_string, PRESENCE__V1__USER_STATUS__USER_STATUS_UNKNOWN, 0, 0,NULL, 0,NULL, 0, 0, 0,NULL, 0, 0, 0,NULL, 0,NULL }
+
+
+/*
+ * A session stopped watching the user at this epoch (of its version).
+ */
+struct  Presence__Cluster__V1__Unwatched
+{
+  ProtobufCMessage base;
+  char *session_id;
+  uint64_t epoch;
+};
+#define PRESENCE__CLUSTER__V1__UNWATCHED__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__unwatched__descriptor) \
+    , (char *)protobuf_c_empty_string, 0 }
 
 
 /*
@@ -1274,6 +1295,25 @@ Presence__Cluster__V1__UserRecord *
 void   presence__cluster__v1__user_record__free_unpacked
                      (Presence__Cluster__V1__UserRecord *message,
                       ProtobufCAllocator *allocator);
+/* Presence__Cluster__V1__Unwatched methods */
+void   presence__cluster__v1__unwatched__init
+                     (Presence__Cluster__V1__Unwatched         *message);
+size_t presence__cluster__v1__unwatched__get_packed_size
+                     (const Presence__Cluster__V1__Unwatched   *message);
+size_t presence__cluster__v1__unwatched__pack
+                     (const Presence__Cluster__V1__Unwatched   *message,
+                      uint8_t             *out);
+size_t presence__cluster__v1__unwatched__pack_to_buffer
+                     (const Presence__Cluster__V1__Unwatched   *message,
+                      ProtobufCBuffer     *buffer);
+Presence__Cluster__V1__Unwatched *
+       presence__cluster__v1__unwatched__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   presence__cluster__v1__unwatched__free_unpacked
+                     (Presence__Cluster__V1__Unwatched *message,
+                      ProtobufCAllocator *allocator);
 /* Presence__Cluster__V1__Delivery methods */
 void   presence__cluster__v1__delivery__init
                      (Presence__Cluster__V1__Delivery         *message);
@@ -1599,6 +1639,9 @@ typedef void (*Presence__Cluster__V1__GoneGateway_Closure)
 typedef void (*Presence__Cluster__V1__UserRecord_Closure)
                  (const Presence__Cluster__V1__UserRecord *message,
                   void *closure_data);
+typedef void (*Presence__Cluster__V1__Unwatched_Closure)
+                 (const Presence__Cluster__V1__Unwatched *message,
+                  void *closure_data);
 typedef void (*Presence__Cluster__V1__Delivery_Closure)
                  (const Presence__Cluster__V1__Delivery *message,
                   void *closure_data);
@@ -1774,6 +1817,7 @@ extern const ProtobufCMessageDescriptor presence__cluster__v1__departure__descri
 extern const ProtobufCMessageDescriptor presence__cluster__v1__channel_record__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__gone_gateway__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor;
+extern const ProtobufCMessageDescriptor presence__cluster__v1__unwatched__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__delivery__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__session_moved__descriptor;
 extern const ProtobufCMessageDescriptor presence__cluster__v1__push_batch__descriptor;

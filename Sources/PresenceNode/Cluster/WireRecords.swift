@@ -90,7 +90,8 @@ extension ClusterUserRecord {
                   departed: r.departed.sorted { $0.key < $1.key }.map { id, d in
                       ClusterDeparture(sessionID: id.description, version: d.version, byGateway: d.byGateway, atMs: d.at)
                   },
-                  counter: r.counterValue, handoff: c.handoff)
+                  counter: r.counterValue, handoff: c.handoff,
+                  unwatched: r.unwatches.map { ClusterUnwatched(sessionID: $0.session.description, epoch: $0.epoch) })
     }
 
     /// The copy this record carries; nil when its user id is invalid.
@@ -107,7 +108,8 @@ extension ClusterUserRecord {
             if let id = SessionID(text: d.sessionID) { departed[id] = .init(version: d.version, byGateway: d.byGateway, at: d.atMs) }
         }
         let record = HomeRecord<NodeInstance>(userID: user, term: term, chosen: chosen, chosenVersion: chosenVersion, everOpened: everOpened,
-                                              sessions: sessions, watchers: watchers, departed: departed, counter: counter)
+                                              sessions: sessions, watchers: watchers, departed: departed, counter: counter,
+                                              unwatched: unwatched.compactMap { u in SessionID(text: u.sessionID).map { ($0, u.epoch) } })
         return HomeCopy(record: record, handoff: handoff)
     }
 }

@@ -253,6 +253,7 @@ actor ChannelShard {
         if let why = fabric.topology.notServing(keyHash: StableHash.of(key)) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
         let at = self.now
         if query({ $0.isStale(key, now: at) }) { throw PresenceError.staleTakeover }
+        if query({ $0.heldBack.contains(key) }) { carryOut(space.releaseHeldBack(key, wall: now)) }
         switch call.op {
         case .join:
             let c = try caller(call)
@@ -391,7 +392,7 @@ actor ChannelShard {
         cause = copy.handoff ? "copy from another node (handoff)" : "copy from another node (replica)"
         defer { cause = "call" }
         let heldBefore = fabric.trace == nil ? nil : (space.copies[copy.key]?.sequence, space.owned[copy.key]?.sequence)
-        carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+        carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall, mayServe: mayServe))
         traceOwnership(copy.handoff ? "handoff" : "copy", before: before)
         if let trace = fabric.trace, let heldBefore {
             trace("copy", ["channel": "\(copy.key)", "from": sender ?? "-", "full": copy.full ? "yes" : "no", "handoff": copy.handoff ? "yes" : "no",

@@ -13,6 +13,9 @@ struct PeerInbound: Sendable {
     let sessions: SessionLifecycle
     /// Told when a member back from death asks for handoffs.
     let handoffRequested: @Sendable (NodeInstance, UInt64, UInt64) -> Void
+    /// Told when a batch brought handoffs (or said one is done): a key a handoff started waits
+    /// for the handoff gate before its followers get their SNAPSHOTs.
+    let handoffsLanded: @Sendable () -> Void
 
     private var topology: Topology { core.topology }
 
@@ -127,6 +130,7 @@ struct PeerInbound: Sendable {
                                             "pending": topology.handoffPending])
         }
         if batch.handoffRequest != 0 { handoffRequested(from, batch.handoffRequest, batch.fromIncarnation) }
+        if batch.handoffDone || batch.channels.contains(where: \.handoff) || batch.users.contains(where: \.handoff) { handoffsLanded() }
     }
 
     // MARK: Anti-entropy (this node as owner and home)

@@ -127,9 +127,11 @@ public final class PresenceEngine: Sendable {
         router = Router(core: core)
         sessions = SessionLifecycle(core: core, router: router)
         let handoffs = Mutex<RingCoordinator?>(nil)
-        inbound = PeerInbound(core: core, router: router, sessions: sessions) { node, fingerprint, incarnation in
+        inbound = PeerInbound(core: core, router: router, sessions: sessions, handoffRequested: { node, fingerprint, incarnation in
             handoffs.withLock { $0 }?.handoffRequested(by: node, fingerprint: fingerprint, incarnation: incarnation)
-        }
+        }, handoffsLanded: {
+            handoffs.withLock { $0 }?.releaseHeldBackSoon()
+        })
         antiEntropy = AntiEntropy(core: core, inbound: inbound)
         ring = RingCoordinator(core: core, antiEntropy: antiEntropy)
         handoffs.withLock { [ring] in $0 = ring }

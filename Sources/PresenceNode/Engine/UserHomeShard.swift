@@ -139,6 +139,7 @@ actor UserHomeShard {
         // (nor may a ring change since have started a handoff one of them waits for)
         if let why = fabric.topology.notServing(users: users) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
         if users.contains(where: { u in query { $0.isStale(u, now: now) } }) { throw PresenceError.staleTakeover }
+        for u in users where query({ $0.heldBack.contains(u) }) { carryOut(space.releaseHeldBack(u, wall: wall)) }
         switch call.op {
         case .sessionOpened:
             let (id, sink, version) = try caller(call)
@@ -284,7 +285,7 @@ actor UserHomeShard {
         if copy.handoff, let trace = fabric.trace {
             let before = space[owned: copy.record.userID] != nil
             carryOut(tracingRemovals("handoff from \(sender ?? "-")", users: [copy.record.userID]) {
-                space.received(copy, from: sender, gone: gone, now: now, wall: wall)
+                space.received(copy, from: sender, gone: gone, now: now, wall: wall, mayServe: mayServe)
             })
             trace("home handoff received", ["user": copy.record.userID, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
                                             "owned": before ? "merged" : (space[owned: copy.record.userID] != nil ? "took over" : "not owner"),
@@ -295,13 +296,13 @@ actor UserHomeShard {
             let user = copy.record.userID
             let before = (space.copies[user]?.sessions.count, space[owned: user]?.sessions.count)
             carryOut(tracingRemovals("copy from \(sender ?? "-")", users: [user]) {
-                space.received(copy, from: sender, gone: gone, now: now, wall: wall)
+                space.received(copy, from: sender, gone: gone, now: now, wall: wall, mayServe: mayServe)
             })
             trace("home copy", ["user": user, "from": sender ?? "-", "sessions": String(copy.record.sessions.count),
                                 "copy_before": before.0.map(String.init) ?? "-", "copy_after": space.copies[user].map { String($0.sessions.count) } ?? "-",
                                 "owned": before.1 != nil ? "yes" : "no"])
         } else {
-            carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall))
+            carryOut(space.received(copy, from: sender, gone: gone, now: now, wall: wall, mayServe: mayServe))
         }
         scheduleSweep()
     }

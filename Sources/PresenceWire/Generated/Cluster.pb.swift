@@ -1201,10 +1201,11 @@ public struct ClusterUserRecord: ProtoMessage, Sendable, Hashable {
     public var counter: UInt64 = 0
     public var handoff: Bool = false
     public var gone: [ClusterGoneGateway] = []
+    public var unwatched: [ClusterUnwatched] = []
 
     public init() {}
 
-    public init(userID: String = "", chosen: UserStatus = UserStatus(rawValue: 0), everOpened: Bool = false, sessions: [ClusterHomeSession] = [], watchers: [ClusterSessionRef] = [], term: UInt64 = 0, chosenVersion: UInt64 = 0, departed: [ClusterDeparture] = [], counter: UInt64 = 0, handoff: Bool = false, gone: [ClusterGoneGateway] = []) {
+    public init(userID: String = "", chosen: UserStatus = UserStatus(rawValue: 0), everOpened: Bool = false, sessions: [ClusterHomeSession] = [], watchers: [ClusterSessionRef] = [], term: UInt64 = 0, chosenVersion: UInt64 = 0, departed: [ClusterDeparture] = [], counter: UInt64 = 0, handoff: Bool = false, gone: [ClusterGoneGateway] = [], unwatched: [ClusterUnwatched] = []) {
         self.userID = userID
         self.chosen = chosen
         self.everOpened = everOpened
@@ -1216,6 +1217,7 @@ public struct ClusterUserRecord: ProtoMessage, Sendable, Hashable {
         self.counter = counter
         self.handoff = handoff
         self.gone = gone
+        self.unwatched = unwatched
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1248,6 +1250,7 @@ extension ClusterUserRecord: CMessageBridge {
         self.counter = c.pointee.counter
         self.handoff = c.pointee.handoff != 0
         self.gone = try WireCodec.readArray(c.pointee.gone, c.pointee.n_gone) { try ClusterGoneGateway(cStruct: $0!) }
+        self.unwatched = try WireCodec.readArray(c.pointee.unwatched, c.pointee.n_unwatched) { try ClusterUnwatched(cStruct: $0!) }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -1263,6 +1266,49 @@ extension ClusterUserRecord: CMessageBridge {
         c.pointee.counter = self.counter
         c.pointee.handoff = self.handoff ? 1 : 0
         (c.pointee.n_gone, c.pointee.gone) = arena.messageArray(self.gone)
+        (c.pointee.n_unwatched, c.pointee.unwatched) = arena.messageArray(self.unwatched)
+    }
+}
+
+/// `presence.cluster.v1.Unwatched` (proto message).
+public struct ClusterUnwatched: ProtoMessage, Sendable, Hashable {
+    public var sessionID: String = ""
+    public var epoch: UInt64 = 0
+
+    public init() {}
+
+    public init(sessionID: String = "", epoch: UInt64 = 0) {
+        self.sessionID = sessionID
+        self.epoch = epoch
+    }
+
+    /// Decodes protobuf bytes; throws `WireError` on malformed input.
+    public init(serializedBytes bytes: UnsafeRawBufferPointer) throws {
+        self = try WireCodec.decode(ClusterUnwatched.self, from: bytes)
+    }
+
+    /// Encodes to protobuf bytes, after `prefix` bytes of zeros left for a frame header.
+    public func serializedBytes(prefix: Int) -> [UInt8] {
+        WireCodec.encode(self, prefix: prefix)
+    }
+}
+
+extension ClusterUnwatched: CMessageBridge {
+    typealias CStruct = Presence__Cluster__V1__Unwatched
+    static func cUnpack(_ allocator: UnsafeMutablePointer<ProtobufCAllocator>, _ count: Int, _ data: UnsafePointer<UInt8>) -> UnsafeMutablePointer<CStruct>? { presence__cluster__v1__unwatched__unpack(allocator, count, data) }
+    static func cPackedSize(_ message: UnsafePointer<CStruct>) -> Int { presence__cluster__v1__unwatched__get_packed_size(message) }
+    static func cPack(_ message: UnsafePointer<CStruct>, _ out: UnsafeMutablePointer<UInt8>) -> Int { presence__cluster__v1__unwatched__pack(message, out) }
+
+    init(cStruct c: UnsafePointer<CStruct>) throws {
+        self.init()
+        self.sessionID = try WireCodec.readString(c.pointee.session_id)
+        self.epoch = c.pointee.epoch
+    }
+
+    func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
+        presence__cluster__v1__unwatched__init(c)
+        if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
+        c.pointee.epoch = self.epoch
     }
 }
 

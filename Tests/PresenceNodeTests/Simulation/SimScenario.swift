@@ -38,10 +38,9 @@ struct SimScenario {
         var replicationFactor = 2
         var kinds = FaultKind.drawnByDefault
         /// Model clients that also Watch other users (as `Cluster/chaos`'s do), with the checker
-        /// of what each watcher last received. Not on by default until the seeds of the CI shape
-        /// hold with it (BENCHMARKS.md: a watcher left at the gateway a session moved from);
-        /// `PRESENCED_SIM_WATCH=1` turns it on.
-        var clientsWatch = false
+        /// of what each watcher last received. Off only for the regression seeds found before
+        /// it was drawn (their histories are the ones their fixes were made for).
+        var clientsWatch = true
         var keepsTrace = false
         /// A shrunk schedule (`ScheduleShrinker`): only the first `slots` fault slots run (nil:
         /// as many as `seconds` holds), and the slots in `leftOut` draw their fault but start
