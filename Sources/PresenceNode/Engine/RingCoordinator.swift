@@ -15,9 +15,8 @@ final class RingCoordinator: Sendable {
     private let lossy = Mutex(LossyFollowers())
     /// Replicas whose copies were lost while the link could not reach them (`lostPushes`).
     private let copiesDue = Mutex<Set<String>>([])
-    /// Whether a loop releasing held-back fresh starts runs, and whether it was asked again since
-    /// its last look (`releaseHeldBackSoon`).
-    private let releasing = Mutex((running: false, asked: false))
+    /// The loop releasing held-back fresh starts (`releaseHeldBackSoon`).
+    private let releasing = Mutex(ReleaseLoop())
     /// Whether a loop asking for missing handoffs runs (`askForHandoffsWhileWaiting`).
     private let asking = Atomic<Bool>(false)
 
@@ -196,34 +195,23 @@ final class RingCoordinator: Sendable {
     /// Keys whose fresh start (SNAPSHOTs, current statuses) waits for their handoff get it once
     /// the handoff gate lets this node serve them: checked every `heldBackRetry` while any wait
     /// (the gate opens at the latest after its limit). One such loop at a time.
-    /// (A call while the loop runs makes it look once more before it ends: a key held back just
-    /// after its last look would otherwise wait for the next ring change.)
+    /// (A call while the loop runs makes it look once more before it ends: `ReleaseLoop`.)
     func releaseHeldBackSoon() {
-        let start = releasing.withLock { r -> Bool in
-            r.asked = true
-            defer { r.running = true }
-            return !r.running
-        }
-        guard start else { return }
+        guard releasing.withLock({ $0.ask() }) else { return }
         let retry = core.timings.heldBackRetry
         core.background.run { [self] in
             while !Task.isCancelled {
-                releasing.withLock { $0.asked = false }
+                releasing.withLock { $0.looking() }
                 var waiting = false
                 for s in core.channelShards where await s.releaseHeldBack() { waiting = true }
                 for s in core.userHomes where await s.releaseHeldBack() { waiting = true }
-                if !waiting {
-                    let done = releasing.withLock { r -> Bool in
-                        if r.asked { return false }
-                        r.running = false
-                        return true
-                    }
-                    if done { return }
-                    continue
+                switch releasing.withLock({ $0.looked(waiting: waiting) }) {
+                case .stop: return
+                case .lookAgain: continue
+                case .sleep: await core.clock.sleep(nanoseconds: retry)
                 }
-                await core.clock.sleep(nanoseconds: retry)
             }
-            releasing.withLock { $0.running = false }
+            releasing.withLock { $0.cancelled() }
         }
     }
 
