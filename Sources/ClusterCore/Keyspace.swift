@@ -544,16 +544,23 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         var value = copy
         value.startLineage(now: wall)
         if stale && staleHold > 0 { staleUntil[key] = now &+ staleHold }
-        if mayStart(key, now: now, mayServe) {
-            let events = value.tookOver(now: wall)
-            if !events.isEmpty { out.append(.deliver(events)) }
-        } else {
-            heldBack.insert(key)
-        }
+        out += freshStart(key, &value, mayServe: mayServe, now: now, wall: wall)
         owned[key] = value
         keep(key, wall: wall)
         for r in replicas { out += sendAll(value, to: r, handoff: false, now: now) }
         return out
+    }
+
+    /// A key this node starts owning: its followers' fresh start (SNAPSHOTs, current statuses)
+    /// now, or, while `mayServe` refuses it or it is a stale takeover in its hold, held back for
+    /// `releaseHeldBack`.
+    private mutating func freshStart(_ key: V.Key, _ value: inout V, mayServe: (V.Key) -> Bool, now: UInt64, wall: Int64) -> [Effect] {
+        guard mayStart(key, now: now, mayServe) else {
+            heldBack.insert(key)
+            return []
+        }
+        let events = value.tookOver(now: wall)
+        return events.isEmpty ? [] : [.deliver(events)]
     }
 
     /// Retired copies whose key this node replicates or owns again on the current ring: restored
@@ -667,16 +674,10 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
             v.startLineage(now: wall)
             // (the first of several handoffs — one from a node that was cut off holds a stale
             // version — must not give followers SNAPSHOTs without what the others bring)
-            var events: [V.Output] = []
-            if mayStart(key, now: now, mayServe) {
-                events = v.tookOver(now: wall)
-            } else {
-                heldBack.insert(key)
-            }
+            var out = freshStart(key, &v, mayServe: mayServe, now: now, wall: wall)
             owned[key] = v
             keep(key, wall: wall)
             noteOrphans(key, now: now)
-            var out: [Effect] = events.isEmpty ? [] : [.deliver(events)]
             for r in replicas(of: key) { out += sendAll(v, to: r, handoff: false, now: now) }
             return out
         }
@@ -840,11 +841,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// what this node holds after the merge.
     public mutating func releaseHeldBack(now: UInt64, wall: Int64, mayServe: (V.Key) -> Bool) -> [Effect] {
         var events: [V.Output] = []
-        for key in heldBack.sorted() where mayStart(key, now: now, mayServe) {
-            heldBack.remove(key)
-            staleUntil[key] = nil
-            events += owned.modify(key) { $0.tookOver(now: wall) } ?? []
-        }
+        for key in heldBack.sorted() where mayStart(key, now: now, mayServe) { events += release(key, wall: wall) }
         heldBack = heldBack.filter { hasOwned($0) }
         staleUntil = staleUntil.filter { hasOwned($0.key) && now < $0.value }
         return events.isEmpty ? [] : [.deliver(events)]
@@ -853,9 +850,18 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// A key held back that the shell is about to serve a call on (the gate lets it, and it is not
     /// a stale takeover in its hold): its fresh start comes first, so the call's events follow
     /// the SNAPSHOTs instead of reaching followers that do not follow this owner yet.
+    /// (On every call: a set with nothing held back is not hashed into.)
     public mutating func releaseHeldBack(_ key: V.Key, wall: Int64) -> [Effect] {
-        guard heldBack.remove(key) != nil, let events = owned.modify(key, { $0.tookOver(now: wall) }), !events.isEmpty else { return [] }
-        return [.deliver(events)]
+        guard !heldBack.isEmpty, heldBack.contains(key) else { return [] }
+        let events = release(key, wall: wall)
+        return events.isEmpty ? [] : [.deliver(events)]
+    }
+
+    /// A held-back key's fresh start.
+    private mutating func release(_ key: V.Key, wall: Int64) -> [V.Output] {
+        heldBack.remove(key)
+        staleUntil[key] = nil
+        return owned.modify(key) { $0.tookOver(now: wall) } ?? []
     }
 
     // MARK: Anti-entropy (owner side)

@@ -253,7 +253,7 @@ actor ChannelShard {
         if let why = fabric.topology.notServing(keyHash: StableHash.of(key)) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
         let at = self.now
         if query({ $0.isStale(key, now: at) }) { throw PresenceError.staleTakeover }
-        if query({ $0.heldBack.contains(key) }) { carryOut(space.releaseHeldBack(key, wall: now)) }
+        carryOut(space.releaseHeldBack(key, wall: now))
         switch call.op {
         case .join:
             let c = try caller(call)

@@ -104,11 +104,14 @@ struct PeerInbound: Sendable {
     func push(_ batch: ClusterPushBatch) async {
         guard batch.toBoot == 0 || batch.toBoot == core.me.boot, Validate.isIdentifier(batch.fromNodeID) else { return }
         let from = NodeInstance(batch.fromNodeID, boot: batch.fromBoot)
+        var handedOff = batch.handoffDone
         for r in batch.channels {
+            handedOff = handedOff || r.handoff
             guard let copy = r.copy else { continue }
             await core.channelShard(copy.key).received(copy, from: from.id, gone: ClusterGoneGateway.ages(r.gone))
         }
         for r in batch.users {
+            handedOff = handedOff || r.handoff
             guard let copy = r.copy else { continue }
             await core.userHomes[core.homeShardIndex(copy.record.userID)].received(copy, from: from.id, gone: ClusterGoneGateway.ages(r.gone))
         }
@@ -130,7 +133,7 @@ struct PeerInbound: Sendable {
                                             "pending": topology.handoffPending])
         }
         if batch.handoffRequest != 0 { handoffRequested(from, batch.handoffRequest, batch.fromIncarnation) }
-        if batch.handoffDone || batch.channels.contains(where: \.handoff) || batch.users.contains(where: \.handoff) { handoffsLanded() }
+        if handedOff { handoffsLanded() }
     }
 
     // MARK: Anti-entropy (this node as owner and home)

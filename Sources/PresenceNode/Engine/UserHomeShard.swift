@@ -139,7 +139,7 @@ actor UserHomeShard {
         // (nor may a ring change since have started a handoff one of them waits for)
         if let why = fabric.topology.notServing(users: users) { throw PresenceError(.unavailable, "NOT_SERVING", why) }
         if users.contains(where: { u in query { $0.isStale(u, now: now) } }) { throw PresenceError.staleTakeover }
-        for u in users where query({ $0.heldBack.contains(u) }) { carryOut(space.releaseHeldBack(u, wall: wall)) }
+        for u in users { carryOut(space.releaseHeldBack(u, wall: wall)) }
         switch call.op {
         case .sessionOpened:
             let (id, sink, version) = try caller(call)
