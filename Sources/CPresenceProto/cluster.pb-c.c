@@ -2671,7 +2671,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_channel__descrip
   (ProtobufCMessageInit) presence__cluster__v1__session_channel__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[7] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field_descriptors[8] =
 {
   {
     "session_id",
@@ -2757,6 +2757,18 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__home_session__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "watching_stamp",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__HomeSession, watching_stamp),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__home_session__field_indices_by_name[] = {
   2,   /* field[2] = channels */
@@ -2766,12 +2778,13 @@ static const unsigned presence__cluster__v1__home_session__field_indices_by_name
   6,   /* field[6] = status_stamp */
   5,   /* field[5] = version */
   3,   /* field[3] = watching */
+  7,   /* field[7] = watching_stamp */
 };
 static const ProtobufCIntRange presence__cluster__v1__home_session__number_ranges[2 + 1] =
 {
   { 1, 0 },
   { 6, 4 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor =
 {
@@ -2781,7 +2794,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_session__descriptor
   "Presence__Cluster__V1__HomeSession",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__HomeSession),
-  7,
+  8,
   presence__cluster__v1__home_session__field_descriptors,
   presence__cluster__v1__home_session__field_indices_by_name,
   2,  presence__cluster__v1__home_session__number_ranges,

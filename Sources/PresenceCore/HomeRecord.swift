@@ -30,8 +30,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         /// copies and handoffs: a SetStatus delivered late to a node that is home again (it read
         /// the call after a freeze, while another home took the client's next one) must find it,
         /// or it puts the earlier status back under a new version that wins every merge. The
-        /// watching stamp is kept by this home only, as `lastChange` (the gateway's record, which
-        /// anti-entropy announces, repairs what a late call changes there).
+        /// watching stamp travels too: a Watch does not move the session's version, so of two
+        /// copies of one version (each side of a partition kept one) the later list is told by
+        /// its stamp alone.
         public var statusStamp: UInt64 = 0
         public var watchingStamp: UInt64 = 0
 
@@ -47,12 +48,22 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         }
 
         /// This session with what `known` (the home's own record of it) remembers of the calls it
-        /// took: a gateway's record does not carry it, a copy only its status stamp.
+        /// took: a gateway's record does not carry it, a copy only its call stamps.
         func keepingWhatIsRemembered(of known: Session) -> Session {
             var s = self
             s.lastChange = known.lastChange
             s.statusStamp = CallStamp.later(s.statusStamp, known.statusStamp)
-            s.watchingStamp = known.watchingStamp
+            s.watchingStamp = CallStamp.later(s.watchingStamp, known.watchingStamp)
+            return s
+        }
+
+        /// This session with the list of watched users of `other` (a copy of the same version)
+        /// when that list is the later one by its stamp.
+        func takingTheLaterWatchingList(of other: Session) -> Session {
+            guard other.watchingStamp != 0, CallStamp.later(watchingStamp, other.watchingStamp) != watchingStamp else { return self }
+            var s = self
+            s.watching = other.watching
+            s.watchingStamp = other.watchingStamp
             return s
         }
 
@@ -569,6 +580,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
                             mine.statusStamp = stamp
                             r.sessions[id] = mine
                         }
+                        // (a Watch taken by the other side while this one was cut off: the
+                        // version is the same, the list is not)
+                        if s.version == mine.version { r.sessions[id] = mine.takingTheLaterWatchingList(of: s) }
                     }
                 } else if !(r.departed[id].map { $0.version >= s.version && ($0.byGateway || !keepsSessionsOf(s.sink)) } ?? false) {
                     // (a timeout this record decided while cut off from a gateway that is live

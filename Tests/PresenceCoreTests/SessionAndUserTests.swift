@@ -598,6 +598,30 @@ extension SessionTableTests {
         #expect(r.watchers[s1]?.sink == "gw3")
     }
 
+    /// A Watch does not move the session's version: of two copies of one version (the home cut
+    /// off kept one, the replica that served meanwhile took the Watch), the merge keeps the list
+    /// with the later call stamp, whichever side merges. Keeping its own, a home back from a
+    /// partition lost an acknowledged Watch, and the session's next resume took the list without
+    /// it (simulation seeds 368 and 530 with model clients that roam).
+    @Test func aMergeOfTwoCopiesOfOneVersionKeepsTheLaterListOfWatchedUsers() {
+        let v = SessionVersion.make(epoch: 1, counter: 3)
+        var stale = HomeRecord<String>(userID: "tony")
+        _ = stale.sessionOpened(session: s1, sink: "gw1", version: v, initial: .online)
+        stale.sessionWatching(session: s1, watching: ["u10"], version: v, write: 4)
+        var served = stale
+        served.sessionWatching(session: s1, watching: ["u25"], version: v, write: 5)
+        var r = stale
+        _ = r.merge(served)
+        #expect(r.sessions[s1]?.watching == ["u25"])
+        // the other way round, the later list stays
+        r = served
+        _ = r.merge(stale)
+        #expect(r.sessions[s1]?.watching == ["u25"])
+        // and the merged record holds the later stamp: the earlier call, retransmitted, changes nothing
+        r.sessionWatching(session: s1, watching: ["u10"], version: v, write: 4)
+        #expect(r.sessions[s1]?.watching == ["u25"])
+    }
+
     /// A watcher anti-entropy brings back (the home had lost it: a handoff from a stale copy) may
     /// have missed changes of the user's status meanwhile: it is told the current one.
     @Test func aWatcherRestoredByAntiEntropyIsToldTheCurrentStatus() {

@@ -23,6 +23,23 @@ import Testing
         #expect(arrived.visibleStatus == .busy)
     }
 
+    /// A home copy carries each session's watching stamp: the node it reaches, merging it with a
+    /// copy of its own of the same version, keeps the later list of watched users.
+    @Test func aHomeCopyCarriesEachSessionsWatchingStamp() throws {
+        let gw = NodeInstance("n1", boot: 7)
+        let session = SessionID(raw: 44)
+        let v = SessionVersion.make(epoch: 1, counter: 3)
+        var stale = HomeRecord<NodeInstance>(userID: "ann")
+        _ = stale.sessionOpened(session: session, sink: gw, version: v, initial: .online)
+        var home = stale
+        home.sessionWatching(session: session, watching: ["bob"], version: v, write: 4)
+        let bytes = ClusterUserRecord(HomeCopy(record: home, handoff: true)).serializedBytes()
+        let arrived = try #require(try ClusterUserRecord(serializedBytes: bytes).copy).record
+        #expect(arrived.sessions[session]?.watchingStamp == home.sessions[session]?.watchingStamp)
+        _ = stale.merge(arrived)
+        #expect(stale.sessions[session]?.watching == ["bob"])
+    }
+
     /// A home copy carries the record's last unwatches (`HomeRecord.unwatches`): the node that
     /// takes it over does not take back a watcher from the word of a gateway the session left.
     @Test func aHomeCopyCarriesTheLastUnwatches() throws {

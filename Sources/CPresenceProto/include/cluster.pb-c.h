@@ -418,10 +418,16 @@ struct  Presence__Cluster__V1__HomeSession
    * its home again changes nothing.
    */
   uint64_t status_stamp;
+  /*
+   * In a copy: the last list of watched users its home took from the session (as status_stamp).
+   * A Watch does not move the session's version, so a merge of two copies of one version keeps
+   * the list with the later stamp, not its own.
+   */
+  uint64_t watching_stamp;
 };
 #define PRESENCE__CLUSTER__V1__HOME_SESSION__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__home_session__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, 0, 0, 0, 0 }
 
 
 /*

@@ -62,7 +62,8 @@ extension ClusterHomeSession {
     init(_ id: SessionID, _ s: HomeRecord<NodeInstance>.Session) {
         self.init(sessionID: id.description, gateway: s.sink.id,
                   channels: s.channels.sorted { $0.key < $1.key }.map { ClusterSessionChannel($0.key, withPresence: $0.value) },
-                  watching: s.watching, gatewayBoot: s.sink.boot, version: s.version, statusStamp: s.statusStamp)
+                  watching: s.watching, gatewayBoot: s.sink.boot, version: s.version, statusStamp: s.statusStamp,
+                  watchingStamp: s.watchingStamp)
     }
 
     /// The record this carries (nil without a valid session id and gateway).
@@ -74,6 +75,7 @@ extension ClusterHomeSession {
         var s = HomeRecord.Session(sink: NodeInstance(gateway, boot: gatewayBoot), version: version, channels: joined,
                                    watching: watching.filter(Validate.isIdentifier))
         s.statusStamp = statusStamp
+        s.watchingStamp = watchingStamp
         return (id, s)
     }
 }

@@ -787,10 +787,11 @@ public struct ClusterHomeSession: ProtoMessage, Sendable, Hashable {
     public var gatewayBoot: UInt64 = 0
     public var version: UInt64 = 0
     public var statusStamp: UInt64 = 0
+    public var watchingStamp: UInt64 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = [], gatewayBoot: UInt64 = 0, version: UInt64 = 0, statusStamp: UInt64 = 0) {
+    public init(sessionID: String = "", gateway: String = "", channels: [ClusterSessionChannel] = [], watching: [String] = [], gatewayBoot: UInt64 = 0, version: UInt64 = 0, statusStamp: UInt64 = 0, watchingStamp: UInt64 = 0) {
         self.sessionID = sessionID
         self.gateway = gateway
         self.channels = channels
@@ -798,6 +799,7 @@ public struct ClusterHomeSession: ProtoMessage, Sendable, Hashable {
         self.gatewayBoot = gatewayBoot
         self.version = version
         self.statusStamp = statusStamp
+        self.watchingStamp = watchingStamp
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -826,6 +828,7 @@ extension ClusterHomeSession: CMessageBridge {
         self.gatewayBoot = c.pointee.gateway_boot
         self.version = c.pointee.version
         self.statusStamp = c.pointee.status_stamp
+        self.watchingStamp = c.pointee.watching_stamp
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -837,6 +840,7 @@ extension ClusterHomeSession: CMessageBridge {
         c.pointee.gateway_boot = self.gatewayBoot
         c.pointee.version = self.version
         c.pointee.status_stamp = self.statusStamp
+        c.pointee.watching_stamp = self.watchingStamp
     }
 }
 

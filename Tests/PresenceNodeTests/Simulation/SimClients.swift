@@ -28,6 +28,12 @@ final class SimClients: @unchecked Sendable {
         let name: String
         var sid: String?
         var node: String?
+        /// The gateway the session was on before `node`.
+        var before: String?
+        /// A roam under way: the node its resume tries first.
+        var roamingTo: String?
+        /// Actions until the device's network changes back (a roam that flips back and forth).
+        var roamsBackIn: Int?
         var stream: SimStream?
         var connected = false
         /// Bumped on every new stream.
@@ -73,10 +79,13 @@ final class SimClients: @unchecked Sendable {
 
     /// Whether the clients Watch other users too (`SimScenario.Options.clientsWatch`).
     let watches: Bool
+    /// Whether the clients' networks change now and then (`SimScenario.Options.clientsRoam`).
+    let roams: Bool
 
-    init(cluster: SimCluster, count: Int, watching: Bool = false) {
+    init(cluster: SimCluster, count: Int, watching: Bool = false, roaming: Bool = false) {
         self.cluster = cluster
         watches = watching
+        roams = roaming
         door = SimClientDoor(cluster: cluster)
         users = (1...count).map { User(name: "u\($0)") }
         cluster.onUnreachable = { [unowned self] in unreachable($0) }
@@ -119,6 +128,10 @@ final class SimClients: @unchecked Sendable {
         while !stopped {
             await sleep(300_000_000 + random(1_200_000_000))
             if stopped { break }
+            if let n = u.roamsBackIn {
+                u.roamsBackIn = n > 0 ? n - 1 : nil
+                if n == 0, let back = u.before { roam(u, to: back); continue }
+            }
             let r = random(100)
             let joined = u.channels.keys.sorted()
             if r < 35 || joined.isEmpty {
@@ -137,6 +150,11 @@ final class SimClients: @unchecked Sendable {
                 let remove = u.watching.isEmpty || random(2) == 0 ? [] : [u.watching.sorted()[Int(random(UInt64(u.watching.count)))]]
                 let add = [others[Int(random(UInt64(others.count)))]].filter { !remove.contains($0) }
                 await watch(u, add: add, remove: remove)
+            } else if roams && random(2) == 0 {
+                // (to any node, the one it is on included; half the time it flips back after
+                // an action or two, as a phone on the edge of its Wi-Fi does)
+                roam(u, to: cluster.ids[Int(random(UInt64(cluster.ids.count)))])
+                if random(2) == 0 { u.roamsBackIn = Int(random(2)) }
             } else {
                 await close(u)
                 await sleep(500_000_000 + random(1_500_000_000))
@@ -186,6 +204,7 @@ final class SimClients: @unchecked Sendable {
         let outcome = await first.value
         world.detail("\(u.name) open on \(node) resume=\(resume.prefix(6)): \(outcome)")
         if case .opened(let sid, _) = outcome, u.gen == gen {
+            if u.node != node { u.before = u.node }
             u.sid = sid
             u.node = node
             u.stream = stream
@@ -226,6 +245,14 @@ final class SimClients: @unchecked Sendable {
         records.tainted.insert(u.name)
     }
 
+    /// The device's network changed: its stream drops (its gateway sees the connection end)
+    /// and the session is resumed at once, on `node` first.
+    private func roam(_ u: User, to node: String) {
+        guard u.connected, !u.resuming, !u.closing else { return }
+        u.roamingTo = node
+        broke(u, origin: world.now, why: "roamed to \(node)")
+    }
+
     /// The stream of `u` stopped working at `origin`: resume the session elsewhere.
     private func broke(_ u: User, origin: UInt64, why: String) {
         guard u.connected else { return }
@@ -251,6 +278,8 @@ final class SimClients: @unchecked Sendable {
             return true
         }
         let from = u.node
+        let first = u.roamingTo
+        u.roamingTo = nil
         await sleep(100_000_000)
         if u.wanted == nil && random(3) == 0 { u.chosenWhileDown = [UserStatus.online, .away, .busy][Int(random(3))] }
         defer { u.chosenWhileDown = nil }
@@ -258,7 +287,9 @@ final class SimClients: @unchecked Sendable {
         // recovery sets)
         func keepChosen() { if let c = u.chosenWhileDown { u.status = c } }
         while world.now - origin < timeout + 10_000_000_000 {
-            for node in nodesInOrder(avoiding: from) {
+            var order = nodesInOrder(avoiding: from)
+            if let first, let k = order.firstIndex(of: first) { order.insert(order.remove(at: k), at: 0) }
+            for node in order {
                 let t0 = world.now
                 // (the resume sets the status it carries as the session's home takes it over: a
                 // write of its own, acknowledged with `opened`)
@@ -440,6 +471,8 @@ final class SimClients: @unchecked Sendable {
         u.stream?.cancel()
         u.sid = nil
         u.node = nil
+        u.before = nil
+        u.roamsBackIn = nil
         u.channels = [:]
         u.watching = []
         u.watchUncertain = false

@@ -41,6 +41,10 @@ struct SimScenario {
         /// of what each watcher last received. Off only for the regression seeds found before
         /// it was drawn (their histories are the ones their fixes were made for).
         var clientsWatch = true
+        /// Model clients whose network changes now and then (a phone moving between Wi-Fi and
+        /// cellular): the stream drops and the session is resumed at once on any node, often
+        /// the one it was on before. Off only for the regression seeds found before it was drawn.
+        var clientsRoam = true
         var keepsTrace = false
         /// A shrunk schedule (`ScheduleShrinker`): only the first `slots` fault slots run (nil:
         /// as many as `seconds` holds), and the slots in `leftOut` draw their fault but start
@@ -108,7 +112,8 @@ struct SimScenario {
         world = SimWorld(seed: options.seed, keepsTrace: options.keepsTrace)
         cluster = SimCluster(world: world, size: options.nodes, presenceTimeout: options.presenceTimeout,
                              replicationFactor: options.replicationFactor)
-        clients = SimClients(cluster: cluster, count: options.users, watching: options.clientsWatch)
+        clients = SimClients(cluster: cluster, count: options.users, watching: options.clientsWatch,
+                             roaming: options.clientsRoam)
         checker = SimChecker(clients: clients)
         report = Report(options: options)
         rng = SplitMix64(seed: options.seed &* UInt64(0x9e37_79b9_7f4a_7c15))

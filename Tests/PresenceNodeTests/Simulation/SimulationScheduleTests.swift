@@ -6,7 +6,8 @@ import Testing
 /// set), `PRESENCED_SIM_SECONDS` (of faults per schedule), `PRESENCED_SIM_MAX_NODES` (3 to it,
 /// drawn by the seed), `PRESENCED_SIM_TRACE=1` (print a failing seed's trace),
 /// `PRESENCED_SIM_EXTRA_KINDS=A,B` (fault kinds not drawn by default, drawn too),
-/// `PRESENCED_SIM_WATCH=0` (model clients that never Watch, as before the twelfth session). `Scripts/simulate`
+/// `PRESENCED_SIM_WATCH=0` (model clients that never Watch, as before the twelfth session),
+/// `PRESENCED_SIM_ROAM=0` (model clients that never roam, as before the thirteenth). `Scripts/simulate`
 /// runs long sweeps of it and sums the `SIM` lines it prints.
 @Suite struct SimulationScheduleTests {
     static let environment = ProcessInfo.processInfo.environment
@@ -28,6 +29,7 @@ import Testing
             if !o.kinds.contains(kind) { o.kinds.append(kind) }
         }
         o.clientsWatch = environment["PRESENCED_SIM_WATCH"] != "0"
+        o.clientsRoam = environment["PRESENCED_SIM_ROAM"] != "0"
         o.slots = environment["PRESENCED_SIM_SLOTS"].flatMap(Int.init)
         o.leftOut = Set((environment["PRESENCED_SIM_LEAVE_OUT"] ?? "").split(separator: ",").compactMap { Int($0) })
         return o
@@ -164,12 +166,21 @@ import Testing
                                 kinds: SimScenario.FaultKind.drawnByDefault, watch: true)
     }
 
+    /// Seeds found once the model clients roam (the thirteenth session), in the optimized build's
+    /// history: 368 and 530 (a Watch taken by the replica serving a user's home through a
+    /// partition was lost when the home came back: the two copies had one version, and the merge
+    /// kept the home's own list; the session's next resume took the list without it).
+    @Test func roamSeedsHoldEveryInvariant() {
+        Self.holdEveryInvariant([(UInt64(368), 20.0, 6), (530, 20, 6)], kinds: SimScenario.FaultKind.drawnByDefault, watch: true, roam: true)
+    }
+
     static func holdEveryInvariant(_ seeds: [(UInt64, Double, Int)], kinds: [SimScenario.FaultKind] = SimScenario.FaultKind.drawnBeforePeerCuts,
-                                   watch: Bool = false) {
+                                   watch: Bool = false, roam: Bool = false) {
         for (seed, seconds, maxNodes) in seeds {
             var o = SimScenario.Options.drawn(seed: seed, maxNodes: maxNodes, seconds: seconds)
             o.kinds = kinds
             o.clientsWatch = watch
+            o.clientsRoam = roam
             let r = SimScenario.run(o)
             #expect(r.violations.isEmpty, "\(r.summary)\n\(r.violations.prefix(10).map { "  \($0)" }.joined(separator: "\n"))")
         }
