@@ -3602,7 +3602,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__user_record__descriptor 
   (ProtobufCMessageInit) presence__cluster__v1__user_record__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__unwatched__field_descriptors[2] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__unwatched__field_descriptors[3] =
 {
   {
     "session_id",
@@ -3628,15 +3628,28 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__unwatched__field_de
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "write",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__Unwatched, write),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__unwatched__field_indices_by_name[] = {
   1,   /* field[1] = epoch */
   0,   /* field[0] = session_id */
+  2,   /* field[2] = write */
 };
 static const ProtobufCIntRange presence__cluster__v1__unwatched__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__unwatched__descriptor =
 {
@@ -3646,7 +3659,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__unwatched__descriptor =
   "Presence__Cluster__V1__Unwatched",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__Unwatched),
-  2,
+  3,
   presence__cluster__v1__unwatched__field_descriptors,
   presence__cluster__v1__unwatched__field_indices_by_name,
   1,  presence__cluster__v1__unwatched__number_ranges,

@@ -92,9 +92,14 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public struct Watcher: Equatable, Sendable {
         public var sink: Sink
         public var version: UInt64
-        public init(sink: Sink, version: UInt64 = 0) {
+        /// The number of the Watch call that added it (its gateway's count for the session's
+        /// Watch calls; 0: unnumbered, as an announce or a restore): within an epoch it orders the
+        /// watch against an unwatch.
+        public var write: UInt32
+        public init(sink: Sink, version: UInt64 = 0, write: UInt32 = 0) {
             self.sink = sink
             self.version = version
+            self.write = write
         }
     }
 
@@ -133,7 +138,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
 
         /// Whether stamp `a` comes after stamp `b` (both numbered): a later epoch, or the same
         /// epoch and a later write number.
-        private static func isAfter(_ a: UInt64, _ b: UInt64) -> Bool {
+        static func isAfter(_ a: UInt64, _ b: UInt64) -> Bool {
             a >> 32 != b >> 32 ? a >> 32 > b >> 32 : WriteNumber.isAfter(UInt32(truncatingIfNeeded: a), UInt32(truncatingIfNeeded: b))
         }
     }
@@ -158,13 +163,23 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public private(set) var watchers: [SessionID: Watcher] = [:]
     public private(set) var departed: [SessionID: Departure] = [:]
     private var counter: UInt64 = 0
-    /// The last unwatches this home took, with the epoch of each (`unwatch(by:at:version:)`),
-    /// oldest first. Copies carry them: a replica that takes the record over (a handoff merged
+    /// The last unwatches this home took, with the epoch and the Watch call's number of each
+    /// (`unwatch(by:at:version:write:)`), oldest first. Copies carry them: a replica that takes the record over (a handoff merged
     /// into a copy it kept from before) must not keep or take back a watcher one of them removed.
     private var unwatched: [Unwatch] = []
     private struct Unwatch: Equatable, Sendable {
         let session: SessionID
         let epoch: UInt64
+        let write: UInt32
+
+        /// Whether this unwatch came after a watch at `version` numbered `write`: a later epoch,
+        /// or the same one and a later call (both numbered).
+        func isAfter(version: UInt64, write w: UInt32) -> Bool {
+            let e = SessionVersion.epoch(version)
+            if epoch != e { return epoch > e }
+            guard write != 0, w != 0 else { return false }
+            return CallStamp.isAfter(CallStamp.make(version: version, write: write), CallStamp.make(version: version, write: w))
+        }
     }
     /// The lowest epoch a claim under this home's lineage gives a session (`startLineage`). Kept
     /// by this node only: a copy's receiver that takes the record over starts its own lineage.
@@ -177,10 +192,10 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// A record as a copy carries it (replication and handoff).
     public init(userID: String, term: UInt64, chosen: UserStatus, chosenVersion: UInt64, everOpened: Bool,
                 sessions: DenseDictionary<SessionID, Session>, watchers: [SessionID: Watcher], departed: [SessionID: Departure], counter: UInt64,
-                unwatched: [(session: SessionID, epoch: UInt64)] = []) {
+                unwatched: [(session: SessionID, epoch: UInt64, write: UInt32)] = []) {
         self.userID = userID
         // (a peer's list past the bound keeps its last entries, as this home would have)
-        self.unwatched = unwatched.suffix(Self.unwatchesRemembered).map { Unwatch(session: $0.session, epoch: $0.epoch) }
+        self.unwatched = unwatched.suffix(Self.unwatchesRemembered).map { Unwatch(session: $0.session, epoch: $0.epoch, write: $0.write) }
         self.term = term
         self.chosen = chosen
         self.chosenVersion = chosenVersion
@@ -191,8 +206,8 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         self.counter = counter
     }
 
-    /// The last unwatches, oldest first, with the epoch of each (copies carry them).
-    public var unwatches: [(session: SessionID, epoch: UInt64)] { unwatched.map { ($0.session, $0.epoch) } }
+    /// The last unwatches, oldest first, with the epoch and number of each (copies carry them).
+    public var unwatches: [(session: SessionID, epoch: UInt64, write: UInt32)] { unwatched.map { ($0.session, $0.epoch, $0.write) } }
 
     /// The counter versions are drawn from (copies carry it).
     public var counterValue: UInt64 { counter }
@@ -449,11 +464,11 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// here from another sink (its new gateway may have missed changes: it is told the current one).
     @discardableResult
     @_specialize(exported: true, where Sink == NodeInstance)
-    public mutating func watch(by session: SessionID, sink: Sink, version: UInt64 = 0) -> StatusChange? {
+    public mutating func watch(by session: SessionID, sink: Sink, version: UInt64 = 0, write: UInt32 = 0) -> StatusChange? {
         if let w = watchers[session], SessionVersion.epoch(w.version) > SessionVersion.epoch(version) { return nil }
-        if isUnwatchedLater(session, than: version) { return nil }
+        if isUnwatchedLater(session, than: version, write: write) { return nil }
         let before = watchers[session]
-        watchers[session] = Watcher(sink: sink, version: max(before?.version ?? 0, version))
+        watchers[session] = Watcher(sink: sink, version: max(before?.version ?? 0, version), write: write != 0 ? write : before?.write ?? 0)
         revised()
         guard let before, before.sink != sink else { return nil }
         return StatusChange(userID: userID, status: visibleStatus, watchers: [session: sink])
@@ -489,30 +504,33 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// epoch is remembered: a gateway the session left may still list the watcher in its
     /// anti-entropy facts (it learns of the move later), and must not put it back under the older
     /// epoch — the watcher would sit at a gateway that no longer has the session, and be asked
-    /// about there every round. A watch of the same epoch or later (the client watching again)
-    /// is taken.
-    public mutating func unwatch(by session: SessionID, at sink: Sink, version: UInt64) {
+    /// about there every round. The Watch call's number (`write`) orders it within the epoch: a
+    /// copy that kept the watcher from an earlier call of that epoch does not bring it back in a
+    /// merge. A watch of a later call or epoch (the client watching again), or unnumbered of the
+    /// same epoch, is taken.
+    public mutating func unwatch(by session: SessionID, at sink: Sink, version: UInt64, write: UInt32 = 0) {
         let epoch = SessionVersion.epoch(version)
         if let w = watchers[session], w.sink == sink || SessionVersion.epoch(w.version) < epoch {
             watchers[session] = nil
             revised()
         }
-        remember(Unwatch(session: session, epoch: epoch))
+        remember(Unwatch(session: session, epoch: epoch, write: write))
     }
 
-    /// Keeps an unwatch (the later epoch of a session's two), forgetting the oldest past the bound.
+    /// Keeps an unwatch (the later of a session's two), forgetting the oldest past the bound.
     private mutating func remember(_ u: Unwatch) {
         if let i = unwatched.firstIndex(where: { $0.session == u.session }) {
-            guard unwatched[i].epoch < u.epoch else { return }
+            guard u.isAfter(version: SessionVersion.make(epoch: unwatched[i].epoch, counter: 0), write: unwatched[i].write) else { return }
             unwatched.remove(at: i)
         }
         unwatched.append(u)
         if unwatched.count > Self.unwatchesRemembered { unwatched.removeFirst(unwatched.count - Self.unwatchesRemembered) }
     }
 
-    /// Whether the session's gateway unwatched this user at a later epoch than `version`'s.
-    private func isUnwatchedLater(_ session: SessionID, than version: UInt64) -> Bool {
-        unwatched.contains { $0.session == session && $0.epoch > SessionVersion.epoch(version) }
+    /// Whether the session's gateway unwatched this user after a watch at `version` numbered
+    /// `write` (`Unwatch.isAfter`).
+    private func isUnwatchedLater(_ session: SessionID, than version: UInt64, write: UInt32) -> Bool {
+        unwatched.contains { $0.session == session && $0.isAfter(version: version, write: write) }
     }
 
     /// How many unwatches a record remembers (the oldest is forgotten first): a gateway's stale
@@ -594,9 +612,9 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
             // (an unwatch either side took removes the watcher the other side still has from an
             // earlier epoch: a watch is never added back by a merge after its session dropped it)
             for u in other.unwatched { r.remember(u) }
-            for (id, w) in r.watchers where r.isUnwatchedLater(id, than: w.version) { r.watchers[id] = nil }
+            for (id, w) in r.watchers where r.isUnwatchedLater(id, than: w.version, write: w.write) { r.watchers[id] = nil }
             // (the later epoch wins: a stale side lists the watcher at the gateway its session left)
-            for (id, w) in other.watchers where !r.isUnwatchedLater(id, than: w.version) {
+            for (id, w) in other.watchers where !r.isUnwatchedLater(id, than: w.version, write: w.write) {
                 if let mine = r.watchers[id], SessionVersion.epoch(mine.version) >= SessionVersion.epoch(w.version) { continue }
                 r.watchers[id] = w
             }

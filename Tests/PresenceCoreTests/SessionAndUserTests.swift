@@ -574,10 +574,38 @@ extension SessionTableTests {
         stale.watch(by: s1, sink: "gw1", version: v1)
         #expect(stale.watchers[s1] == nil)
         // a copy carries at most the last `unwatchesRemembered` unwatches
-        let many = (0..<200).map { (session: SessionID(raw: UInt64(1_000 + $0)), epoch: UInt64(5)) }
+        let many = (0..<200).map { (session: SessionID(raw: UInt64(1_000 + $0)), epoch: UInt64(5), write: UInt32(0)) }
         let capped = HomeRecord<String>(userID: "tony", term: 0, chosen: .online, chosenVersion: 0, everOpened: false,
                                         sessions: [:], watchers: [:], departed: [:], counter: 0, unwatched: many)
         #expect(capped.unwatches.count == 64 && capped.unwatches.last?.session == many.last?.session)
+    }
+
+    /// Within one epoch the Watch calls' numbers order a watch and an unwatch: a home cut off
+    /// from the cluster kept the watcher from the session's call 3, while the home serving
+    /// meanwhile took its unwatch in call 4. Merged either way, the watcher is gone; a later call
+    /// watching again is taken. Ordered by epoch alone, the merge kept the watcher: the home asked
+    /// its gateway about it every round, and the session got the user's changes after it had
+    /// stopped watching (simulation seed 1001 with model clients that roam).
+    @Test func anUnwatchLaterInTheSameEpochRemovesTheWatcherInAMerge() {
+        let v = SessionVersion.make(epoch: 1, counter: 3)
+        var stale = HomeRecord<String>(userID: "tony")
+        stale.watch(by: s1, sink: "gw1", version: v, write: 3)
+        var served = stale
+        served.unwatch(by: s1, at: "gw1", version: v, write: 4)
+        var r = stale
+        _ = r.merge(served)
+        #expect(r.watchers[s1] == nil)
+        r = served
+        _ = r.merge(stale)
+        #expect(r.watchers[s1] == nil)
+        // the watch of call 3, retransmitted late, does not bring it back; call 5 watching again does
+        r.watch(by: s1, sink: "gw1", version: v, write: 3)
+        #expect(r.watchers[s1] == nil)
+        r.watch(by: s1, sink: "gw1", version: v, write: 5)
+        #expect(r.watchers[s1]?.sink == "gw1")
+        // and merged with the copy that saw the unwatch of call 4, the later watch stays
+        _ = r.merge(served)
+        #expect(r.watchers[s1]?.sink == "gw1")
     }
 
     /// Two versions of a record list one watcher at two gateways: the later epoch's gateway wins

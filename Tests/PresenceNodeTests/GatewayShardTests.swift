@@ -44,6 +44,24 @@ final class HandClock: EngineClock {
     }
 }
 
+extension GatewayShardTests {
+    /// A session resumed here after it lived at another gateway gets none of what its outbox
+    /// buffered here meanwhile: its client saw those events (or later ones) there, and the
+    /// announces of its return bring SNAPSHOTs. Flushed to the new stream, they came after events
+    /// of the same channel with higher sequences (simulation seeds 739 and 1026 with model clients
+    /// that roam). A session resumed where it stayed gets what it missed.
+    @Test func aSessionBackAtAGatewayItLeftGetsNothingItsOutboxBufferedMeanwhile() {
+        let g = GatewayShard(resumeWindow: 4_000_000_000, clock: HandClock(), movedMemory: 10_000_000_000)
+        let id = SessionID(raw: 42)
+        let outbox = g.create(id, user: "ann").outbox
+        outbox.push([1, 2, 3])
+        _ = g.adopt(id, user: "ann", version: SessionVersion.make(epoch: 2, counter: 0), heldElsewhere: false, channels: [:], watching: [])
+        #expect(outbox.bufferedEvents == 1)
+        _ = g.adopt(id, user: "ann", version: SessionVersion.make(epoch: 3, counter: 0), heldElsewhere: true, channels: [:], watching: [])
+        #expect(g.outbox(id) === outbox && outbox.bufferedEvents == 0)
+    }
+}
+
 @Suite struct WireRecordTests {
     /// A channel record carries each session's last state write, so the owner it goes to can fence
     /// off delayed attempts of writes carried out at the sender.

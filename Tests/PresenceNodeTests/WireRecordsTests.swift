@@ -46,12 +46,18 @@ import Testing
         let watcher = SessionID(raw: 43)
         let v = SessionVersion.make(epoch: 1_024, counter: 3)
         var home = HomeRecord<NodeInstance>(userID: "ann")
-        home.watch(by: watcher, sink: NodeInstance("n3", boot: 2), version: v)
-        home.unwatch(by: watcher, at: NodeInstance("n3", boot: 2), version: v)
+        home.watch(by: watcher, sink: NodeInstance("n3", boot: 2), version: v, write: 5)
+        home.unwatch(by: watcher, at: NodeInstance("n3", boot: 2), version: v, write: 6)
         let bytes = ClusterUserRecord(HomeCopy(record: home, handoff: true)).serializedBytes()
         var arrived = try #require(try ClusterUserRecord(serializedBytes: bytes).copy).record
         #expect(arrived.unwatches.map(\.session) == [watcher] && arrived.unwatches.map(\.epoch) == [1_024])
+        #expect(arrived.unwatches.map(\.write) == [6] && arrived.watchers.isEmpty)
         arrived.watch(by: watcher, sink: NodeInstance("n1", boot: 1), version: SessionVersion.make(epoch: 1, counter: 9))
         #expect(arrived.watchers[watcher] == nil)
+        // and each watcher's call number: a merge orders it against an unwatch of the same epoch
+        let other = SessionID(raw: 45)
+        home.watch(by: other, sink: NodeInstance("n2", boot: 3), version: v, write: 7)
+        let again = try #require(try ClusterUserRecord(serializedBytes: ClusterUserRecord(HomeCopy(record: home, handoff: false)).serializedBytes()).copy).record
+        #expect(again.watchers[other]?.write == 7)
     }
 }

@@ -612,17 +612,19 @@ struct  Presence__Cluster__V1__UserRecord
 
 
 /*
- * A session stopped watching the user at this epoch (of its version).
+ * A session stopped watching the user at this epoch (of its version), by the Watch call its
+ * gateway numbered `write` (0: unnumbered, as a session's end).
  */
 struct  Presence__Cluster__V1__Unwatched
 {
   ProtobufCMessage base;
   char *session_id;
   uint64_t epoch;
+  uint32_t write;
 };
 #define PRESENCE__CLUSTER__V1__UNWATCHED__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__unwatched__descriptor) \
-    , (char *)protobuf_c_empty_string, 0 }
+    , (char *)protobuf_c_empty_string, 0, 0 }
 
 
 /*

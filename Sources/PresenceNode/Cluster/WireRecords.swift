@@ -86,14 +86,15 @@ extension ClusterUserRecord {
         self.init(userID: r.userID, chosen: r.chosen, everOpened: r.everOpened,
                   sessions: r.sessions.sorted { $0.key < $1.key }.map { ClusterHomeSession($0.key, $0.value) },
                   watchers: r.watchers.sorted { $0.key < $1.key }.map {
-                      ClusterSessionRef(sessionID: $0.key.description, gateway: $0.value.sink.id, gatewayBoot: $0.value.sink.boot, version: $0.value.version)
+                      ClusterSessionRef(sessionID: $0.key.description, gateway: $0.value.sink.id, gatewayBoot: $0.value.sink.boot, version: $0.value.version,
+                                    write: $0.value.write)
                   },
                   term: r.term, chosenVersion: r.chosenVersion,
                   departed: r.departed.sorted { $0.key < $1.key }.map { id, d in
                       ClusterDeparture(sessionID: id.description, version: d.version, byGateway: d.byGateway, atMs: d.at)
                   },
                   counter: r.counterValue, handoff: c.handoff,
-                  unwatched: r.unwatches.map { ClusterUnwatched(sessionID: $0.session.description, epoch: $0.epoch) })
+                  unwatched: r.unwatches.map { ClusterUnwatched(sessionID: $0.session.description, epoch: $0.epoch, write: $0.write) })
     }
 
     /// The copy this record carries; nil when its user id is invalid.
@@ -103,7 +104,7 @@ extension ClusterUserRecord {
         for s in self.sessions { if let (id, r) = s.record { sessions[id] = r } }
         var watchers: [SessionID: HomeRecord<NodeInstance>.Watcher] = [:]
         for w in self.watchers {
-            if let id = SessionID(text: w.sessionID), let sink = w.sink { watchers[id] = .init(sink: sink, version: w.version) }
+            if let id = SessionID(text: w.sessionID), let sink = w.sink { watchers[id] = .init(sink: sink, version: w.version, write: w.write) }
         }
         var departed: [SessionID: HomeRecord<NodeInstance>.Departure] = [:]
         for d in self.departed {
@@ -111,7 +112,7 @@ extension ClusterUserRecord {
         }
         let record = HomeRecord<NodeInstance>(userID: user, term: term, chosen: chosen, chosenVersion: chosenVersion, everOpened: everOpened,
                                               sessions: sessions, watchers: watchers, departed: departed, counter: counter,
-                                              unwatched: unwatched.compactMap { u in SessionID(text: u.sessionID).map { ($0, u.epoch) } })
+                                              unwatched: unwatched.compactMap { u in SessionID(text: u.sessionID).map { ($0, u.epoch, u.write) } })
         return HomeCopy(record: record, handoff: handoff)
     }
 }

@@ -71,7 +71,8 @@ final class GatewayShard: Sendable {
     }
 
     /// Takes over a session at `version` (the epoch its home gave this gateway by a claim): one
-    /// this gateway still holds keeps its channels, state and outbox; another comes with the
+    /// this gateway still holds keeps its channels, state and outbox (less what the outbox
+    /// buffered, when the session lived at another gateway since); another comes with the
     /// channels and watched users from its home's record (`SessionTable.adopt`).
     func adopt(_ id: SessionID, user: String, version: UInt64, heldElsewhere: Bool, channels: [ChannelKey: Bool], watching: Set<String>) -> Opened? {
         state.withLock { st -> Opened? in
@@ -79,6 +80,7 @@ final class GatewayShard: Sendable {
             guard case .resumed(_, let generation) = st.table.adopt(id, user: user, version: version, heldElsewhere: heldElsewhere,
                                                                     channels: channels, watching: watching) else { return nil }
             st.moved[id] = nil
+            if heldElsewhere { st.outboxes[id]?.dropBuffered() }
             let outbox = st.outboxes[id] ?? SessionOutbox(sessionID: id, userID: user, counters: counters)
             st.outboxes[id] = outbox
             return Opened(id: id, generation: generation, resumed: true, outbox: outbox)

@@ -493,7 +493,7 @@ public final class PresenceEngine: Sendable {
         let (_, _, added) = try g.watch(id, add: add, remove: remove)
         // (the list and its number together: a later number always goes with a later list)
         let (s, write) = try g.numberedCall(id)
-        await sessions.unwatch(remove.filter { !added.contains($0) }, by: s)
+        await sessions.unwatch(remove.filter { !added.contains($0) }, by: s, write: write)
         // (events the stream is sent while this call is in flight are newer than the homes' answers)
         g.openWatchWindow(id)
         let homes: [String: UserStatus]
@@ -509,7 +509,8 @@ public final class PresenceEngine: Sendable {
     private func watchAtHomes(_ added: [String], by s: SessionTable.Session, write: UInt32) async throws(PresenceError) -> [String: UserStatus] {
         var statuses: [String: UserStatus] = [:]
         for us in router.byHome(added) {
-            let r = try await router.homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: core.ref(s)))
+            // (numbered as the list: an unwatch of an earlier call does not remove it in a merge)
+            let r = try await router.homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: core.ref(s, write: write)))
             for e in r.statuses { statuses[e.userID] = e.status }
         }
         _ = try await sessionCall(s.id) { () async throws(PresenceError) in

@@ -285,13 +285,14 @@ struct SessionLifecycle: Sendable {
         router.retryInBackground(attempts: core.timings.endRetryAttempts, pause: core.timings.endRetryPause, body)
     }
 
-    func unwatch(_ users: [String], by s: SessionTable.Session) async {
-        _ = await concurrently(unwatchCalls(users, by: s)) { [router] call in _ = try? await router.homeCall(call) }
+    /// The session stops watching `users`, by its Watch call numbered `write`.
+    func unwatch(_ users: [String], by s: SessionTable.Session, write: UInt32) async {
+        _ = await concurrently(unwatchCalls(users, by: s, write: write)) { [router] call in _ = try? await router.homeCall(call) }
     }
 
-    /// One unwatch call per home of `users`.
-    private func unwatchCalls(_ users: [String], by s: SessionTable.Session) -> [ClusterHomeCall] {
-        let ref = core.ref(s)
+    /// One unwatch call per home of `users` (`write`: the Watch call's number; 0 for a session's end).
+    private func unwatchCalls(_ users: [String], by s: SessionTable.Session, write: UInt32 = 0) -> [ClusterHomeCall] {
+        let ref = core.ref(s, write: write)
         return router.byHome(users).map { ClusterHomeCall(userIDs: $0, op: .unwatch, session: ref) }
     }
 

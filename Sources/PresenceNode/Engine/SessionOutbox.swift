@@ -99,12 +99,26 @@ public final class SessionOutbox: Sendable {
         return lost
     }
 
+    /// Drops what was buffered for the session while it was disconnected here: it lived at
+    /// another gateway meanwhile (its client saw those events there, or fresher ones), and the
+    /// announces of its return bring a SNAPSHOT of every channel. Flushed to the new stream,
+    /// they came after events of the same channels with higher sequences.
+    public func dropBuffered() {
+        state.withLock { s in
+            s.buffered = []
+            s.bufferedBytes = 0
+        }
+    }
+
     /// The stream of `generation` is gone: buffer until the session resumes or ends.
     public func detach(generation: UInt64) {
         state.withLock { s in
             if s.generation == generation { s.writer = nil }
         }
     }
+
+    /// Events buffered for the session's next stream.
+    public var bufferedEvents: Int { state.withLock { $0.buffered.count } }
 
     /// Whether a stream is attached (its handler has not let go of this outbox yet).
     public var hasStream: Bool { state.withLock { $0.writer != nil } }

@@ -226,7 +226,7 @@ actor UserHomeShard {
         case .watch:
             let (id, sink, version) = try caller(call)
             for u in users {
-                try update(u, create: true) { r in (r.watch(by: id, sink: sink, version: version), ()) }
+                try update(u, create: true) { r in (r.watch(by: id, sink: sink, version: version, write: call.session?.write ?? 0), ()) }
                 space.placed(u, at: sink, now: now)
             }
             result.statuses = users.map { u in UserStatusEntry(userID: u, status: readOwned(u, { $0.visibleStatus }) ?? .unknown) }
@@ -235,7 +235,7 @@ actor UserHomeShard {
             let (id, sink, version) = try caller(call)
             for u in users {
                 try update(u, create: false) { r in
-                    r.unwatch(by: id, at: sink, version: version)
+                    r.unwatch(by: id, at: sink, version: version, write: call.session?.write ?? 0)
                     return (nil, ())
                 }
             }

@@ -1278,12 +1278,14 @@ extension ClusterUserRecord: CMessageBridge {
 public struct ClusterUnwatched: ProtoMessage, Sendable, Hashable {
     public var sessionID: String = ""
     public var epoch: UInt64 = 0
+    public var write: UInt32 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", epoch: UInt64 = 0) {
+    public init(sessionID: String = "", epoch: UInt64 = 0, write: UInt32 = 0) {
         self.sessionID = sessionID
         self.epoch = epoch
+        self.write = write
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -1307,12 +1309,14 @@ extension ClusterUnwatched: CMessageBridge {
         self.init()
         self.sessionID = try WireCodec.readString(c.pointee.session_id)
         self.epoch = c.pointee.epoch
+        self.write = c.pointee.write
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
         presence__cluster__v1__unwatched__init(c)
         if !self.sessionID.isEmpty { c.pointee.session_id = arena.cString(self.sessionID) }
         c.pointee.epoch = self.epoch
+        c.pointee.write = self.write
     }
 }
 

@@ -375,7 +375,9 @@ final class SimClients: @unchecked Sendable {
             guard let (sid, node, gen) = got else { continue }
             if node != lastNode { sameNodeFailures = 0; lastNode = node }
             records.calls[i].attempts += 1
+            let sent = world.now
             let result = await door.unary(node, method, build(sid), timeout: Self.attemptDeadline) { u.inFlight[node, default: []].append($0) }
+            records.calls[i].tries.append((node, sent, world.now))
             world.detail("\(u.name) \(name)\(channel.map { " " + $0 } ?? "") attempt \(records.calls[i].attempts) on \(node): \(result.map { _ in "ok" })")
             switch result {
             case .success(let response):

@@ -18,6 +18,9 @@ final class SimRecords: @unchecked Sendable {
         let t0: UInt64
         var t1: UInt64 = 0
         var attempts = 0
+        /// Each attempt: the node it went to, when it was sent and when its answer (or the
+        /// client's deadline) came.
+        var tries: [(node: String, t0: UInt64, t1: UInt64)] = []
         var outcome = Outcome.pending
         var notes: [String] = []
     }

@@ -212,6 +212,7 @@ struct SimScenario {
         checker.checkEvents()
         checker.checkWatches()
         checker.checkResumesAndCalls()
+        checker.checkCutOffGatewaysAnswerAtOnce(ClusterTimings(presenceTimeout: UInt64(options.presenceTimeout * 1e9)))
         checker.checkNothingLeftWaiting(cluster.network, now: world.now)
         return finish()
     }

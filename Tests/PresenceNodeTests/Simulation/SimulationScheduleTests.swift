@@ -169,9 +169,13 @@ import Testing
     /// Seeds found once the model clients roam (the thirteenth session), in the optimized build's
     /// history: 368 and 530 (a Watch taken by the replica serving a user's home through a
     /// partition was lost when the home came back: the two copies had one version, and the merge
-    /// kept the home's own list; the session's next resume took the list without it).
+    /// kept the home's own list; the session's next resume took the list without it), 739 and
+    /// 1026 (a session back at a gateway it had left got the events its outbox buffered there
+    /// meanwhile, after later ones), 1001 and 1109 (a watch and an unwatch of one epoch, ordered
+    /// by the epoch alone: a merge kept the watcher the other side had seen unwatched).
     @Test func roamSeedsHoldEveryInvariant() {
-        Self.holdEveryInvariant([(UInt64(368), 20.0, 6), (530, 20, 6)], kinds: SimScenario.FaultKind.drawnByDefault, watch: true, roam: true)
+        Self.holdEveryInvariant([(UInt64(368), 20.0, 6), (530, 20, 6), (739, 20, 6), (1026, 20, 6), (1001, 20, 6), (1109, 20, 6)],
+                                kinds: SimScenario.FaultKind.drawnByDefault, watch: true, roam: true)
     }
 
     static func holdEveryInvariant(_ seeds: [(UInt64, Double, Int)], kinds: [SimScenario.FaultKind] = SimScenario.FaultKind.drawnBeforePeerCuts,
