@@ -110,6 +110,9 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     public private(set) var goneSince: [NodeInstance: UInt64] = [:]
     /// Owned keys that may hold sessions of a gone process.
     public private(set) var orphanKeys: Set<V.Key> = []
+    /// While this node's serving lease has run out (it is cut off from the others): the next
+    /// look at the orphans (monotonic ns). Nil while it holds its lease.
+    public private(set) var sweepsHeldUntil: UInt64?
     /// Set once this node has handed everything off before leaving: it owns nothing any more.
     public private(set) var leaving = false
     /// Owned keys and copies that hold nobody but remember departures, and since when (wall ms):
@@ -743,12 +746,12 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// When the next orphan is due (monotonic ns), if any.
     public var nextOrphanDeadline: UInt64? {
         guard !orphanKeys.isEmpty else { return nil }
-        var next: UInt64? = nil
+        var next: UInt64? = sweepsHeldUntil
         for key in orphanKeys {
             guard let v = owned[key] else { continue }
             for sink in v.sinks where !isLive(sink) {
                 let d = (goneSince[sink] ?? 0) &+ presenceTimeout
-                next = min(next ?? d, d)
+                next = sweepsHeldUntil.map { max($0, min(next ?? d, d)) } ?? min(next ?? d, d)
             }
         }
         return next
@@ -764,7 +767,25 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
 
     /// Times out the sessions of processes gone for a presence timeout (unless they came back or
     /// moved meanwhile); their replicas learn it.
-    public mutating func sweep(now: UInt64, wall: Int64) -> [Effect] {
+    /// `holdsLease`: whether this node heard from the cluster recently (`ServingLease`). Without
+    /// its lease it cannot tell a gateway gone from its own cut: it times nobody out, looks again
+    /// `recheck` later, and once it holds the lease again each absence it counted runs at least
+    /// `grace` more — time for what it missed (a session's resume announced elsewhere, retried
+    /// across the heal, or anti-entropy) to reach it. Timing out from its side of a cut, an owner
+    /// alone in a partition removed a user whose session had resumed meanwhile (simulation seed
+    /// 2104 with model clients that roam).
+    public mutating func sweep(now: UInt64, wall: Int64, holdsLease: Bool = true, recheck: UInt64 = 0, grace: UInt64 = 0) -> [Effect] {
+        guard holdsLease else {
+            sweepsHeldUntil = now &+ max(recheck, 1)
+            return []
+        }
+        if sweepsHeldUntil != nil {
+            sweepsHeldUntil = nil
+            let floor = now &+ grace
+            for (sink, since) in goneSince where since &+ presenceTimeout < floor {
+                goneSince[sink] = floor >= presenceTimeout ? floor - presenceTimeout : 0
+            }
+        }
         var out: [Effect] = []
         for key in orphanKeys.sorted() {
             guard var v = owned[key] else {

@@ -270,6 +270,33 @@ import Testing
         #expect(snapshots(in: started).map(\.sink) == [a] && open.heldBack.isEmpty)
     }
 
+    /// An owner whose serving lease ran out (cut off from the others) times nobody out: it cannot
+    /// tell the gateway gone from its own cut. It looks again a `recheck` later, and once it holds
+    /// the lease again every absence it counted runs at least `grace` more, time for the word it
+    /// missed (a resume elsewhere) to reach it. An owner alone in a partition timed out a user
+    /// whose session had resumed at another gateway meanwhile (simulation seed 2104 with model
+    /// clients that roam).
+    @Test func anOwnerCutOffFromTheOthersTimesNobodyOutUntilItHearsFromThemAgain() {
+        let ring = HashRing(members: ["n", "g"], boots: ["n": 1, "g": 1]), alone = HashRing(members: ["n"], boots: ["n": 1])
+        let key = key(ownedBy: "n", on: ring)
+        var ks = space("n", ring)
+        _ = try? ks.withOwned(key, create: true, now: 1_000) { m in
+            m.startLineage(now: 1_000)
+            _ = m.join(user: "u", session: s, withPresence: true, sink: g, version: v(1, 1), now: 1_000)
+        }
+        _ = ks.ringChanged(to: alone, now: 10 * second, wall: 10_000)   // g gone from here at 10 s
+        // due at 14 s, but the lease ran out: nothing, and the next look is a recheck later
+        #expect(ks.sweep(now: 14 * second, wall: 14_000, holdsLease: false, recheck: second / 5, grace: 2 * second).isEmpty)
+        #expect(ks.owned[key]?.contains(user: "u", session: s) == true)
+        #expect(ks.nextOrphanDeadline == 14 * second + second / 5)
+        // back with the lease at 15 s: the absence runs 2 s more
+        _ = ks.sweep(now: 15 * second, wall: 15_000, holdsLease: true, recheck: second / 5, grace: 2 * second)
+        #expect(ks.owned[key]?.contains(user: "u", session: s) == true)
+        #expect(ks.nextOrphanDeadline == 17 * second)
+        _ = ks.sweep(now: 17 * second, wall: 17_000, holdsLease: true, recheck: second / 5, grace: 2 * second)
+        #expect(ks.owned[key]?.contains(user: "u", session: s) == false)
+    }
+
     /// The other side of a partition, cut off from a gateway, timed its session out; the gateway
     /// crashed just before the heal, and the version with the timeout reached the owner less
     /// than a presence timeout after the crash. The owner applied it: the user left the channel

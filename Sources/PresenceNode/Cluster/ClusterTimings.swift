@@ -47,6 +47,10 @@ public struct ClusterTimings: Sendable, Equatable {
     /// the presence timeout): with one exchange round after a mismatch, a divergence is repaired
     /// within about two of these.
     public var antiEntropyInterval: UInt64
+    /// After its serving lease ran out (cut off), how long a node still waits at least before it
+    /// times out a session of a process it counted gone (two anti-entropy rounds: what it missed
+    /// while cut off reaches it, retried by the gateway or repaired by a digest).
+    public var backFromCutGrace: UInt64
     /// The first anti-entropy round after a ring change waits this long for handoffs to land (0.3 s).
     public var antiEntropyAfterRingChange: UInt64
     /// How long after it last heard from another member a node may still serve its keys (0.6 s:
@@ -116,6 +120,7 @@ public struct ClusterTimings: Sendable, Equatable {
         heldBackRetry = probeInterval
         handoffAskAgain = max(300_000_000, probeInterval * 3 / 2)
         staleTakeoverHold = antiEntropyAfterRingChange + antiEntropyInterval
+        backFromCutGrace = antiEntropyInterval * 2
         lease = probeInterval * 3
         cutOffAfter = lease + probeInterval * 2
         aloneAfter = max(3_000_000_000, probeInterval * 15)

@@ -498,7 +498,8 @@ actor ChannelShard {
         defer { cause = "call" }
         sweeper = nil
         sweepAt = nil
-        carryOut(space.sweep(now: now, wall: wall))
+        carryOut(space.sweep(now: now, wall: wall, holdsLease: fabric.topology.holdsLease, recheck: fabric.timings.probeInterval,
+                             grace: fabric.timings.backFromCutGrace))
         scheduleSweep()
     }
 

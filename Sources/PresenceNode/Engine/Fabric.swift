@@ -106,16 +106,18 @@ final class Fabric: Sendable {
     let gateway: LocalGateway
     /// Where the shards start their own tasks (sweeps, ticks).
     let placement: TaskPlacement
+    let timings: ClusterTimings
     var me: String { topology.me }
     var instance: NodeInstance { topology.instance }
 
     /// Debug logging of ownership changes and SNAPSHOTs (nil unless the node logs at debug).
     let trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)?
 
-    init(topology: Topology, link: PeerLink?, gateway: LocalGateway, placement: TaskPlacement = .pool,
+    init(topology: Topology, link: PeerLink?, gateway: LocalGateway, placement: TaskPlacement = .pool, timings: ClusterTimings = ClusterTimings(),
          trace: (@Sendable (String, KeyValuePairs<String, String>) -> Void)? = nil) {
         self.topology = topology
         self.placement = placement
+        self.timings = timings
         self.link = link
         self.gateway = gateway
         self.trace = trace

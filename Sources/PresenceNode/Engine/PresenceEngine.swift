@@ -56,7 +56,7 @@ final class EngineCore: Sendable {
         let gateway = LocalGateway(shards: n, resumeWindow: settings.presenceTimeoutNanoseconds, clock: clock, movedMemory: settings.timings.movedMemory,
                                    trace: trace)
         self.gateway = gateway
-        let fabric = Fabric(topology: topology, link: link, gateway: gateway, placement: placement, trace: trace)
+        let fabric = Fabric(topology: topology, link: link, gateway: gateway, placement: placement, timings: settings.timings, trace: trace)
         channelShards = (0..<n).map { i in
             ChannelShard(maxInstantEvents: settings.maxInstantEvents, intervalNanoseconds: settings.presenceIntervalNanoseconds,
                          presenceTimeout: settings.presenceTimeoutNanoseconds, staleHold: settings.timings.staleTakeoverHold,

@@ -414,7 +414,10 @@ actor UserHomeShard {
     private func sweep() {
         sweeper = nil
         sweepAt = nil
-        carryOut(tracingRemovals("timed out (gateway gone)") { space.sweep(now: now, wall: wall) })
+        carryOut(tracingRemovals("timed out (gateway gone)") {
+            space.sweep(now: now, wall: wall, holdsLease: fabric.topology.holdsLease, recheck: fabric.timings.probeInterval,
+                        grace: fabric.timings.backFromCutGrace)
+        })
         scheduleSweep()
     }
 

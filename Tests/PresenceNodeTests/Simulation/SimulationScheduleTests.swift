@@ -172,9 +172,11 @@ import Testing
     /// kept the home's own list; the session's next resume took the list without it), 739 and
     /// 1026 (a session back at a gateway it had left got the events its outbox buffered there
     /// meanwhile, after later ones), 1001 and 1109 (a watch and an unwatch of one epoch, ordered
-    /// by the epoch alone: a merge kept the watcher the other side had seen unwatched).
+    /// by the epoch alone: a merge kept the watcher the other side had seen unwatched), 2104 (an
+    /// owner alone in a partition timed out a user whose session had resumed elsewhere meanwhile).
     @Test func roamSeedsHoldEveryInvariant() {
-        Self.holdEveryInvariant([(UInt64(368), 20.0, 6), (530, 20, 6), (739, 20, 6), (1026, 20, 6), (1001, 20, 6), (1109, 20, 6)],
+        Self.holdEveryInvariant([(UInt64(368), 20.0, 6), (530, 20, 6), (739, 20, 6), (1026, 20, 6), (1001, 20, 6), (1109, 20, 6),
+                                 (2104, 20, 6)],
                                 kinds: SimScenario.FaultKind.drawnByDefault, watch: true, roam: true)
     }
 
