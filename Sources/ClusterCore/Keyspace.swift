@@ -746,12 +746,13 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// When the next orphan is due (monotonic ns), if any.
     public var nextOrphanDeadline: UInt64? {
         guard !orphanKeys.isEmpty else { return nil }
-        var next: UInt64? = sweepsHeldUntil
+        if let held = sweepsHeldUntil { return held }
+        var next: UInt64? = nil
         for key in orphanKeys {
             guard let v = owned[key] else { continue }
             for sink in v.sinks where !isLive(sink) {
                 let d = (goneSince[sink] ?? 0) &+ presenceTimeout
-                next = sweepsHeldUntil.map { max($0, min(next ?? d, d)) } ?? min(next ?? d, d)
+                next = min(next ?? d, d)
             }
         }
         return next
@@ -771,9 +772,7 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
     /// its lease it cannot tell a gateway gone from its own cut: it times nobody out, looks again
     /// `recheck` later, and once it holds the lease again each absence it counted runs at least
     /// `grace` more — time for what it missed (a session's resume announced elsewhere, retried
-    /// across the heal, or anti-entropy) to reach it. Timing out from its side of a cut, an owner
-    /// alone in a partition removed a user whose session had resumed meanwhile (simulation seed
-    /// 2104 with model clients that roam).
+    /// across the heal, or anti-entropy) to reach it.
     public mutating func sweep(now: UInt64, wall: Int64, holdsLease: Bool = true, recheck: UInt64 = 0, grace: UInt64 = 0) -> [Effect] {
         guard holdsLease else {
             sweepsHeldUntil = now &+ max(recheck, 1)
