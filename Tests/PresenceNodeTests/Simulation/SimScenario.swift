@@ -15,7 +15,7 @@ struct SimScenario {
         case linkCutShort, linkCutLong, slow
         /// A crash right after the node, as a channel's owner, answered a gateway's membership
         /// change (within 2 s; restarted when they are up): what it had not sent yet (a replica's
-        /// copy still queued) is lost with it.
+        /// copy still queued, or sent at that very instant: `SimNetwork.killed`) is lost with it.
         case crashAtAnswer
         /// A node cut off from every other node for T/2 or T + 2 s while its clients still reach
         /// it (a split that leaves it on their side).
@@ -225,6 +225,7 @@ struct SimScenario {
         report.counts["peer messages"] = cluster.network.requests
         report.counts["messages lost"] = cluster.network.lost
         report.counts["messages duplicated"] = cluster.network.duplicated
+        report.counts["messages unsent at a kill"] = cluster.network.unsentAtKill
         report.trace = world.traceLines
         return report
     }

@@ -186,6 +186,13 @@ final class SimNetwork: @unchecked Sendable {
     private var nextWork = 0
     private(set) var requests = 0
     private(set) var lost = 0
+    /// Requests a process sent at the very instant it was killed (`unsent`).
+    private(set) var unsentAtKill = 0
+    /// The requests sent at the current instant, by sender. A process killed at the instant it
+    /// sent them had not written them out yet (its event loop writes what a turn queued when the
+    /// turn ends, and nghttp2 buffers before the socket), so they die with it, whichever order
+    /// the node queued them in; what it answered (the answer is on its way) still arrives.
+    private var sentNow: (at: UInt64, flags: [String: [Box<Bool>]]) = (0, [:])
     private(set) var duplicated = 0
 
     init(world: SimWorld) { self.world = world }
@@ -217,8 +224,23 @@ final class SimNetwork: @unchecked Sendable {
 
     func ended(_ token: Int) { working[token] = nil }
 
-    /// A process killed at `address`: its calls end with it.
-    func killed(_ address: String) { working = working.filter { $0.value.address != address } }
+    /// A process killed at `address`: its calls end with it, and what it sent at this instant is lost.
+    func killed(_ address: String) {
+        working = working.filter { $0.value.address != address }
+        guard sentNow.at == world.now else { return }
+        let flags = (sentNow.flags[address] ?? []).filter { !$0.value }
+        for flag in flags { flag.value = true }
+        unsentAtKill += flags.count
+        if !flags.isEmpty { world.log("\(address): \(flags.count) request(s) sent at this instant die with it") }
+    }
+
+    /// A request leaving `from` now; set once `from` is killed at this same instant (`killed`).
+    func unsent(from: String) -> Box<Bool> {
+        if sentNow.at != world.now { sentNow = (world.now, [:]) }
+        let flag = Box(false)
+        sentNow.flags[from, default: []].append(flag)
+        return flag
+    }
 
     func reachable(_ a: String, _ b: String) -> Bool {
         !isolated.contains(a) && !isolated.contains(b) && !isolatedFromPeers.contains(a) && !isolatedFromPeers.contains(b)
@@ -248,9 +270,11 @@ struct SimTransport: PeerTransport {
             let bytes = request.serializedBytes()
             let deadline = network.world.now + timeout
             let copies = network.duplicates(from, address) ? 2 : 1
+            let unsent = network.unsent(from: from)
             for _ in 0..<copies {
                 let there = network.delay(from, address)
                 dest.loop.after(there) {
+                    guard !unsent.value else { return }
                     Task(executorPreference: dest.loop) {
                         let work = network.began(address, "\(method.path) from \(from)")
                         let result: Result<[UInt8], GRPCStatus>
