@@ -164,7 +164,7 @@ final class SimCluster: @unchecked Sendable {
 
     func isolate(_ id: String, _ on: Bool) {
         world.log("\(on ? "isolate" : "heal") \(id)")
-        if on { network.isolated.insert(address(of: id)) } else { network.isolated.remove(address(of: id)) }
+        if on { network.isolated.insert(address(of: id)) } else { network.isolated.remove(address(of: id)); network.healed() }
         if on { onUnreachable?(id) }
     }
 
@@ -172,13 +172,13 @@ final class SimCluster: @unchecked Sendable {
     /// that leaves a node on its clients' side).
     func isolateFromPeers(_ id: String, _ on: Bool) {
         world.log("\(on ? "isolate from peers" : "heal from peers") \(id)")
-        if on { network.isolatedFromPeers.insert(address(of: id)) } else { network.isolatedFromPeers.remove(address(of: id)) }
+        if on { network.isolatedFromPeers.insert(address(of: id)) } else { network.isolatedFromPeers.remove(address(of: id)); network.healed() }
     }
 
     func cut(_ a: String, _ b: String, _ on: Bool) {
         world.log("\(on ? "cut" : "heal") \(a)<->\(b)")
         let link = [address(of: a), address(of: b)].sorted()
-        if on { network.cutLinks.insert(link) } else { network.cutLinks.remove(link) }
+        if on { network.cutLinks.insert(link) } else { network.cutLinks.remove(link); network.healed() }
     }
 
     func slow(_ id: String, _ on: Bool) {

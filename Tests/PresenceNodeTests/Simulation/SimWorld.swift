@@ -159,8 +159,10 @@ struct SimClock: EngineClock {
 
 /// The in-memory network: each request is delivered to the peer services of the node at its
 /// address after a delay drawn from the seed, and its answer comes back the same way; a node
-/// that is down or cut off answers nothing (the caller's timeout fires). A node on a bad link
-/// (`slow`) gets 50 ms ± 20 ms per message, loses 5% of them and receives 2% twice.
+/// that is down or cut off answers nothing (the caller's timeout fires). A request sent over a
+/// cut link is not lost but held, as TCP keeps resending it: it arrives late, after the heal
+/// (`healed`). A node on a bad link (`slow`) gets 50 ms ± 20 ms per message, loses 5% of them
+/// and receives 2% twice.
 /// `@unchecked Sendable`: used from the driver's thread only (see `SimWorld`).
 final class SimNetwork: @unchecked Sendable {
     let world: SimWorld
@@ -247,10 +249,52 @@ final class SimNetwork: @unchecked Sendable {
             && !cutLinks.contains([a, b].sorted())
     }
 
-    func deliver(from: String, to address: String) -> (services: ServiceRegistry, loop: EventLoop)? {
+    typealias Destination = (services: ServiceRegistry, loop: EventLoop)
+
+    /// Where a request goes now: delivered, held on a cut link (`park`), or lost.
+    enum Route { case deliver(Destination), held, lost }
+
+    func route(from: String, to address: String) -> Route {
         requests += 1
-        guard reachable(from, address), !loses(from, address) else { return nil }
-        return nodes[address]
+        guard reachable(from, address) else { return holdsOnCutLinks ? .held : .lost }
+        guard !loses(from, address), let dest = nodes[address] else { return .lost }
+        return .deliver(dest)
+    }
+
+    // MARK: requests held on a cut link
+
+    /// How long TCP keeps resending a request over a cut link (blackholed, as `Cluster/chaos`
+    /// cuts them): past the peer connection's own keepalive (2 s + 1 s) the kernel still resends
+    /// what a closed socket had not delivered. A request held longer is counted lost.
+    static let heldHorizon: UInt64 = 10_000_000_000
+    /// Whether requests over a cut link are held (`SimScenario.Options.requestsArriveLate`).
+    var holdsOnCutLinks = false
+    private var held: [(from: String, to: String, at: UInt64, loop: EventLoop, send: (Destination, UInt64) -> Void)] = []
+    private(set) var deliveredLate = 0
+
+    /// Holds a request sent over a cut link: it arrives after the heal (`healed`), late.
+    func hold(from: String, to address: String, _ send: @escaping (Destination, UInt64) -> Void) {
+        guard let dest = nodes[address] else { return }
+        held.append((from, address, world.now, dest.loop, send))
+    }
+
+    /// A link healed: each request held on a link that works again arrives at TCP's first resend
+    /// after the heal (0.2 s after it was sent, then 0.4 s, 0.8 s, ... later), if the process it
+    /// was sent to still runs and it was sent within `heldHorizon`.
+    func healed() {
+        let now = world.now
+        var still: [(from: String, to: String, at: UInt64, loop: EventLoop, send: (Destination, UInt64) -> Void)] = []
+        for h in held {
+            guard reachable(h.from, h.to) else { still.append(h); continue }
+            guard let dest = nodes[h.to], dest.loop === h.loop, now - h.at <= Self.heldHorizon else { continue }
+            var rto: UInt64 = 200_000_000
+            var resend = h.at + rto
+            while resend < now { rto *= 2; resend += rto }
+            deliveredLate += 1
+            world.log("\(h.from) -> \(h.to): a request held since \(String(format: "%.4f", Double(h.at) / 1e9 - 1)) arrives late")
+            h.send(dest, resend - now + 200_000)
+        }
+        held = still
     }
 }
 
@@ -266,13 +310,16 @@ struct SimTransport: PeerTransport {
         loop.after(timeout) { answer.complete(.failure(GRPCStatus(.deadlineExceeded, "no answer from \(address)"))) }
         network.world.log("\(from) -> \(address) \(method.path)" + ((request as? ClusterChannelCall).map { " \($0.op) \($0.channelName) \($0.session?.sessionID.prefix(6) ?? "") gw=\($0.session?.gateway ?? "") v=\($0.session?.version ?? 0)" } ?? ""))
         network.observe?(from, address, method.path, request.serializedBytes())
-        if let dest = network.deliver(from: from, to: address), let handler = dest.services.methods[method.path]?.asyncUnary {
+        // (a request held on a cut link arrives late with a fresh deadline: gRPC's timeout header
+        // is relative, read where it arrives)
+        let send = { (dest: SimNetwork.Destination, late: UInt64?) in
+            guard let handler = dest.services.methods[method.path]?.asyncUnary else { return }
             let bytes = request.serializedBytes()
-            let deadline = network.world.now + timeout
+            let deadline = network.world.now + (late ?? 0) + timeout
             let copies = network.duplicates(from, address) ? 2 : 1
             let unsent = network.unsent(from: from)
             for _ in 0..<copies {
-                let there = network.delay(from, address)
+                let there = late ?? network.delay(from, address)
                 dest.loop.after(there) {
                     guard !unsent.value else { return }
                     Task(executorPreference: dest.loop) {
@@ -295,6 +342,11 @@ struct SimTransport: PeerTransport {
                     }
                 }
             }
+        }
+        switch network.route(from: from, to: address) {
+        case .deliver(let dest): send(dest, nil)
+        case .held: network.hold(from: from, to: address) { dest, after in send(dest, after) }
+        case .lost: break
         }
         // (handlers answer with a gRPC-framed message: a 5-byte header, then the protobuf bytes)
         let framed = try await answer.value.get()

@@ -7,7 +7,8 @@ import Testing
 /// drawn by the seed), `PRESENCED_SIM_TRACE=1` (print a failing seed's trace),
 /// `PRESENCED_SIM_EXTRA_KINDS=A,B` (fault kinds not drawn by default, drawn too),
 /// `PRESENCED_SIM_WATCH=0` (model clients that never Watch, as before the twelfth session),
-/// `PRESENCED_SIM_ROAM=0` (model clients that never roam, as before the thirteenth). `Scripts/simulate`
+/// `PRESENCED_SIM_ROAM=0` (model clients that never roam, as before the thirteenth),
+/// `PRESENCED_SIM_LATE=1` (requests over a cut link arrive late, after the heal). `Scripts/simulate`
 /// runs long sweeps of it and sums the `SIM` lines it prints.
 @Suite struct SimulationScheduleTests {
     static let environment = ProcessInfo.processInfo.environment
@@ -30,6 +31,7 @@ import Testing
         }
         o.clientsWatch = environment["PRESENCED_SIM_WATCH"] != "0"
         o.clientsRoam = environment["PRESENCED_SIM_ROAM"] != "0"
+        o.requestsArriveLate = environment["PRESENCED_SIM_LATE"] == "1"
         o.slots = environment["PRESENCED_SIM_SLOTS"].flatMap(Int.init)
         o.leftOut = Set((environment["PRESENCED_SIM_LEAVE_OUT"] ?? "").split(separator: ",").compactMap { Int($0) })
         return o
