@@ -251,7 +251,7 @@ final class SimNetwork: @unchecked Sendable {
 
     typealias Destination = (services: ServiceRegistry, loop: EventLoop)
 
-    /// Where a request goes now: delivered, held on a cut link (`park`), or lost.
+    /// Where a request goes now: delivered, held on a cut link (`hold`), or lost.
     enum Route { case deliver(Destination), held, lost }
 
     func route(from: String, to address: String) -> Route {
@@ -269,7 +269,10 @@ final class SimNetwork: @unchecked Sendable {
     static let heldHorizon: UInt64 = 10_000_000_000
     /// Whether requests over a cut link are held (`SimScenario.Options.requestsArriveLate`).
     var holdsOnCutLinks = false
-    private var held: [(from: String, to: String, at: UInt64, loop: EventLoop, send: (Destination, UInt64) -> Void)] = []
+    /// A request held on a cut link: who sent it where and when, the process it went to, and
+    /// how to send it once the link heals (to that process, after a delay).
+    private typealias Held = (from: String, to: String, at: UInt64, loop: EventLoop, send: (Destination, UInt64) -> Void)
+    private var held: [Held] = []
     private(set) var deliveredLate = 0
 
     /// Holds a request sent over a cut link: it arrives after the heal (`healed`), late.
@@ -283,7 +286,7 @@ final class SimNetwork: @unchecked Sendable {
     /// was sent to still runs and it was sent within `heldHorizon`.
     func healed() {
         let now = world.now
-        var still: [(from: String, to: String, at: UInt64, loop: EventLoop, send: (Destination, UInt64) -> Void)] = []
+        var still: [Held] = []
         for h in held {
             guard reachable(h.from, h.to) else { still.append(h); continue }
             guard let dest = nodes[h.to], dest.loop === h.loop, now - h.at <= Self.heldHorizon else { continue }
