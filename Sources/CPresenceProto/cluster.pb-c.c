@@ -1999,7 +1999,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__join_response__descripto
   (ProtobufCMessageInit) presence__cluster__v1__join_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[7] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_descriptors[8] =
 {
   {
     "session_id",
@@ -2085,11 +2085,24 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__session_ref__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "settled",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Presence__Cluster__V1__SessionRef, settled),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__session_ref__field_indices_by_name[] = {
   2,   /* field[2] = gateway */
   4,   /* field[4] = gateway_boot */
   0,   /* field[0] = session_id */
+  7,   /* field[7] = settled */
   1,   /* field[1] = user_id */
   5,   /* field[5] = version */
   3,   /* field[3] = with_presence */
@@ -2099,7 +2112,7 @@ static const ProtobufCIntRange presence__cluster__v1__session_ref__number_ranges
 {
   { 1, 0 },
   { 6, 4 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor =
 {
@@ -2109,7 +2122,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__session_ref__descriptor 
   "Presence__Cluster__V1__SessionRef",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__SessionRef),
-  7,
+  8,
   presence__cluster__v1__session_ref__field_descriptors,
   presence__cluster__v1__session_ref__field_indices_by_name,
   2,  presence__cluster__v1__session_ref__number_ranges,
@@ -4831,7 +4844,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__exchange_response__descr
   (ProtobufCMessageInit) presence__cluster__v1__exchange_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__confirm_request__field_descriptors[4] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__confirm_request__field_descriptors[5] =
 {
   {
     "from_node_id",
@@ -4881,17 +4894,30 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__confirm_request__fi
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "never_opened",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Presence__Cluster__V1__ConfirmRequest, n_never_opened),
+    offsetof(Presence__Cluster__V1__ConfirmRequest, never_opened),
+    &presence__cluster__v1__key_session__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__confirm_request__field_indices_by_name[] = {
   1,   /* field[1] = from_boot */
   0,   /* field[0] = from_node_id */
   2,   /* field[2] = gone */
   3,   /* field[3] = moved */
+  4,   /* field[4] = never_opened */
 };
 static const ProtobufCIntRange presence__cluster__v1__confirm_request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__confirm_request__descriptor =
 {
@@ -4901,7 +4927,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__confirm_request__descrip
   "Presence__Cluster__V1__ConfirmRequest",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__ConfirmRequest),
-  4,
+  5,
   presence__cluster__v1__confirm_request__field_descriptors,
   presence__cluster__v1__confirm_request__field_indices_by_name,
   1,  presence__cluster__v1__confirm_request__number_ranges,

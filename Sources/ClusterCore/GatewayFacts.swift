@@ -74,13 +74,18 @@ public struct GatewayFacts: Sendable {
         case gone(version: UInt64)
         /// Its client resumed it on another gateway.
         case moved(to: NodeInstance, version: UInt64)
+        /// This gateway gave up on its open before its client heard of it (asked of a user's
+        /// home): gone, and nothing its open set is the client's word.
+        case neverOpened
     }
 
     /// `movedTo`: where the session went when its client resumed it elsewhere (`to` nil: another
     /// gateway claimed it, but which is not known here: it is left alone, the new one speaks for it).
+    /// `abandoned`: this gateway gave up on the session's open.
     public static func verdict(channel: ChannelKey?, user: String?, placedAt version: UInt64, held: SessionTable.Session?,
-                               claiming: Bool = false, movedTo: (to: NodeInstance?, version: UInt64)?) -> Verdict {
+                               claiming: Bool = false, movedTo: (to: NodeInstance?, version: UInt64)?, abandoned: Bool = false) -> Verdict {
         if claiming { return .held }  // its client is resuming it here right now
+        if held == nil, abandoned, user != nil { return .neverOpened }
         if let s = held {
             let stillThere: Bool
             if let channel {

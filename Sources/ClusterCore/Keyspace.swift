@@ -60,6 +60,8 @@ public protocol ReplicatedValue: Sendable {
     mutating func removeGone(_ session: SessionID, at sink: NodeInstance, version: UInt64, now: Int64) -> [Output]
     /// The session left the gateway at `sink` for `to` (its client resumed it there).
     mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output]
+    /// The gateway at `sink` gave up on the session's open before its client heard of it.
+    mutating func removeNeverOpened(_ session: SessionID, at sink: NodeInstance, now: Int64) -> [Output]
 }
 
 /// What reconciling one key with a gateway's facts did.
@@ -935,12 +937,20 @@ public struct Keyspace<V: ReplicatedValue>: Sendable {
         return (effects, results)
     }
 
-    /// The gateway at `sink` confirmed which suspects it does not hold (as of each one's version)
-    /// and which of them moved to another gateway.
+    /// The gateway at `sink` confirmed which suspects it does not hold (as of each one's version),
+    /// which of them moved to another gateway, and which it never opened.
     public mutating func confirmed(from sink: NodeInstance, gone: [(V.Key, SessionID, UInt64)],
-                                   moved: [(V.Key, SessionID, NodeInstance, UInt64)], now: UInt64, wall: Int64) -> [Effect] {
+                                   moved: [(V.Key, SessionID, NodeInstance, UInt64)], neverOpened: [(V.Key, SessionID)] = [],
+                                   now: UInt64, wall: Int64) -> [Effect] {
         var effects: [Effect] = []
         var touched = Set<V.Key>()
+        for (key, session) in neverOpened {
+            guard let i = owned.index(forKey: key) else { continue }
+            let events = owned[valueAt: i].removeNeverOpened(session, at: sink, now: wall)
+            if !events.isEmpty { effects.append(.deliver(events)) }
+            touched.insert(key)
+            keep(key, wall: wall)
+        }
         for (key, session, to, version) in moved {
             guard let i = owned.index(forKey: key) else { continue }
             let events = owned[valueAt: i].moved(session, from: sink, to: to, version: version, now: wall)

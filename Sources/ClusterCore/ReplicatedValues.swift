@@ -119,6 +119,12 @@ extension ChannelMachine: ReplicatedValue where Sink == NodeInstance {
         return routing { $0.leave(user: p.user, session: session, version: v, now: now) }
     }
 
+    /// (A channel learns of a session only from its gateway's join: one its gateway never
+    /// opened is simply gone.)
+    public mutating func removeNeverOpened(_ session: SessionID, at sink: NodeInstance, now: Int64) -> [Output] {
+        removeGone(session, at: sink, version: .max, now: now)
+    }
+
     public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Output] {
         guard let p = place(of: session), p.sink == sink, SessionVersion.epoch(version) > SessionVersion.epoch(p.version) else { return [] }
         // (placed where it went under the version it had here: the move says where the session
@@ -254,6 +260,10 @@ extension HomeRecord: ReplicatedValue where Sink == NodeInstance {
         if watchers[session]?.sink == sink { unwatch(by: session, at: sink) }
         guard let s = sessions[session], s.sink == sink, s.version <= version else { return [] }
         return sessionEnded(session: session, version: version, now: now).map { [$0] } ?? []
+    }
+
+    public mutating func removeNeverOpened(_ session: SessionID, at sink: NodeInstance, now: Int64) -> [StatusChange] {
+        sessionNeverOpened(session: session, at: sink, now: now).map { [$0] } ?? []
     }
 
     public mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [StatusChange] {

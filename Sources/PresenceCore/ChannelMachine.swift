@@ -66,8 +66,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// sink 24; `removeMember` keeps the member indices in step when an entry moves), and
     /// `withPresence` in the sink field's top bit (a channel has a few sinks, one per gateway);
     /// and the session's state writes (`WriteNumber`, in the epoch of `version`): the last one
-    /// this owner applied or learnt, and the last one learnt from another owner's copy (a write
-    /// numbered at or below that is a delayed attempt its gateway retried elsewhere).
+    /// this owner applied or learnt, and the fence: the last one learnt from another owner's copy
+    /// or settled by its gateway (a write numbered at or below that is a delayed attempt its
+    /// gateway retried elsewhere or finished with).
     struct Placement: Sendable {
         var member: UInt32
         private var sinkAndPresence: UInt32
@@ -281,10 +282,15 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// set before joining. A user's first session makes REMOTE_JOIN; a subscribing session gets a
     /// SNAPSHOT as its first event of this channel.
     @_specialize(exported: true, where Sink == NodeInstance)
+    /// `settled`: the number of the session's last state write before this join, when its gateway
+    /// joins it afresh: every write numbered at or below it belongs to an earlier membership (a
+    /// first attempt delivered late, or a duplicate), and changes nothing here.
     public mutating func join(user: String, session: SessionID, withPresence: Bool, sink: Sink, version: UInt64 = 0,
-                              pendingState: [StateItem] = [], now: Int64) -> [Delivery] {
-        join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, pendingState: pendingState,
-             datingState: true, now: now)
+                              pendingState: [StateItem] = [], settled: UInt32 = 0, now: Int64) -> [Delivery] {
+        let out = join(user: user, session: session, withPresence: withPresence, sink: sink, version: version, pendingState: pendingState,
+                       datingState: true, now: now)
+        fence(settled, of: session, version: version)
+        return out
     }
 
     /// `datingState`: a user's first session starts its state afresh (a client's join), dated now,
@@ -523,16 +529,18 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     /// Merges state for a user whose `session` is in the channel. Throws STATE_KEY_LIMIT (and
     /// changes nothing) when the user would hold more than 32 keys.
     @_specialize(exported: true, where Sink == NodeInstance)
-    /// `write` is the gateway's number for it, in the epoch of `version` (0: unnumbered): a delayed
-    /// attempt of a write this owner learnt was carried out (or overtaken) elsewhere changes nothing.
-    public mutating func setState(user: String, session: SessionID, items: [StateItem], write: UInt32 = 0, version: UInt64 = 0,
-                                  now: Int64) throws(PresenceError) -> [Delivery] {
+    /// `write` is the gateway's number for it, in the epoch of `version` (0: unnumbered), and
+    /// `settled` the number at or below which every write of the session finished at its gateway:
+    /// a delayed attempt of a write this owner learnt was settled, or carried out (or overtaken)
+    /// elsewhere, changes nothing.
+    public mutating func setState(user: String, session: SessionID, items: [StateItem], write: UInt32 = 0, settled: UInt32 = 0,
+                                  version: UInt64 = 0, now: Int64) throws(PresenceError) -> [Delivery] {
         guard var m = members[user], has(m, user, session), admits(write, of: session, version: version) else { return [] }
         let after = m.state.countAfterMerging(items)
         guard after <= Limits.maxStateKeys else {
             throw PresenceError(.resourceExhausted, "STATE_KEY_LIMIT", "a user may hold at most \(Limits.maxStateKeys) state keys per channel; this call would make \(after)")
         }
-        applied(write, of: session, version: version)
+        applied(write, settled: settled, of: session, version: version)
         guard m.state.merge(items) else { return [] }
         m.stateVersion = nextSequence()
         members[user] = m
@@ -543,10 +551,10 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
 
     /// Removes state keys (all when `keys` is empty); `write` as for `setState`.
     @_specialize(exported: true, where Sink == NodeInstance)
-    public mutating func removeState(user: String, session: SessionID, keys: [String], write: UInt32 = 0, version: UInt64 = 0,
-                                     now: Int64) -> [Delivery] {
+    public mutating func removeState(user: String, session: SessionID, keys: [String], write: UInt32 = 0, settled: UInt32 = 0,
+                                     version: UInt64 = 0, now: Int64) -> [Delivery] {
         guard var m = members[user], has(m, user, session), admits(write, of: session, version: version) else { return [] }
-        applied(write, of: session, version: version)
+        applied(write, settled: settled, of: session, version: version)
         guard m.state.remove(keys) else { return [] }
         m.stateVersion = nextSequence()
         members[user] = m
@@ -555,17 +563,27 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
         return out
     }
 
-    /// Whether a state write numbered `write` (stamped `version`) may act: not when a copy from
-    /// another owner showed this one or a later one carried out.
+    /// Whether a state write numbered `write` (stamped `version`) may act: not when its gateway
+    /// said it was settled, or a copy from another owner showed this one or a later one carried out.
     private func admits(_ write: UInt32, of session: SessionID, version: UInt64) -> Bool {
         guard write != 0, let p = placements[session], p.fence != 0,
               SessionVersion.epoch(p.version) == SessionVersion.epoch(version) else { return true }
         return WriteNumber.isAfter(write, p.fence)
     }
 
-    private mutating func applied(_ write: UInt32, of session: SessionID, version: UInt64) {
+    /// A write numbered `write` acted; its gateway had settled every write up to `settled`.
+    private mutating func applied(_ write: UInt32, settled: UInt32, of session: SessionID, version: UInt64) {
         guard write != 0, var p = placements[session], SessionVersion.epoch(p.version) == SessionVersion.epoch(version) else { return }
         p.written = WriteNumber.latest(p.written, write)
+        // (a settled number is below its write's: `WriteNumber` compares them within reach)
+        if settled != 0, WriteNumber.isAfter(write, settled) { p.fence = WriteNumber.latest(p.fence, settled) }
+        placements[session] = p
+    }
+
+    /// The session's writes up to `settled` are done with (its gateway says so).
+    private mutating func fence(_ settled: UInt32, of session: SessionID, version: UInt64) {
+        guard settled != 0, var p = placements[session], SessionVersion.epoch(p.version) == SessionVersion.epoch(version) else { return }
+        p.fence = WriteNumber.latest(p.fence, settled)
         placements[session] = p
     }
 

@@ -184,6 +184,16 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     /// The lowest epoch a claim under this home's lineage gives a session (`startLineage`). Kept
     /// by this node only: a copy's receiver that takes the record over starts its own lineage.
     private var claimFloor: UInt64 = 0
+    /// The last status an open set, while it stands: taken back if the session's gateway says it
+    /// never opened the session (`sessionNeverOpened`). Kept by this node only.
+    private var setByOpen: StatusSetByOpen?
+    private struct StatusSetByOpen: Equatable, Sendable {
+        let session: SessionID
+        /// The status the user would have had without that open.
+        let before: UserStatus
+        /// `chosenVersion` as the open left it: a later choice stands whatever the open was.
+        let version: UInt64
+    }
 
     public init(userID: String) {
         self.userID = userID
@@ -306,8 +316,30 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
                 r.sessions[session] = Session(sink: sink, version: version)
             }
             if initial != .unknown && !late {
+                let before = r.chosen
                 r.chosen = initial
                 r.chosenVersion = r.nextVersion()
+                r.setByOpen = StatusSetByOpen(session: session, before: before, version: r.chosenVersion)
+            }
+        }
+    }
+
+    /// The session's gateway never opened it: it gave up on the open before its client heard of
+    /// it, and the open reached this home all the same (a first attempt delivered late, once a cut
+    /// link healed). The session goes, and the status its open set, if no choice came since, is
+    /// taken back: the client's word is what it said after that, on the session it did open.
+    @_specialize(exported: true, where Sink == NodeInstance)
+    public mutating func sessionNeverOpened(session: SessionID, at sink: Sink, now: Int64 = 0) -> StatusChange? {
+        guard let s = sessions[session], s.sink == sink else { return nil }
+        let taken = setByOpen.flatMap { $0.session == session && $0.version == chosenVersion ? $0.before : nil }
+        forgetOldDepartures(now: now)
+        departed[session] = Departure(version: s.version, byGateway: true, at: now)
+        return change { r in
+            r.sessions[session] = nil
+            if let taken {
+                r.chosen = taken
+                r.chosenVersion = r.nextVersion()
+                r.setByOpen = nil
             }
         }
     }

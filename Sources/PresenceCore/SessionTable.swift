@@ -65,6 +65,14 @@ public struct SessionTable {
         public fileprivate(set) var watching: Set<String> = []
         /// The number of the session's last state write (`WriteNumber`).
         public fileprivate(set) var writes: UInt32 = 0
+        /// The last state write numbered while none was in flight: every write numbered at or
+        /// below it has finished here (answered, or given up on), so an attempt of one that reaches
+        /// an owner later is late. Each write carries it (`settled`), and the owner drops such an
+        /// attempt. (A client with writes always in flight holds it back: late attempts then
+        /// compare with the fences owners learn from each other's copies only.)
+        public fileprivate(set) var settledWrites: UInt32 = 0
+        /// State writes numbered and not finished yet.
+        public fileprivate(set) var writesInFlight: UInt16 = 0
         /// The number of the session's last call its home orders by number (SetStatus, Watch):
         /// counted apart from state writes, so the home's last number stays within reach of the next
         /// (`WriteNumber` compares numbers within 2^31 of each other) however many writes a
@@ -253,13 +261,38 @@ public struct SessionTable {
     /// stamped with and the write's number (`WriteNumber`); nil when the session is not in the
     /// channel. With `now`, a session past its resume window is not found (as `session(_:now:)`).
     /// (One lookup, and no copy of the session: this runs on every SetState.)
-    public mutating func numberedWrite(_ id: SessionID, channel: ChannelKey, now: UInt64? = nil) throws(PresenceError) -> (user: String, joinVersion: UInt64, write: UInt32)? {
+    /// The write is in flight until `writeFinished` is called for it, and is numbered with the
+    /// writes settled before it (`Session.settledWrites`).
+    public mutating func numberedWrite(_ id: SessionID, channel: ChannelKey, now: UInt64? = nil) throws(PresenceError) -> NumberedWrite? {
         let window = resumeWindow
-        return try withSession(id) { (s: inout Session) throws(PresenceError) -> (user: String, joinVersion: UInt64, write: UInt32)? in
+        return try withSession(id) { (s: inout Session) throws(PresenceError) -> NumberedWrite? in
             if let now, Self.isExpired(s.liveness, now: now, window: window) { throw Self.noSession(id) }
             guard let joinVersion = s.channels[channel]?.joinVersion else { return nil }
+            if s.writesInFlight == 0 { s.settledWrites = s.writes }
             s.writes = WriteNumber.next(s.writes)
-            return (s.userID, joinVersion, s.writes)
+            // (a client that never lets its writes finish — 65,535 in flight — stops moving the
+            // floor, which only makes owners fence less)
+            if s.writesInFlight < .max { s.writesInFlight += 1 }
+            return NumberedWrite(user: s.userID, joinVersion: joinVersion, write: s.writes, settled: s.settledWrites)
+        }
+    }
+
+    /// A state write numbered by `numberedWrite`: its session's user, the version its join was
+    /// stamped with, the write's number, and the number every write at or below which finished.
+    public struct NumberedWrite: Sendable, Equatable {
+        public var user: String
+        public var joinVersion: UInt64
+        public var write: UInt32
+        public var settled: UInt32
+    }
+
+    /// A write numbered by `numberedWrite` finished (answered, or given up on): once none is in
+    /// flight, every write so far is settled.
+    public mutating func writeFinished(_ id: SessionID) {
+        _ = try? withSession(id) { (s: inout Session) in
+            guard s.writesInFlight > 0, s.writesInFlight < .max else { return }
+            s.writesInFlight -= 1
+            if s.writesInFlight == 0 { s.settledWrites = s.writes }
         }
     }
 

@@ -66,6 +66,9 @@ import Testing
         mutating func moved(_ session: SessionID, from sink: NodeInstance, to: NodeInstance, version: UInt64, now: Int64) -> [Machine.Output] {
             machine.moved(session, from: sink, to: to, version: version, now: now)
         }
+        mutating func removeNeverOpened(_ session: SessionID, at sink: NodeInstance, now: Int64) -> [Machine.Output] {
+            machine.removeNeverOpened(session, at: sink, now: now)
+        }
     }
 
     @Test func aReplicaAppliesTheOwnersChangesToItsCopyInPlace() throws {

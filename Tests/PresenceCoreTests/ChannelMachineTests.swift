@@ -336,6 +336,49 @@ func received(_ d: [Delivery], _ m: ChannelMachine<String>) -> [String: [Presenc
         #expect(replica.state(of: "u")?.contains(item("c", "3")) == true)
     }
 
+    /// Found by the simulation with late requests (seed 45): a SetState's first attempt, held on a
+    /// cut link, was given up on and retried through another node to the same owner; the client's
+    /// next SetState of the same key was applied, and then the first attempt arrived and put the
+    /// older value back. Each write carries the number at or below which its gateway finished
+    /// every write of the session: an attempt numbered there arrives late.
+    @Test func aWriteItsGatewaySettledBeforeTheNextOneIsLateWhenItArrivesAfterIt() throws {
+        let v = SessionVersion.make(epoch: 1, counter: 1)
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "u", session: s1, withPresence: true, sink: "gw", version: v, now: 1)
+        _ = try m.setState(user: "u", session: s1, items: [item("k1", "v130")], write: 7, settled: 6, version: v, now: 2)  // the retry
+        _ = try m.setState(user: "u", session: s1, items: [item("k1", "v137")], write: 8, settled: 7, version: v, now: 3)
+        #expect(try m.setState(user: "u", session: s1, items: [item("k1", "v130")], write: 7, settled: 6, version: v, now: 4).isEmpty)
+        #expect(m.removeState(user: "u", session: s1, keys: [], write: 7, settled: 6, version: v, now: 4).isEmpty)
+        #expect(m.state(of: "u") == [item("k1", "v137")])
+        // a replica that takes over learns the fence with the copy
+        var replica = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        for c in m.fullCopies() { replica.install(c) }
+        #expect(try replica.setState(user: "u", session: s1, items: [item("k1", "v130")], write: 7, version: v, now: 5).isEmpty)
+        // writes still in flight together (settled below both) both act, in whatever order
+        _ = try m.setState(user: "u", session: s1, items: [item("b", "2")], write: 10, settled: 8, version: v, now: 6)
+        _ = try m.setState(user: "u", session: s1, items: [item("a", "1")], write: 9, settled: 8, version: v, now: 7)
+        #expect(m.state(of: "u") == [item("a", "1"), item("b", "2"), item("k1", "v137")])
+    }
+
+    /// Found by the simulation with late requests (seed 53): a SetState's first attempt, held on a
+    /// cut link, was retried through another node and acknowledged; the client left the channel
+    /// and joined it again, and then a copy of the old attempt arrived and gave the fresh member
+    /// the state of the one before. A fresh join carries the session's last write number: every
+    /// write numbered up to it belongs to an earlier membership.
+    @Test func aWriteFromBeforeAFreshJoinChangesNothing() throws {
+        let v = { (n: UInt64) in SessionVersion.make(epoch: 1, counter: n) }
+        var m = ChannelMachine<String>(key: lobby, maxInstantEvents: 50)
+        _ = m.join(user: "u", session: s1, withPresence: true, sink: "gw", version: v(1), now: 1)
+        _ = try m.setState(user: "u", session: s1, items: [item("k1", "v33")], write: 4, settled: 3, version: v(1), now: 2)
+        _ = m.leave(user: "u", session: s1, version: v(2), now: 3)
+        _ = m.join(user: "u", session: s1, withPresence: true, sink: "gw", version: v(3), settled: 4, now: 4)
+        #expect(try m.setState(user: "u", session: s1, items: [item("k1", "v33")], write: 4, settled: 3, version: v(1), now: 5).isEmpty)
+        #expect(m.state(of: "u") == [])
+        // the new membership's writes act
+        _ = try m.setState(user: "u", session: s1, items: [item("k2", "v150")], write: 5, settled: 4, version: v(3), now: 6)
+        #expect(m.state(of: "u") == [item("k2", "v150")])
+    }
+
     /// Write numbers wrap (a session's 2^32nd write) and compare as serial numbers; 0 is unnumbered.
     @Test func writeNumbersWrapAndCompareAsSerialNumbers() {
         #expect(WriteNumber.next(1) == 2 && WriteNumber.next(.max) == 1)

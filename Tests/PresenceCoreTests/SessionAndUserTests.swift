@@ -168,9 +168,63 @@ extension SessionTableTests {
         #expect(try t.numberedCall(s2) == 1)
         #expect(throws: PresenceError.self) { _ = try t.numberedCall(s3) }
     }
+
+    /// A write carries the number at or below which every write of its session finished at the
+    /// gateway: the previous one once it finished, held back while writes overlap.
+    @Test func aWriteCarriesTheWritesSettledBeforeIt() throws {
+        var t = SessionTable(resumeWindow: sec)
+        _ = t.open(user: "ann", resume: nil, newID: s1, now: 0)
+        let room = ChannelKey(name: "room", type: .message)
+        _ = try t.joined(s1, channel: room, withPresence: false)
+        let w1 = try #require(try t.numberedWrite(s1, channel: room))
+        #expect(w1.write == 1 && w1.settled == 0)
+        t.writeFinished(s1)
+        let w2 = try #require(try t.numberedWrite(s1, channel: room))
+        #expect(w2.write == 2 && w2.settled == 1)
+        // write 3 goes out while 2 is in flight; 4 while 3 still is, after 2 finished
+        let w3 = try #require(try t.numberedWrite(s1, channel: room))
+        #expect(w3.settled == 1)
+        t.writeFinished(s1)
+        let w4 = try #require(try t.numberedWrite(s1, channel: room))
+        #expect(w4.write == 4 && w4.settled == 1)
+        t.writeFinished(s1)
+        t.writeFinished(s1)
+        #expect(try t.numberedWrite(s1, channel: room)?.settled == 4)
+        // a finish for no write in flight (none numbered) changes nothing
+        t.writeFinished(s1)
+        t.writeFinished(s1)
+        t.writeFinished(s2)
+        #expect(try t.numberedWrite(s1, channel: room)?.settled == 5)
+    }
 }
 
 @Suite struct HomeRecordTests {
+    /// Found by the simulation with late requests (seed 8): an open's call to the user's home, held
+    /// on a cut link, was given up on (the client opened again on another node and then chose
+    /// ONLINE); 4 s later the first attempt reached the home, which added the session and took its
+    /// initial BUSY as the user's latest choice. Anti-entropy removed the session its gateway never
+    /// opened, but the status stayed BUSY. The gateway now says it never opened the session, and
+    /// the status that open set goes back, unless a choice came since.
+    @Test func aSessionItsGatewayNeverOpenedTakesBackTheStatusItsOpenSet() {
+        let v = SessionVersion.make(epoch: 1, counter: 0)
+        var r = HomeRecord<String>(userID: "u21")
+        _ = r.sessionOpened(session: s1, sink: "n6", version: v, initial: .busy)
+        _ = r.setStatus(.online, by: s1, version: v, write: 1)
+        #expect(r.sessionOpened(session: s2, sink: "n4", version: v, initial: .busy)?.status == .busy)  // the late open
+        #expect(r.sessionNeverOpened(session: s2, at: "n4", now: 10)?.status == .online)
+        #expect(r.visibleStatus == .online && r.sessions.count == 1)
+        #expect(r.sessionNeverOpened(session: s2, at: "n4", now: 11) == nil)
+        // a choice made after the late open stands
+        _ = r.sessionOpened(session: s3, sink: "n4", version: v, initial: .away)
+        _ = r.setStatus(.busy, by: s1, version: v, write: 2)
+        #expect(r.sessionNeverOpened(session: s3, at: "n4", now: 12) == nil)
+        #expect(r.visibleStatus == .busy && r.sessions.count == 1)
+        // only the gateway the session lives at speaks for it
+        _ = r.sessionOpened(session: s2, sink: "n5", version: v, initial: .away)
+        #expect(r.sessionNeverOpened(session: s2, at: "n4", now: 13) == nil)
+        #expect(r.visibleStatus == .away && r.sessions.count == 2)
+    }
+
     /// Found by Cluster/chaos (netns seed 106): a Join's first attempt at the home, sent over a
     /// link then cut, got no answer and the join went through another member; the client left the
     /// channel; once the link healed 6 s later, the first attempt was retransmitted and arrived

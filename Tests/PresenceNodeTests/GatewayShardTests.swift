@@ -1,4 +1,5 @@
 import ClusterCore
+import GRPCTransport
 import PresenceCore
 @testable import PresenceNode
 import PresenceWire
@@ -119,5 +120,48 @@ extension GatewayShardTests {
         clock.advance(4_000_000_001)
         #expect(!g.isClaiming(id))
         #expect(GatewayFacts.verdict(channel: nil, user: "ann", placedAt: 5, held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id)) == .gone(version: 5))
+    }
+
+    /// A session whose open this gateway gave up on (its client was told the open failed) is
+    /// answered as never opened to its user's home, for as long as moves are remembered: the open
+    /// may reach the home late, and what it set is not the client's word. To a channel, it is gone.
+    @Test func aSessionWhoseOpenWasGivenUpOnIsAnsweredAsNeverOpened() {
+        let clock = HandClock()
+        let g = GatewayShard(resumeWindow: 4_000_000_000, clock: clock, movedMemory: 10_000_000_000)
+        let id = SessionID(raw: 44)
+        _ = g.create(id, user: "ann")
+        g.abandonOpen(id)
+        #expect(!g.holds(id) && g.outbox(id) == nil && g.openAbandoned(id))
+        let verdict = { (channel: ChannelKey?, user: String?) in
+            GatewayFacts.verdict(channel: channel, user: user, placedAt: 5, held: g.held(id), claiming: g.isClaiming(id),
+                                 movedTo: g.movedTo(id), abandoned: g.openAbandoned(id))
+        }
+        #expect(verdict(nil, "ann") == .neverOpened)
+        #expect(verdict(ChannelKey(name: "room", type: .message), nil) == .gone(version: 5))
+        clock.advance(10_000_000_001)
+        #expect(!g.openAbandoned(id) && verdict(nil, "ann") == .gone(version: 5))
+    }
+}
+
+/// A state write is in flight at its gateway until it ends, however it ends (answered at once by
+/// an owner on this node, on another loop, or after a wait): the next write carries every write
+/// finished before it as settled, and owners fence off late attempts of those.
+@Suite(.serialized) struct StateWriteSettlingTests {
+    @Test func everyStateWriteIsFinishedAtItsGatewayWhenItEnds() async throws {
+        let node = try TestNode(presenceTimeout: 3, nodeID: "n0")
+        let ann = node.client("ann")
+        try await ann.connect()
+        try await ann.join("lobby", withPresence: true)
+        try await ann.setState("lobby", ["mic": "on"])
+        try await ann.setState("lobby", ["mic": "off"])
+        try await ann.removeState("lobby", keys: ["mic"])
+        try await ann.setState("lobby", Dictionary(uniqueKeysWithValues: (0..<30).map { ("k\($0)", "v") }))
+        // (refused by the owner, after its gateway numbered it)
+        await expectError(.resourceExhausted, "STATE_KEY_LIMIT") {
+            try await ann.setState("lobby", Dictionary(uniqueKeysWithValues: (30..<35).map { ("k\($0)", "v") }))
+        }
+        let id = try #require(ann.sessionID.flatMap(SessionID.init(text:)))
+        let s = try #require(node.node.engine.core.gatewayShard(id).held(id))
+        #expect(s.writes == 5 && s.writesInFlight == 0 && s.settledWrites == 5)
     }
 }

@@ -242,10 +242,18 @@ struct  Presence__Cluster__V1__SessionRef
    * the same epoch (a late attempt).
    */
   uint32_t write;
+  /*
+   * SET_STATE and REMOVE_STATE: the gateway's number at or below which every write of the
+   * session has finished there (answered, or given up on; 0: none). An owner drops an attempt of
+   * such a write that reaches it later (a first attempt delivered once a cut link heals, behind
+   * the write its client made next). JOIN of a session not in the channel at its gateway: the
+   * number of its last write, all of them from earlier memberships.
+   */
+  uint32_t settled;
 };
 #define PRESENCE__CLUSTER__V1__SESSION_REF__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__session_ref__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
 
 
 /*
@@ -927,10 +935,16 @@ struct  Presence__Cluster__V1__ConfirmRequest
    */
   size_t n_moved;
   Presence__Cluster__V1__KeySession **moved;
+  /*
+   * Suspects this gateway never opened: it gave up on their open before its client heard of
+   * them, so nothing their open set (the user's status) is the client's word.
+   */
+  size_t n_never_opened;
+  Presence__Cluster__V1__KeySession **never_opened;
 };
 #define PRESENCE__CLUSTER__V1__CONFIRM_REQUEST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__confirm_request__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, 0,NULL, 0,NULL }
+    , (char *)protobuf_c_empty_string, 0, 0,NULL, 0,NULL, 0,NULL }
 
 
 struct  Presence__Cluster__V1__ConfirmResponse

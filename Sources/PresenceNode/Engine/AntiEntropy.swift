@@ -109,7 +109,7 @@ final class AntiEntropy: Sendable {
             guard let r = await call(node, PeerPresenceMethods.exchange, req, local: { await inbound.exchange($0) }), !r.ringMismatch else { return }
             apply(r)
             let confirm = confirmation(of: r.suspects)
-            if !confirm.gone.isEmpty || !confirm.moved.isEmpty {
+            if !confirm.gone.isEmpty || !confirm.moved.isEmpty || !confirm.neverOpened.isEmpty {
                 _ = await call(node, PeerPresenceMethods.confirm, confirm, local: { await inbound.confirm($0); return ClusterConfirmResponse() })
             }
         }
@@ -141,9 +141,12 @@ final class AntiEntropy: Sendable {
             guard k.channelName.isEmpty || channel != nil else { continue }
             var answer = k
             switch GatewayFacts.verdict(channel: channel, user: k.channelName.isEmpty ? k.userID : nil, placedAt: k.version,
-                                        held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id)) {
+                                        held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id),
+                                        abandoned: g.openAbandoned(id)) {
             case .held:
                 continue
+            case .neverOpened:
+                out.neverOpened.append(k)
             case .gone(let version):
                 answer.version = version
                 out.gone.append(answer)

@@ -266,7 +266,7 @@ actor ChannelShard {
             var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: true) { m in
                 let d = m.join(user: c.user, session: c.id, withPresence: call.session?.withPresence ?? false, sink: c.sink,
-                               version: c.version, pendingState: pending, now: now)
+                               version: c.version, pendingState: pending, settled: call.session?.settled ?? 0, now: now)
                 Self.noteState(of: c.user, in: m, to: &result)
                 return (d, ())
             }
@@ -309,7 +309,8 @@ actor ChannelShard {
             let items = try checkedWrite(c, key) { () throws(PresenceError) in try Validate.stateItems(call.items) }
             var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: false) { m throws(PresenceError) in
-                let d = try m.setState(user: c.user, session: c.id, items: items, write: call.session?.write ?? 0, version: c.version, now: now)
+                let d = try m.setState(user: c.user, session: c.id, items: items, write: call.session?.write ?? 0,
+                                   settled: call.session?.settled ?? 0, version: c.version, now: now)
                 Self.noteState(of: c.user, in: m, to: &result)
                 return (d, ())
             }
@@ -319,7 +320,8 @@ actor ChannelShard {
             try checkedWrite(c, key) { () throws(PresenceError) in for k in call.keys { try Validate.stateKey(k) } }
             var result = ClusterChannelResult()
             _ = try update(key, user: c.user, create: false) { m in
-                let d = m.removeState(user: c.user, session: c.id, keys: call.keys, write: call.session?.write ?? 0, version: c.version, now: now)
+                let d = m.removeState(user: c.user, session: c.id, keys: call.keys, write: call.session?.write ?? 0,
+                                   settled: call.session?.settled ?? 0, version: c.version, now: now)
                 Self.noteState(of: c.user, in: m, to: &result)
                 return (d, ())
             }

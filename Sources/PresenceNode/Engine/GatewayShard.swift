@@ -25,6 +25,9 @@ final class GatewayShard: Sendable {
         /// after its answer was lost finds the session closed, not unknown (RELIABILITY.md,
         /// invariant 7: a retried call is idempotent).
         var closed: [SessionID: UInt64] = [:]
+        /// Sessions whose open this gateway gave up on before its client heard of them, until
+        /// when (monotonic ns): see `abandonOpen`.
+        var abandoned: [SessionID: UInt64] = [:]
         /// Sessions with a Watch call in flight, and the statuses delivered to them since.
         var watchWindows: [SessionID: WatchWindow] = [:]
     }
@@ -199,7 +202,27 @@ final class GatewayShard: Sendable {
         }
     }
 
-    /// (past this many closed or moved sessions remembered, the expired ones are dropped)
+    /// The open of a session created here failed before its client heard of it: the session is
+    /// dropped, and remembered for a while as never opened, so its home, should the open reach it
+    /// late (a first attempt delivered once a cut link heals), learns that whatever that open set
+    /// is not its client's word (`GatewayFacts.Verdict.neverOpened`).
+    func abandonOpen(_ id: SessionID) {
+        let now = clock.monotonicNanoseconds()
+        state.withLock { st in
+            _ = st.table.close(id)
+            st.outboxes[id] = nil
+            st.abandoned[id] = now &+ movedMemory
+            if st.abandoned.count > Self.maxRemembered { st.abandoned = st.abandoned.filter { $0.value > now } }
+        }
+    }
+
+    /// Whether this gateway gave up on the session's open (and still remembers it).
+    func openAbandoned(_ id: SessionID) -> Bool {
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { $0.abandoned[id].map { $0 > now } ?? false }
+    }
+
+    /// (past this many closed, moved or abandoned sessions remembered, the expired ones are dropped)
     static let maxRemembered = 1024
 
     private static func lookup(_ st: inout State, _ id: SessionID, now: UInt64) throws(PresenceError) -> (SessionTable.Session, SessionOutbox) {
@@ -255,7 +278,8 @@ final class GatewayShard: Sendable {
     }
 
     /// A state write of the session in `channel`, numbered (nil: it is not in the channel).
-    func numberedWrite(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> (user: String, joinVersion: UInt64, write: UInt32)? {
+    /// It is in flight until `writeFinished`.
+    func numberedWrite(_ id: SessionID, channel: ChannelKey) throws(PresenceError) -> SessionTable.NumberedWrite? {
         let now = clock.monotonicNanoseconds()
         return try state.withLock { (st: inout State) throws(PresenceError) in
             // (the table checks the session where it lies: `lookup` copies it, every field retained
@@ -268,6 +292,11 @@ final class GatewayShard: Sendable {
                 throw error
             }
         }
+    }
+
+    /// A state write `numberedWrite` numbered finished: answered, or given up on.
+    func writeFinished(_ id: SessionID) {
+        state.withLock { $0.table.writeFinished(id) }
     }
 
     /// The session and the number of a call its home orders by it (`SessionTable.numberedCall`).

@@ -226,8 +226,13 @@ struct PeerInbound: Sendable {
         for (i, shard) in core.channelShards.enumerated() where channelGone[i] != nil || channelMoved[i] != nil {
             await shard.confirmed(from: sink, gone: channelGone[i] ?? [], moved: channelMoved[i] ?? [])
         }
-        for (i, shard) in core.userHomes.enumerated() where homeGone[i] != nil || homeMoved[i] != nil {
-            await shard.confirmed(from: sink, gone: homeGone[i] ?? [], moved: homeMoved[i] ?? [])
+        var homeNeverOpened: [Int: [(String, SessionID)]] = [:]
+        for k in req.neverOpened {
+            guard let id = SessionID(text: k.sessionID), k.channelName.isEmpty, Validate.isIdentifier(k.userID) else { continue }
+            homeNeverOpened[core.homeShardIndex(k.userID), default: []].append((k.userID, id))
+        }
+        for (i, shard) in core.userHomes.enumerated() where homeGone[i] != nil || homeMoved[i] != nil || homeNeverOpened[i] != nil {
+            await shard.confirmed(from: sink, gone: homeGone[i] ?? [], moved: homeMoved[i] ?? [], neverOpened: homeNeverOpened[i] ?? [])
         }
     }
 

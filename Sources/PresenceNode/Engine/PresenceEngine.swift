@@ -83,7 +83,7 @@ final class EngineCore: Sendable {
     }
 
     /// The session's ref for a state write on a channel it is in (stamped with its join's version
-    /// and numbered), or nil when it is not in the channel. Throws for an unknown or moved session.
+    /// and numbered; in flight until `GatewayShard.writeFinished`), or nil when it is not in the channel. Throws for an unknown or moved session.
     /// (No copy of the session is made: one kept across a call would make the next change to the
     /// session's channels copy them whole.)
     /// `text`: the id as the client sent it, when it parsed to `id` (any text form that does names
@@ -91,7 +91,7 @@ final class EngineCore: Sendable {
     func writeRef(_ g: GatewayShard, _ id: SessionID, text: String? = nil, _ key: ChannelKey) throws(PresenceError) -> ClusterSessionRef? {
         guard let w = try g.numberedWrite(id, channel: key) else { return nil }
         return ClusterSessionRef(sessionID: text ?? id.description, userID: w.user, gateway: me.id, withPresence: false,
-                                 gatewayBoot: me.boot, version: w.joinVersion, write: w.write)
+                                 gatewayBoot: me.boot, version: w.joinVersion, write: w.write, settled: w.settled)
     }
 }
 
@@ -238,7 +238,10 @@ public final class PresenceEngine: Sendable {
         let (channelRef, homeRef): (ClusterSessionRef, ClusterSessionRef)
         do {
             guard let s = g.held(id) else { throw PresenceError(.notFound, "SESSION_NOT_FOUND", "no session \(id)") }
-            channelRef = core.ref(s, withPresence: withPresence, version: j.version)
+            var ref = core.ref(s, withPresence: withPresence, version: j.version)
+            // (a fresh membership: every state write numbered so far belongs to an earlier one)
+            if !j.already { ref.settled = s.writes }
+            channelRef = ref
             homeRef = core.ref(s, version: j.version)
         }
         let r: ClusterChannelResult
@@ -343,9 +346,38 @@ public final class PresenceEngine: Sendable {
 
     /// A session's state write at its channel's owner (`channelStaged`), its answer noted at the
     /// gateway; its rest goes through `sessionCall`.
+    /// The write is finished at the gateway (`GatewayShard.writeFinished`) however it ends: at
+    /// once, on its shard's loop, or after the rest.
     private func stateWrite(_ id: SessionID, _ key: ChannelKey, _ g: GatewayShard, _ call: ClusterChannelCall) throws(PresenceError) -> Staged<Void, PresenceError> {
-        try channelStaged(key, call, session: id, context: (g, id, key)) { (c: (GatewayShard, SessionID, ChannelKey), r: ClusterChannelResult) in
-            c.0.stateAcknowledged(c.1, channel: c.2, state: r.state, version: r.stateVersion)
+        let staged: Staged<Void, PresenceError>
+        do throws(PresenceError) {
+            staged = try channelStaged(key, call, session: id, context: (g, id, key)) { (c: (GatewayShard, SessionID, ChannelKey), r: ClusterChannelResult) in
+                c.0.stateAcknowledged(c.1, channel: c.2, state: r.state, version: r.stateVersion)
+            }
+        } catch {
+            g.writeFinished(id)
+            throw error
+        }
+        return Self.finishing(staged) { g.writeFinished(id) }
+    }
+
+    /// `staged`, with `done` run once when it ends, whichever way.
+    private static func finishing(_ staged: Staged<Void, PresenceError>, _ done: @escaping @Sendable () -> Void) -> Staged<Void, PresenceError> {
+        switch staged {
+        case .now:
+            done()
+            return staged
+        case .onLoop(let loop, let attempt):
+            return .onLoop(loop) { () throws(PresenceError) -> Staged<Void, PresenceError> in
+                let next: Staged<Void, PresenceError>
+                do throws(PresenceError) { next = try attempt() } catch { done(); throw error }
+                return finishing(next, done)
+            }
+        case .later(let rest):
+            return .later { () async throws(PresenceError) in
+                defer { done() }
+                try await rest()
+            }
         }
     }
 

@@ -55,7 +55,7 @@ struct SessionLifecycle: Sendable {
                 c.status = initialStatus
             }
         } catch {
-            _ = core.gatewayShard(id).close(id)
+            core.gatewayShard(id).abandonOpen(id)
             throw error
         }
         return PresenceEngine.OpenedSession(id: o.id, generation: o.generation, resumed: false, outbox: o.outbox)

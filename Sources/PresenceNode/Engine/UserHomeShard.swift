@@ -382,9 +382,10 @@ actor UserHomeShard {
         return results
     }
 
-    func confirmed(from sink: NodeInstance, gone: [(String, SessionID, UInt64)], moved: [(String, SessionID, NodeInstance, UInt64)]) {
-        let effects = tracingRemovals("confirmed by \(sink)", users: gone.map(\.0) + moved.map(\.0)) {
-            space.confirmed(from: sink, gone: gone, moved: moved, now: now, wall: wall)
+    func confirmed(from sink: NodeInstance, gone: [(String, SessionID, UInt64)], moved: [(String, SessionID, NodeInstance, UInt64)],
+                   neverOpened: [(String, SessionID)] = []) {
+        let effects = tracingRemovals("confirmed by \(sink)", users: gone.map(\.0) + moved.map(\.0) + neverOpened.map(\.0)) {
+            space.confirmed(from: sink, gone: gone, moved: moved, neverOpened: neverOpened, now: now, wall: wall)
         }
         carryOut(effects)
         scheduleSweep()

@@ -449,10 +449,11 @@ public struct ClusterSessionRef: ProtoMessage, Sendable, Hashable {
     public var gatewayBoot: UInt64 = 0
     public var version: UInt64 = 0
     public var write: UInt32 = 0
+    public var settled: UInt32 = 0
 
     public init() {}
 
-    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false, gatewayBoot: UInt64 = 0, version: UInt64 = 0, write: UInt32 = 0) {
+    public init(sessionID: String = "", userID: String = "", gateway: String = "", withPresence: Bool = false, gatewayBoot: UInt64 = 0, version: UInt64 = 0, write: UInt32 = 0, settled: UInt32 = 0) {
         self.sessionID = sessionID
         self.userID = userID
         self.gateway = gateway
@@ -460,6 +461,7 @@ public struct ClusterSessionRef: ProtoMessage, Sendable, Hashable {
         self.gatewayBoot = gatewayBoot
         self.version = version
         self.write = write
+        self.settled = settled
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -488,6 +490,7 @@ extension ClusterSessionRef: CMessageBridge {
         self.gatewayBoot = c.pointee.gateway_boot
         self.version = c.pointee.version
         self.write = c.pointee.write
+        self.settled = c.pointee.settled
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -499,6 +502,7 @@ extension ClusterSessionRef: CMessageBridge {
         c.pointee.gateway_boot = self.gatewayBoot
         c.pointee.version = self.version
         c.pointee.write = self.write
+        c.pointee.settled = self.settled
     }
 }
 
@@ -2000,14 +2004,16 @@ public struct ClusterConfirmRequest: ProtoMessage, Sendable, Hashable {
     public var fromBoot: UInt64 = 0
     public var gone: [ClusterKeySession] = []
     public var moved: [ClusterKeySession] = []
+    public var neverOpened: [ClusterKeySession] = []
 
     public init() {}
 
-    public init(fromNodeID: String = "", fromBoot: UInt64 = 0, gone: [ClusterKeySession] = [], moved: [ClusterKeySession] = []) {
+    public init(fromNodeID: String = "", fromBoot: UInt64 = 0, gone: [ClusterKeySession] = [], moved: [ClusterKeySession] = [], neverOpened: [ClusterKeySession] = []) {
         self.fromNodeID = fromNodeID
         self.fromBoot = fromBoot
         self.gone = gone
         self.moved = moved
+        self.neverOpened = neverOpened
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -2033,6 +2039,7 @@ extension ClusterConfirmRequest: CMessageBridge {
         self.fromBoot = c.pointee.from_boot
         self.gone = try WireCodec.readArray(c.pointee.gone, c.pointee.n_gone) { try ClusterKeySession(cStruct: $0!) }
         self.moved = try WireCodec.readArray(c.pointee.moved, c.pointee.n_moved) { try ClusterKeySession(cStruct: $0!) }
+        self.neverOpened = try WireCodec.readArray(c.pointee.never_opened, c.pointee.n_never_opened) { try ClusterKeySession(cStruct: $0!) }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -2041,6 +2048,7 @@ extension ClusterConfirmRequest: CMessageBridge {
         c.pointee.from_boot = self.fromBoot
         (c.pointee.n_gone, c.pointee.gone) = arena.messageArray(self.gone)
         (c.pointee.n_moved, c.pointee.moved) = arena.messageArray(self.moved)
+        (c.pointee.n_never_opened, c.pointee.never_opened) = arena.messageArray(self.neverOpened)
     }
 }
 
