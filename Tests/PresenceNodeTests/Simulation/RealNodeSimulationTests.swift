@@ -214,6 +214,44 @@ import Testing
         }
     }
 
+    /// An open whose call to the user's home is held on cut links is given up on, and the client
+    /// opens again on the home's node and chooses another status; once the link heals, the first
+    /// attempt reaches the home. Its gateway says it never opened that session: the session goes,
+    /// and so does the status its open set (simulation seed 8 with late requests).
+    @Test func anOpenGivenUpOnThatReachesTheHomeLateLeavesTheStatusTheClientChoseNext() throws {
+        let c = Self.cluster(seed: 5, size: 3)
+        c.network.holdsOnCutLinks = true
+        c.world.run(for: 4_000_000_000)
+        let n1 = try #require(c.node("n1")), n2 = try #require(c.node("n2"))
+        let user = try #require((0..<200).map { "u\($0)" }.first { n1.core.topology.home(of: $0) == "n1" })
+        c.isolateFromPeers("n2", true)
+        let answers = Outcomes<String>()
+        Self.client(c) {
+            answers.add(await Self.outcome("opened") { () async throws(PresenceError) in
+                _ = try await n2.core.engine.openSession(user: user, resume: "", initialStatus: .busy)
+            })
+        }
+        c.world.run(for: 3_000_000_000)
+        #expect(answers.all.count == 1 && answers.all.first != "opened", "\(answers.all)")
+        Self.client(c) {
+            answers.add(await Self.outcome("opened again") { () async throws(PresenceError) in
+                let s = try await n1.core.engine.openSession(user: user, resume: "", initialStatus: .busy)
+                try await n1.core.engine.setStatus(s.id.description, status: .away)
+            })
+        }
+        c.world.run(for: 1_000_000_000)
+        #expect(answers.all.last == "opened again")
+        c.isolateFromPeers("n2", false)
+        c.world.run(for: 8_000_000_000)
+        let statuses = Outcomes<UserStatus>()
+        Self.client(c) {
+            for n in [n1, n2] { if let s = try? await n.core.engine.getUserStatuses([user]).first?.status { statuses.add(s) } }
+        }
+        c.world.run(for: 1_000_000_000)
+        #expect(c.network.deliveredLate > 0)
+        #expect(statuses.all == [.away, .away])
+    }
+
     /// What the members tell `to` that they have handed off: (sender, fingerprint, incarnation of
     /// `to` it was decided for), as sent, from when this is called.
     static func handoffDones(to: String, in c: SimCluster) -> Outcomes<(String, UInt64, UInt64)> {
