@@ -2969,7 +2969,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_call__descriptor =
   (ProtobufCMessageInit) presence__cluster__v1__home_call__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor presence__cluster__v1__home_result__field_descriptors[5] =
+static const ProtobufCFieldDescriptor presence__cluster__v1__home_result__field_descriptors[6] =
 {
   {
     "error",
@@ -3031,18 +3031,31 @@ static const ProtobufCFieldDescriptor presence__cluster__v1__home_result__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "status_versions",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Presence__Cluster__V1__HomeResult, n_status_versions),
+    offsetof(Presence__Cluster__V1__HomeResult, status_versions),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned presence__cluster__v1__home_result__field_indices_by_name[] = {
   1,   /* field[1] = channels */
   0,   /* field[0] = error */
   3,   /* field[3] = found */
   4,   /* field[4] = session */
+  5,   /* field[5] = status_versions */
   2,   /* field[2] = statuses */
 };
 static const ProtobufCIntRange presence__cluster__v1__home_result__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor presence__cluster__v1__home_result__descriptor =
 {
@@ -3052,7 +3065,7 @@ const ProtobufCMessageDescriptor presence__cluster__v1__home_result__descriptor 
   "Presence__Cluster__V1__HomeResult",
   "presence.cluster.v1",
   sizeof(Presence__Cluster__V1__HomeResult),
-  5,
+  6,
   presence__cluster__v1__home_result__field_descriptors,
   presence__cluster__v1__home_result__field_indices_by_name,
   1,  presence__cluster__v1__home_result__number_ranges,

@@ -143,11 +143,14 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         }
     }
 
-    /// A change of the user's visible status, for its watchers.
+    /// A change of the user's visible status, for its watchers, read at `version` of the record
+    /// (`counterValue`: it only grows, home after home; a gateway gives a session no status read
+    /// at a lower version than one it gave it: `StatusOrder`).
     public struct StatusChange: Equatable, Sendable {
         public let userID: String
         public let status: UserStatus
         public let watchers: [SessionID: Sink]
+        public var version: UInt64 = 0
     }
 
     public let userID: String
@@ -238,7 +241,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         revised()
         let after = visibleStatus
         guard before != after else { return nil }
-        return StatusChange(userID: userID, status: after, watchers: watchers.mapValues(\.sink))
+        return StatusChange(userID: userID, status: after, watchers: watchers.mapValues(\.sink), version: counter)
     }
 
     /// Every change takes the counter up, so the counter orders the record's copies: a replica can
@@ -503,7 +506,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         watchers[session] = Watcher(sink: sink, version: max(before?.version ?? 0, version), write: write != 0 ? write : before?.write ?? 0)
         revised()
         guard let before, before.sink != sink else { return nil }
-        return StatusChange(userID: userID, status: visibleStatus, watchers: [session: sink])
+        return StatusChange(userID: userID, status: visibleStatus, watchers: [session: sink], version: counter)
     }
 
     /// A watcher a gateway's anti-entropy facts list and this home lacked (or placed elsewhere):
@@ -514,7 +517,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
         let had = watchers[session] != nil
         let moved = watch(by: session, sink: sink, version: version)
         guard moved == nil, !had, let w = watchers[session], everOpened else { return moved }
-        return StatusChange(userID: userID, status: visibleStatus, watchers: [session: w.sink])
+        return StatusChange(userID: userID, status: visibleStatus, watchers: [session: w.sink], version: counter)
     }
 
     /// The user's visible status for every watcher (`at`: only those living at these sinks), for
@@ -522,7 +525,7 @@ public struct HomeRecord<Sink: Hashable & Sendable>: Sendable, Equatable {
     public func currentStatus(at: ((Sink) -> Bool)? = nil) -> StatusChange? {
         let to = at.map { f in watchers.filter { f($0.value.sink) } } ?? watchers
         guard !to.isEmpty, everOpened else { return nil }
-        return StatusChange(userID: userID, status: visibleStatus, watchers: to.mapValues(\.sink))
+        return StatusChange(userID: userID, status: visibleStatus, watchers: to.mapValues(\.sink), version: counter)
     }
 
     /// Removes a watcher; with `sink`, only if it still lives there (it may have moved on).

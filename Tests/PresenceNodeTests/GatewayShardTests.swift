@@ -165,3 +165,24 @@ extension GatewayShardTests {
         #expect(s.writes == 5 && s.writesInFlight == 0 && s.settledWrites == 5)
     }
 }
+
+extension StateWriteSettlingTests {
+    /// A status event read at a lower version of its user's record than one the session was given
+    /// (by an event or by a Watch answer) is older news, delivered late: it is not queued, nor
+    /// taken for what a Watch call in flight answers (`StatusOrder`).
+    @Test func aStatusOlderThanOneGivenIsNotQueued() {
+        let g = GatewayShard(resumeWindow: 4_000_000_000, clock: HandClock(), movedMemory: 10_000_000_000)
+        let id = SessionID(raw: 45)
+        let o = g.create(id, user: "ann").outbox
+        let framed = { (s: UserStatus) in EventEncoding.framed(status: "u21", s, at: 1) }
+        g.deliverStatus(id, framed: framed(.online), status: ("u21", 30))
+        g.deliverStatus(id, framed: framed(.offline), status: ("u21", 12))
+        #expect(o.bufferedEvents == 1)
+        o.noteStatusGiven("u8", version: 7)
+        g.openWatchWindow(id)
+        g.deliverStatus(id, framed: EventEncoding.framed(status: "u8", .away, at: 1), status: ("u8", 6))
+        #expect(g.closeWatchWindow(id).isEmpty && o.bufferedEvents == 1)
+        g.deliverStatus(id, framed: framed(.busy), status: ("u21", 31))
+        #expect(o.bufferedEvents == 2)
+    }
+}

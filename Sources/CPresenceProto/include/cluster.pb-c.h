@@ -486,10 +486,16 @@ struct  Presence__Cluster__V1__HomeResult
    * the one it had before).
    */
   Presence__Cluster__V1__HomeSession *session;
+  /*
+   * WATCH: for each of `statuses`, the version of the user's record it was read at (a gateway
+   * gives the watcher no status event read at a lower one afterwards).
+   */
+  size_t n_status_versions;
+  uint64_t *status_versions;
 };
 #define PRESENCE__CLUSTER__V1__HOME_RESULT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&presence__cluster__v1__home_result__descriptor) \
-    , NULL, 0,NULL, 0,NULL, 0, NULL }
+    , NULL, 0,NULL, 0,NULL, 0, NULL, 0,NULL }
 
 
 /*

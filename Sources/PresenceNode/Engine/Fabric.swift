@@ -58,12 +58,14 @@ final class LocalGateway: Sendable {
             return
         }
         let key = d.snapshot ? try? Validate.channel(d.channelName, d.channelType) : nil
+        // (a status event's sequence is the version of its user's record it was read at)
+        let status = key == nil && d.sequence != 0 ? EventEncoding.statusUser(d.framed).map { ($0, d.sequence) } : nil
         for text in d.toSessions {
             guard let id = SessionID(text: text) else { continue }
             if let key {
                 snapshot(key, id, from: from, sequence: d.sequence, framed: d.framed)
             } else {
-                shard(id).deliverStatus(id, framed: d.framed)
+                shard(id).deliverStatus(id, framed: d.framed, status: status)
             }
         }
     }
@@ -82,9 +84,9 @@ final class LocalGateway: Sendable {
         }
     }
 
-    /// A status event for exactly these sessions.
-    func deliver(status framed: [UInt8], to sessions: [SessionID]) {
-        for id in sessions { shard(id).deliverStatus(id, framed: framed) }
+    /// A status event (of `status.user`, read at `status.version` of its record) for exactly these sessions.
+    func deliver(status framed: [UInt8], to sessions: [SessionID], status: (user: String, version: UInt64)? = nil) {
+        for id in sessions { shard(id).deliverStatus(id, framed: framed, status: status) }
     }
 
     /// The session's client resumed it on `to`: it stops being this gateway's, silently; its stream
@@ -154,9 +156,9 @@ final class Fabric: Sendable {
         for (id, sink) in change.watchers { bySink[sink, default: []].append(id) }
         for (sink, ids) in bySink {
             if sink == instance {
-                gateway.deliver(status: framed, to: ids)
+                gateway.deliver(status: framed, to: ids, status: (change.userID, change.version))
             } else if sink.id != me, topology.ring.isLive(sink.id, boot: sink.boot) {
-                let d = ClusterDelivery(toSessions: ids.sorted().map(\.description), framed: framed)
+                let d = ClusterDelivery(toSessions: ids.sorted().map(\.description), framed: framed, sequence: change.version)
                 link?.push(to: sink, bytes: framed.count + 24 * ids.count) { $0.deliveries.append(d) }
             }
         }

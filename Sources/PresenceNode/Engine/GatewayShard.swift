@@ -342,17 +342,20 @@ final class GatewayShard: Sendable {
         }
     }
 
-    /// A status event (framed, as it goes on the stream) for the session, if it is here.
-    func deliverStatus(_ id: SessionID, framed: [UInt8]) {
-        let outbox = state.withLock { st -> SessionOutbox? in
+    /// A status event (framed, as it goes on the stream) for the session, if it is here; `status`:
+    /// its user and the version of the user's record it was read at (`StatusOrder`).
+    func deliverStatus(_ id: SessionID, framed: [UInt8], status: (user: String, version: UInt64)? = nil) {
+        guard let outbox = state.withLock({ $0.outboxes[id] }) else { return }
+        // (older news is neither given nor taken for what a Watch call in flight answers)
+        if let status, !outbox.mayGiveStatus(of: status.user, version: status.version) { return }
+        state.withLock { st in
             if st.watchWindows[id] != nil, framed.count > 5,
                let event = try? framed.withUnsafeBytes({ try SessionEvent(serializedBytes: UnsafeRawBufferPointer(rebasing: $0[5...])) }),
                case .status(let s)? = event.event {
                 st.watchWindows[id]?.delivered(s.status, of: s.userID)
             }
-            return st.outboxes[id]
         }
-        outbox?.push(framed)
+        outbox.push(framed, status: status)
     }
 
     /// Every live session's outbox (for shutdown).

@@ -544,6 +544,10 @@ public final class PresenceEngine: Sendable {
             // (numbered as the list: an unwatch of an earlier call does not remove it in a merge)
             let r = try await router.homeCall(ClusterHomeCall(userIDs: us, op: .watch, session: core.ref(s, write: write)))
             for e in r.statuses { statuses[e.userID] = e.status }
+            // (the answer is news as of these versions: a status event read earlier is older)
+            if r.statusVersions.count == r.statuses.count, let outbox = core.gatewayShard(s.id).outbox(s.id) {
+                for (e, v) in zip(r.statuses, r.statusVersions) { outbox.noteStatusGiven(e.userID, version: v) }
+            }
         }
         _ = try await sessionCall(s.id) { () async throws(PresenceError) in
             try await router.homeCall(s.userID, .sessionWatching) { c in

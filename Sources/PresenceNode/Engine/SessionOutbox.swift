@@ -35,6 +35,7 @@ public final class SessionOutbox: Sendable {
         var lostEvents = false
         var endWaiter: Suspended<StreamEnd, Never>? = nil
         var pendingEnd: StreamEnd? = nil
+        var statuses = StatusOrder()
     }
     private let state = Mutex(State())
     private let counters: DeliveryCounters
@@ -45,10 +46,13 @@ public final class SessionOutbox: Sendable {
         self.counters = counters
     }
 
-    /// Queues one framed SessionEvent. Never waits.
-    public func push(_ framed: [UInt8]) {
+    /// Queues one framed SessionEvent. Never waits. `status`: a status event of that user, read
+    /// at that version of its home record: not queued if the session was given a later one
+    /// (`StatusOrder`).
+    public func push(_ framed: [UInt8], status: (user: String, version: UInt64)? = nil) {
         // (counted as queued once on a stream; buffered ones when the resume flushes them)
         let (tooSlow, queued, dropped) = state.withLock { s -> (Bool, Int, Int) in
+            if let status, !s.statuses.admits(status.user, version: status.version) { return (false, 0, 0) }
             if let w = s.writer {
                 if w.trySend(framed: framed) { return (false, 1, 0) }
                 s.lostEvents = true
@@ -115,6 +119,16 @@ public final class SessionOutbox: Sendable {
         state.withLock { s in
             if s.generation == generation { s.writer = nil }
         }
+    }
+
+    /// Whether a status of `user` at `version` is not older than one the session was given.
+    public func mayGiveStatus(of user: String, version: UInt64) -> Bool {
+        state.withLock { version == 0 || ($0.statuses.given[user] ?? 0) <= version }
+    }
+
+    /// The session was given `user`'s status at `version` other than by an event (a Watch answer).
+    public func noteStatusGiven(_ user: String, version: UInt64) {
+        state.withLock { $0.statuses.noteGiven(user, version: version) }
     }
 
     /// Events buffered for the session's next stream.
@@ -187,6 +201,14 @@ enum EventEncoding {
         }
         flush(last: true)
         return out
+    }
+
+    /// The user a framed status event is of (nil: not a status event).
+    static func statusUser(_ framed: [UInt8]) -> String? {
+        guard framed.count > 5,
+              let event = try? framed.withUnsafeBytes({ try SessionEvent(serializedBytes: UnsafeRawBufferPointer(rebasing: $0[5...])) }),
+              case .status(let s)? = event.event else { return nil }
+        return s.userID
     }
 
     static func framed(status userID: String, _ status: UserStatus, at ms: Int64) -> [UInt8] {

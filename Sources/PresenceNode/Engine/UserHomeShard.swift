@@ -229,7 +229,9 @@ actor UserHomeShard {
                 try update(u, create: true) { r in (r.watch(by: id, sink: sink, version: version, write: call.session?.write ?? 0), ()) }
                 space.placed(u, at: sink, now: now)
             }
-            result.statuses = users.map { u in UserStatusEntry(userID: u, status: readOwned(u, { $0.visibleStatus }) ?? .unknown) }
+            let read = users.map { u in readOwned(u, { ($0.visibleStatus, $0.counterValue) }) ?? (.unknown, 0) }
+            result.statuses = zip(users, read).map { UserStatusEntry(userID: $0, status: $1.0) }
+            result.statusVersions = read.map(\.1)
             scheduleSweep()
         case .unwatch:
             let (id, sink, version) = try caller(call)

@@ -929,15 +929,17 @@ public struct ClusterHomeResult: ProtoMessage, Sendable, Hashable {
     public var statuses: [UserStatusEntry] = []
     public var found: Bool = false
     public var session: ClusterHomeSession? = nil
+    public var statusVersions: [UInt64] = []
 
     public init() {}
 
-    public init(error: ClusterCallError? = nil, channels: [ClusterSessionChannel] = [], statuses: [UserStatusEntry] = [], found: Bool = false, session: ClusterHomeSession? = nil) {
+    public init(error: ClusterCallError? = nil, channels: [ClusterSessionChannel] = [], statuses: [UserStatusEntry] = [], found: Bool = false, session: ClusterHomeSession? = nil, statusVersions: [UInt64] = []) {
         self.error = error
         self.channels = channels
         self.statuses = statuses
         self.found = found
         self.session = session
+        self.statusVersions = statusVersions
     }
 
     /// Decodes protobuf bytes; throws `WireError` on malformed input.
@@ -964,6 +966,7 @@ extension ClusterHomeResult: CMessageBridge {
         self.statuses = try WireCodec.readArray(c.pointee.statuses, c.pointee.n_statuses) { try UserStatusEntry(cStruct: $0!) }
         self.found = c.pointee.found != 0
         if let sub = c.pointee.session { self.session = try ClusterHomeSession(cStruct: sub) }
+        self.statusVersions = try WireCodec.readArray(c.pointee.status_versions, c.pointee.n_status_versions) { $0 }
     }
 
     func fill(_ c: UnsafeMutablePointer<CStruct>, arena: inout CArena) {
@@ -973,6 +976,7 @@ extension ClusterHomeResult: CMessageBridge {
         (c.pointee.n_statuses, c.pointee.statuses) = arena.messageArray(self.statuses)
         c.pointee.found = self.found ? 1 : 0
         if let sub = self.session { c.pointee.session = arena.message(sub) }
+        (c.pointee.n_status_versions, c.pointee.status_versions) = arena.scalarArray(self.statusVersions)
     }
 }
 
