@@ -186,3 +186,19 @@ extension StateWriteSettlingTests {
         #expect(o.bufferedEvents == 2)
     }
 }
+
+extension StateWriteSettlingTests {
+    /// A Watch answer is news as of the version each status was read at: a status event read
+    /// earlier (a push delivered late) is not given after it.
+    @Test func aStatusReadBeforeTheWatchAnswerIsNotGivenAfterIt() async throws {
+        let node = try TestNode(presenceTimeout: 3, nodeID: "n0")
+        let engine = node.node.engine
+        _ = try await engine.openSession(user: "bob", resume: "", initialStatus: .busy)
+        let ann = try await engine.openSession(user: "ann", resume: "", initialStatus: .unknown)
+        #expect(try await engine.watch(ann.id.description, add: ["bob"], remove: []).map(\.status) == [.busy])
+        let g = engine.core.gatewayShard(ann.id)
+        let before = ann.outbox.bufferedEvents
+        g.deliverStatus(ann.id, framed: EventEncoding.framed(status: "bob", .offline, at: 1), status: ("bob", 1))
+        #expect(ann.outbox.bufferedEvents == before)
+    }
+}
