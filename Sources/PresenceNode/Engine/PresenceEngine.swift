@@ -525,14 +525,20 @@ public final class PresenceEngine: Sendable {
         let (_, _, added) = try g.watch(id, add: add, remove: remove)
         // (the list and its number together: a later number always goes with a later list)
         let (s, write) = try g.numberedCall(id)
-        await sessions.unwatch(remove.filter { !added.contains($0) }, by: s, write: write)
+        // (the unwatches go out beside the watches, not before them: other users' homes, each
+        // independent, and a gateway cut off from them answers at the first failure, not after
+        // one for each)
+        let unwatched = remove.filter { !added.contains($0) }
+        async let unwatches: Void = sessions.unwatch(unwatched, by: s, write: write)
         // (events the stream is sent while this call is in flight are newer than the homes' answers)
         g.openWatchWindow(id)
         let homes: [String: UserStatus]
         do { homes = try await watchAtHomes(added, by: s, write: write) } catch {
             _ = g.closeWatchWindow(id)
+            await unwatches
             throw error
         }
+        await unwatches
         return WatchWindow.answer(added, homes: homes, delivered: g.closeWatchWindow(id))
     }
 
