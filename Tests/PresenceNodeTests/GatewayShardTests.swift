@@ -122,6 +122,32 @@ extension GatewayShardTests {
         #expect(GatewayFacts.verdict(channel: nil, user: "ann", placedAt: 5, held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id)) == .gone(version: 5))
     }
 
+    /// A claim that failed in doubt may reach the home long after its resume window (held on a
+    /// cut link): asked then about the session it does not hold, the gateway counts the claim in
+    /// doubt for one more resume window from that moment, once.
+    @Test func aClaimGivenUpOnCountsInDoubtAgainOnceWhenItLandsLate() {
+        let clock = HandClock()
+        let g = GatewayShard(resumeWindow: 4_000_000_000, clock: clock, movedMemory: 10_000_000_000)
+        let id = SessionID(raw: 46)
+        #expect(!g.claimLandedLate(id))
+        g.claimInDoubt(id)
+        clock.advance(6_000_000_000)
+        #expect(!g.isClaiming(id))
+        #expect(g.claimLandedLate(id) && g.isClaiming(id))
+        clock.advance(4_000_000_001)
+        #expect(!g.isClaiming(id) && !g.claimLandedLate(id))
+        // not past the memory of moves, and not for a session held here
+        let other = SessionID(raw: 47)
+        g.claimInDoubt(other)
+        clock.advance(10_000_000_001)
+        #expect(!g.claimLandedLate(other))
+        let held = SessionID(raw: 48)
+        _ = g.create(held, user: "ann")
+        g.claimInDoubt(held)
+        clock.advance(5_000_000_000)
+        #expect(!g.claimLandedLate(held))
+    }
+
     /// A session whose open this gateway gave up on (its client was told the open failed) is
     /// answered as never opened to its user's home, for as long as moves are remembered: the open
     /// may reach the home late, and what it set is not the client's word. To a channel, it is gone.

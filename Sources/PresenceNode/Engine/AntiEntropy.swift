@@ -141,7 +141,7 @@ final class AntiEntropy: Sendable {
             guard k.channelName.isEmpty || channel != nil else { continue }
             var answer = k
             switch GatewayFacts.verdict(channel: channel, user: k.channelName.isEmpty ? k.userID : nil, placedAt: k.version,
-                                        held: g.held(id), claiming: g.isClaiming(id), movedTo: g.movedTo(id),
+                                        held: g.held(id), claiming: g.isClaiming(id) || g.claimLandedLate(id), movedTo: g.movedTo(id),
                                         abandoned: g.openAbandoned(id)) {
             case .held:
                 continue

@@ -21,6 +21,9 @@ final class GatewayShard: Sendable {
         /// Sessions whose claim here failed with no answer from their home (it may have carried
         /// the claim out), and until when (monotonic ns): see `claimInDoubt`.
         var claimsInDoubt: [SessionID: UInt64] = [:]
+        /// Sessions whose claim here failed in doubt, until when that is remembered (monotonic
+        /// ns): see `claimLandedLate`.
+        var claimsGivenUp: [SessionID: UInt64] = [:]
         /// Sessions their client closed here, until when (monotonic ns): a CloseSession retried
         /// after its answer was lost finds the session closed, not unknown (RELIABILITY.md,
         /// invariant 7: a retried call is idempotent).
@@ -105,10 +108,29 @@ final class GatewayShard: Sendable {
     /// client is resuming it elsewhere right now (found by Cluster/chaos, netns seed 49); the
     /// client's claim there moves it on, and if it never comes back the home hears "gone" after.
     func claimInDoubt(_ id: SessionID) {
-        let until = clock.monotonicNanoseconds() &+ resumeWindow
+        let now = clock.monotonicNanoseconds()
+        let until = now &+ resumeWindow
         state.withLock { st in
             st.claimsInDoubt = st.claimsInDoubt.filter { $0.value > until &- resumeWindow }
             st.claimsInDoubt[id] = until
+            st.claimsGivenUp[id] = now &+ movedMemory
+            if st.claimsGivenUp.count > Self.maxRemembered { st.claimsGivenUp = st.claimsGivenUp.filter { $0.value > now } }
+        }
+    }
+
+    /// An owner or home places here a session this gateway does not hold, and whose claim here
+    /// failed in doubt, earlier than a resume window ago: the claim may have reached the home
+    /// only now (its first attempt, held on a cut link, delivered once it healed), taking the
+    /// session from the gateway its client went to instead. Its client finds its stream broken
+    /// and resumes it; so, once, the claim counts as in doubt for a resume window from now, and
+    /// the home keeps the session for that resume (if the client never comes, it hears "gone"
+    /// after). Returns whether it does.
+    func claimLandedLate(_ id: SessionID) -> Bool {
+        let now = clock.monotonicNanoseconds()
+        return state.withLock { st in
+            guard st.table[id] == nil, let remembered = st.claimsGivenUp.removeValue(forKey: id), remembered > now else { return false }
+            st.claimsInDoubt[id] = now &+ resumeWindow
+            return true
         }
     }
 

@@ -252,6 +252,49 @@ import Testing
         #expect(statuses.all == [.away, .away])
     }
 
+    /// A resume whose claim at the user's home is held on cut links is given up on, and the client
+    /// resumes at the home's node instead. Once the links heal, the first claim reaches the home
+    /// and takes the session from there; the gateway that gave it up, asked about a session it
+    /// does not hold, counts the claim in doubt for a resume window from then, so the client's
+    /// next resume, on that gateway, finds the session (simulation seeds 10, 11, 59 and 354 with
+    /// late requests: it was removed, and the resume refused NOT_FOUND).
+    @Test func aClaimGivenUpOnThatReachesTheHomeLateLeavesTheSessionResumable() throws {
+        let c = Self.cluster(seed: 13, size: 3)
+        c.network.holdsOnCutLinks = true
+        c.world.run(for: 4_000_000_000)
+        let n1 = try #require(c.node("n1")), n2 = try #require(c.node("n2")), n3 = try #require(c.node("n3"))
+        let user = try #require((0..<200).map { "u\($0)" }.first { n1.core.topology.home(of: $0) == "n1" })
+        let sid = Outcomes<String>()
+        Self.client(c) {
+            if let s = try? await n2.core.engine.openSession(user: user, resume: "", initialStatus: .unknown) { sid.add(s.id.description) }
+        }
+        c.world.run(for: 1_000_000_000)
+        let id = try #require(sid.all.first)
+        c.isolateFromPeers("n3", true)
+        let answers = Outcomes<String>()
+        Self.client(c) {
+            answers.add(await Self.outcome("resumed on n3") { () async throws(PresenceError) in
+                _ = try await n3.core.engine.openSession(user: user, resume: id, initialStatus: .unknown)
+            })
+            answers.add(await Self.outcome("resumed on n1") { () async throws(PresenceError) in
+                _ = try await n1.core.engine.openSession(user: user, resume: id, initialStatus: .unknown)
+            })
+        }
+        c.world.run(for: 5_000_000_000)  // (past the resume window of the claim's doubt)
+        #expect(answers.all.count == 2 && answers.all.first != "resumed on n3" && answers.all.last == "resumed on n1", "\(answers.all)")
+        c.isolateFromPeers("n3", false)
+        c.world.run(for: 3_000_000_000)
+        #expect(c.network.deliveredLate > 0)
+        Self.client(c) {
+            answers.add(await Self.outcome("resumed again") { () async throws(PresenceError) in
+                let r = try await n3.core.engine.openSession(user: user, resume: id, initialStatus: .unknown)
+                if !r.resumed { throw PresenceError(.notFound, "NEW_SESSION", "not resumed") }
+            })
+        }
+        c.world.run(for: 2_000_000_000)
+        #expect(answers.all.last == "resumed again", "\(answers.all)")
+    }
+
     /// What the members tell `to` that they have handed off: (sender, fingerprint, incarnation of
     /// `to` it was decided for), as sent, from when this is called.
     static func handoffDones(to: String, in c: SimCluster) -> Outcomes<(String, UInt64, UInt64)> {

@@ -192,11 +192,15 @@ import Testing
     /// watched user's status pushes, held on a cut link, reached the watcher after the status its
     /// Watch was answered with, or the push that followed them), 78 (a Watch from a gateway cut
     /// off from every other node sent its unwatches first and its watches after: it waited out a
-    /// failure for each, 1.4 s where such a gateway answers within 0.85 s).
+    /// failure for each, 1.4 s where such a gateway answers within 0.85 s), 10, 11, 59 and 354 (a
+    /// resume's claim given up on reached the home after the client had resumed elsewhere, took
+    /// the session there, and the gateway that had given it up answered "not here": the session
+    /// was removed, and the client's next resume refused NOT_FOUND).
     @Test func lateRequestSeedsHoldEveryInvariant() {
         Self.holdEveryInvariant([(UInt64(45), 20.0, 6), (8, 20, 6), (53, 20, 6), (79, 20, 6), (82, 20, 6), (102, 20, 6),
                                  (122, 20, 6), (141, 20, 6), (158, 20, 6), (187, 20, 6), (210, 20, 6), (17, 20, 6), (70, 20, 6),
-                                 (112, 20, 6), (162, 20, 6), (78, 20, 6)],
+                                 (112, 20, 6), (162, 20, 6), (78, 20, 6),
+                                 (10, 20, 6), (11, 20, 6), (59, 20, 6), (354, 20, 6)],
                                 kinds: SimScenario.FaultKind.drawnByDefault, watch: true, roam: true, late: true)
     }
 
