@@ -42,6 +42,27 @@ public enum Staged<Value: Sendable, Failure: Error>: Sendable {
         }
     }
 
+    /// The same outcome, with `done` run once when it ends, whichever way (at once, there, or
+    /// after the rest; succeeding or failing).
+    @inlinable public func finally(_ done: @escaping @Sendable () -> Void) -> Staged<Value, Failure> {
+        switch self {
+        case .now:
+            done()
+            return self
+        case .onLoop(let loop, let attempt):
+            return .onLoop(loop) { () throws(Failure) -> Staged<Value, Failure> in
+                let next: Staged<Value, Failure>
+                do throws(Failure) { next = try attempt() } catch { done(); throw error }
+                return next.finally(done)
+            }
+        case .later(let rest):
+            return .later { () async throws(Failure) -> Value in
+                defer { done() }
+                return try await rest()
+            }
+        }
+    }
+
     /// The same outcome with its value transformed (at once, there, or after the rest).
     ///
     /// (Inlinable, as `value`: specialised where it is used; called generically across modules it

@@ -575,9 +575,9 @@ public struct ChannelMachine<Sink: Hashable & Sendable>: Sendable {
     private mutating func applied(_ write: UInt32, settled: UInt32, of session: SessionID, version: UInt64) {
         guard write != 0, var p = placements[session], SessionVersion.epoch(p.version) == SessionVersion.epoch(version) else { return }
         p.written = WriteNumber.latest(p.written, write)
-        // (a settled number is below its write's: `WriteNumber` compares them within reach)
-        if settled != 0, WriteNumber.isAfter(write, settled) { p.fence = WriteNumber.latest(p.fence, settled) }
         placements[session] = p
+        // (a settled number is below its write's: `WriteNumber` compares them within reach)
+        if WriteNumber.isAfter(write, settled) { fence(settled, of: session, version: version) }
     }
 
     /// The session's writes up to `settled` are done with (its gateway says so).

@@ -9,10 +9,14 @@ public struct StatusOrder: Sendable, Equatable {
 
     public init() {}
 
+    /// Whether a status of `user` at `version` is older than one the session was given.
+    public func isOlder(_ user: String, version: UInt64) -> Bool {
+        version != 0 && version < given[user] ?? 0
+    }
+
     /// Whether a status of `user` at `version` may be given now; if so, it is recorded.
     public mutating func admits(_ user: String, version: UInt64) -> Bool {
-        guard version != 0 else { return true }
-        if let last = given[user], version < last { return false }
+        guard !isOlder(user, version: version) else { return false }
         noteGiven(user, version: version)
         return true
     }

@@ -201,14 +201,14 @@ extension StateWriteSettlingTests {
         let id = SessionID(raw: 45)
         let o = g.create(id, user: "ann").outbox
         let framed = { (s: UserStatus) in EventEncoding.framed(status: "u21", s, at: 1) }
-        g.deliverStatus(id, framed: framed(.online), status: ("u21", 30))
-        g.deliverStatus(id, framed: framed(.offline), status: ("u21", 12))
+        g.deliverStatus(id, framed: framed(.online), status: StatusNews(user: "u21", status: .online, version: 30))
+        g.deliverStatus(id, framed: framed(.offline), status: StatusNews(user: "u21", status: .offline, version: 12))
         #expect(o.bufferedEvents == 1)
         o.noteStatusGiven("u8", version: 7)
         g.openWatchWindow(id)
-        g.deliverStatus(id, framed: EventEncoding.framed(status: "u8", .away, at: 1), status: ("u8", 6))
+        g.deliverStatus(id, framed: EventEncoding.framed(status: "u8", .away, at: 1), status: StatusNews(user: "u8", status: .away, version: 6))
         #expect(g.closeWatchWindow(id).isEmpty && o.bufferedEvents == 1)
-        g.deliverStatus(id, framed: framed(.busy), status: ("u21", 31))
+        g.deliverStatus(id, framed: framed(.busy), status: StatusNews(user: "u21", status: .busy, version: 31))
         #expect(o.bufferedEvents == 2)
     }
 }
@@ -224,7 +224,7 @@ extension StateWriteSettlingTests {
         #expect(try await engine.watch(ann.id.description, add: ["bob"], remove: []).map(\.status) == [.busy])
         let g = engine.core.gatewayShard(ann.id)
         let before = ann.outbox.bufferedEvents
-        g.deliverStatus(ann.id, framed: EventEncoding.framed(status: "bob", .offline, at: 1), status: ("bob", 1))
+        g.deliverStatus(ann.id, framed: EventEncoding.framed(status: "bob", .offline, at: 1), status: StatusNews(user: "bob", status: .offline, version: 1))
         #expect(ann.outbox.bufferedEvents == before)
     }
 }

@@ -58,8 +58,9 @@ final class LocalGateway: Sendable {
             return
         }
         let key = d.snapshot ? try? Validate.channel(d.channelName, d.channelType) : nil
-        // (a status event's sequence is the version of its user's record it was read at)
-        let status = key == nil && d.sequence != 0 ? EventEncoding.statusUser(d.framed).map { ($0, d.sequence) } : nil
+        // (read once for all its sessions; a status event's sequence is the version of its user's
+        // record it was read at, 0 from a peer that does not number them)
+        let status = key == nil ? EventEncoding.statusEvent(d.framed).map { StatusNews(event: $0, version: d.sequence) } : nil
         for text in d.toSessions {
             guard let id = SessionID(text: text) else { continue }
             if let key {
@@ -84,8 +85,8 @@ final class LocalGateway: Sendable {
         }
     }
 
-    /// A status event (of `status.user`, read at `status.version` of its record) for exactly these sessions.
-    func deliver(status framed: [UInt8], to sessions: [SessionID], status: (user: String, version: UInt64)? = nil) {
+    /// A status event (`status`, as framed) for exactly these sessions.
+    func deliver(status framed: [UInt8], to sessions: [SessionID], status: StatusNews?) {
         for id in sessions { shard(id).deliverStatus(id, framed: framed, status: status) }
     }
 
@@ -156,7 +157,7 @@ final class Fabric: Sendable {
         for (id, sink) in change.watchers { bySink[sink, default: []].append(id) }
         for (sink, ids) in bySink {
             if sink == instance {
-                gateway.deliver(status: framed, to: ids, status: (change.userID, change.version))
+                gateway.deliver(status: framed, to: ids, status: StatusNews(user: change.userID, status: change.status, version: change.version))
             } else if sink.id != me, topology.ring.isLive(sink.id, boot: sink.boot) {
                 let d = ClusterDelivery(toSessions: ids.sorted().map(\.description), framed: framed, sequence: change.version)
                 link?.push(to: sink, bytes: framed.count + 24 * ids.count) { $0.deliveries.append(d) }

@@ -365,19 +365,17 @@ final class GatewayShard: Sendable {
     }
 
     /// A status event (framed, as it goes on the stream) for the session, if it is here; `status`:
-    /// its user and the version of the user's record it was read at (`StatusOrder`).
-    func deliverStatus(_ id: SessionID, framed: [UInt8], status: (user: String, version: UInt64)? = nil) {
+    /// what it says, and the version of its user's record it was read at (`StatusOrder`).
+    func deliverStatus(_ id: SessionID, framed: [UInt8], status: StatusNews?) {
         guard let outbox = state.withLock({ $0.outboxes[id] }) else { return }
-        // (older news is neither given nor taken for what a Watch call in flight answers)
-        if let status, !outbox.mayGiveStatus(of: status.user, version: status.version) { return }
-        state.withLock { st in
-            if st.watchWindows[id] != nil, framed.count > 5,
-               let event = try? framed.withUnsafeBytes({ try SessionEvent(serializedBytes: UnsafeRawBufferPointer(rebasing: $0[5...])) }),
-               case .status(let s)? = event.event {
-                st.watchWindows[id]?.delivered(s.status, of: s.userID)
+        if let status {
+            // (older news is neither given nor taken for what a Watch call in flight answers)
+            guard outbox.mayGiveStatus(of: status.user, version: status.version) else { return }
+            state.withLock { st in
+                if st.watchWindows[id] != nil { st.watchWindows[id]?.delivered(status.status, of: status.user) }
             }
         }
-        outbox.push(framed, status: status)
+        outbox.push(framed, status: status.map { ($0.user, $0.version) })
     }
 
     /// Every live session's outbox (for shutdown).
@@ -391,5 +389,23 @@ final class GatewayShard: Sendable {
             let connected = st.table.sessions.reduce(0) { $0 + ($1.value.liveness == .connected ? 1 : 0) }
             return (connected, st.table.count - connected)
         }
+    }
+}
+
+/// A status event as a gateway passes it on: whose, what, and the version of the user's home
+/// record it was read at (0: unversioned).
+struct StatusNews: Sendable {
+    let user: String
+    let status: UserStatus
+    let version: UInt64
+
+    init(user: String, status: UserStatus, version: UInt64) {
+        self.user = user
+        self.status = status
+        self.version = version
+    }
+
+    init(event: UserStatusEvent, version: UInt64) {
+        self.init(user: event.userID, status: event.status, version: version)
     }
 }

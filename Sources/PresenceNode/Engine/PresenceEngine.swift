@@ -358,27 +358,7 @@ public final class PresenceEngine: Sendable {
             g.writeFinished(id)
             throw error
         }
-        return Self.finishing(staged) { g.writeFinished(id) }
-    }
-
-    /// `staged`, with `done` run once when it ends, whichever way.
-    private static func finishing(_ staged: Staged<Void, PresenceError>, _ done: @escaping @Sendable () -> Void) -> Staged<Void, PresenceError> {
-        switch staged {
-        case .now:
-            done()
-            return staged
-        case .onLoop(let loop, let attempt):
-            return .onLoop(loop) { () throws(PresenceError) -> Staged<Void, PresenceError> in
-                let next: Staged<Void, PresenceError>
-                do throws(PresenceError) { next = try attempt() } catch { done(); throw error }
-                return finishing(next, done)
-            }
-        case .later(let rest):
-            return .later { () async throws(PresenceError) in
-                defer { done() }
-                try await rest()
-            }
-        }
+        return staged.finally { g.writeFinished(id) }
     }
 
     public func getState(channel: String, type: ChannelType, user: String) async throws(PresenceError) -> UserState {

@@ -123,7 +123,7 @@ public final class SessionOutbox: Sendable {
 
     /// Whether a status of `user` at `version` is not older than one the session was given.
     public func mayGiveStatus(of user: String, version: UInt64) -> Bool {
-        state.withLock { version == 0 || ($0.statuses.given[user] ?? 0) <= version }
+        state.withLock { !$0.statuses.isOlder(user, version: version) }
     }
 
     /// The session was given `user`'s status at `version` other than by an event (a Watch answer).
@@ -203,12 +203,12 @@ enum EventEncoding {
         return out
     }
 
-    /// The user a framed status event is of (nil: not a status event).
-    static func statusUser(_ framed: [UInt8]) -> String? {
+    /// The status event a framed SessionEvent is (nil: another event, or not one).
+    static func statusEvent(_ framed: [UInt8]) -> UserStatusEvent? {
         guard framed.count > 5,
               let event = try? framed.withUnsafeBytes({ try SessionEvent(serializedBytes: UnsafeRawBufferPointer(rebasing: $0[5...])) }),
               case .status(let s)? = event.event else { return nil }
-        return s.userID
+        return s
     }
 
     static func framed(status userID: String, _ status: UserStatus, at ms: Int64) -> [UInt8] {
